@@ -1,0 +1,54 @@
+"""What discovery finds: the job's processes as plain data (no stacks, no analysis yet)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Environment variables that identify a rank and its job. Only these are kept in memory;
+# the full environment is read again (and redacted) only by the evidence bundle.
+JOB_ENV = (
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+    "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_RESTART_COUNT", "SLURM_JOB_ID", "SLURM_PROCID",
+    "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE",
+    "TRAINWATCH_RUN_DIR", "TRAINWATCH_HOOK", "NCCL_RAS_ADDR",
+)
+
+
+@dataclass(frozen=True)
+class RankProcess:
+    """One rank's main process as found in the process tree."""
+
+    pid: int
+    rank: int | None
+    local_rank: int | None = None
+    world_size: int | None = None
+    local_world_size: int | None = None
+    group_rank: int | None = None
+    env: dict[str, str] = field(default_factory=dict, hash=False)  # JOB_ENV subset only
+    children: tuple[int, ...] = ()  # DataLoader workers, compile workers, ...
+    cmdline: tuple[str, ...] = ()
+    create_time: float = 0.0
+    log_path: str | None = None  # a regular file behind fd 1 or 2
+
+
+@dataclass(frozen=True)
+class JobProcesses:
+    """A job as seen from this node."""
+
+    launcher: str  # torchrun, accelerate, deepspeed, mp.spawn, python
+    root_pid: int  # launcher PID, or the single process of a launcher-less job
+    host: str
+    ranks: tuple[RankProcess, ...] = ()
+    launcher_pid: int | None = None
+    world_size: int | None = None
+    local_world_size: int | None = None
+    nnodes: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    job_id: str | None = None
+    run_dir: str | None = None  # TRAINWATCH_RUN_DIR when started by `trainwatch run`
+    cmdline: tuple[str, ...] = ()
+    started_at: float | None = None
+    waiting_rendezvous: bool = False
+    notes: tuple[str, ...] = ()

@@ -1,0 +1,291 @@
+"""The snapshot: the one typed, immutable, JSON-serializable boundary between probes and views.
+
+Probes produce a :class:`Snapshot`; the TUI, ``--json``, evidence bundles and remote nodes
+consume it. Values a probe could not read are ``None`` (JSON ``null``, shown as ``n/a``),
+never exceptions. Frames are listed innermost first, as py-spy prints them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+PHASES = ("collective", "dataloader", "init", "checkpoint", "lock", "sleep", "compute", "unknown")
+STATES = ("running", "stuck", "exited", "missing", "unknown")
+VERDICTS = ("healthy", "straggler", "mismatch", "hang", "rendezvous", "crashed", "unknown")
+PROBLEM_VERDICTS = frozenset({"straggler", "mismatch", "hang", "rendezvous", "crashed"})
+
+
+@dataclass(frozen=True)
+class Frame:
+    function: str
+    file: str
+    line: int | None = None
+    native: bool = False
+
+    def label(self) -> str:
+        """``file:line function`` with the file shortened to its last two parts."""
+        parts = self.file.replace("\\", "/").split("/")
+        short = "/".join(parts[-2:]) if len(parts) > 2 else self.file
+        return f"{short}:{self.line} {self.function}" if self.line else f"{short} {self.function}"
+
+
+@dataclass(frozen=True)
+class ThreadStack:
+    name: str
+    tid: int | None = None
+    frames: tuple[Frame, ...] = ()
+    active: bool | None = None  # on CPU when sampled (py-spy's idle detection)
+    owns_gil: bool | None = None
+    is_main: bool = False
+
+
+@dataclass(frozen=True)
+class ExitInfo:
+    code: int | None = None  # exit status of a normal exit
+    signal: str | None = None  # e.g. "SIGSEGV" when killed by a signal
+    at: float | None = None  # unix time the exit was seen
+    first: bool = False  # the first rank of the job to die
+    reason: str | None = None  # classified fatal message, e.g. "CUDA device-side assert"
+    frame: str | None = None  # Python frame it died in (faulthandler), when known
+
+
+@dataclass(frozen=True)
+class RankGpu:
+    index: int | None = None  # physical device the rank runs on
+    visible: tuple[int, ...] = ()  # devices it may use (CUDA_VISIBLE_DEVICES)
+    util_pct: float | None = None  # device utilization
+    proc_util_pct: float | None = None  # this process's SM share
+    mem_used_bytes: int | None = None  # this process's GPU memory
+    mem_total_bytes: int | None = None
+    shared_with: tuple[int, ...] = ()  # other ranks on the same device
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int  # host PID as NVML reports it
+    local_pid: int | None = None  # the PID in trainwatch's namespace, when mapped
+    rank: int | None = None  # None: unmapped
+    mem_used_bytes: int | None = None
+    util_pct: float | None = None
+
+
+@dataclass(frozen=True)
+class GpuDevice:
+    index: int
+    name: str | None = None
+    uuid: str | None = None
+    bus_id: str | None = None
+    compute_capability: str | None = None
+    util_pct: float | None = None
+    mem_util_pct: float | None = None
+    mem_used_bytes: int | None = None
+    mem_total_bytes: int | None = None
+    temperature_c: float | None = None
+    power_w: float | None = None
+    sm_clock_mhz: int | None = None
+    throttle: tuple[str, ...] = ()
+    ecc_errors: int | None = None
+    lost: bool = False
+    processes: tuple[GpuProcess, ...] = ()
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    name: str
+    gpus: tuple[GpuDevice, ...] = ()
+    driver_version: str | None = None
+    cuda_driver_version: str | None = None
+    nvml_version: str | None = None
+    xid_events: tuple[str, ...] = ()
+    error: str | None = None  # why this host could not be read (remote nodes)
+
+
+@dataclass(frozen=True)
+class Rank:
+    rank: int | None
+    pid: int | None = None  # None when missing
+    host: str = ""
+    local_rank: int | None = None
+    state: str = "unknown"
+    phase: str = "unknown"
+    op: str | None = None
+    where: str | None = None  # most telling frame, "file:line function"
+    user_frame: str | None = None  # innermost frame in the user's own files
+    stuck_for_s: float | None = None
+    cpu_pct: float | None = None
+    rss_bytes: int | None = None
+    threads: tuple[ThreadStack, ...] = ()
+    gpu: RankGpu | None = None
+    exit: ExitInfo | None = None
+    children: tuple[int, ...] = ()  # DataLoader workers and other helpers of this rank
+    log_path: str | None = None
+    detail: str | None = None  # one line that explains the phase, e.g. which thread holds it
+
+    @property
+    def key(self) -> str:
+        """Stable identity for tables: host and rank (or pid for rank-less processes)."""
+        return f"{self.host}:{self.rank if self.rank is not None else 'pid' + str(self.pid)}"
+
+
+@dataclass(frozen=True)
+class Group:
+    ranks: tuple[int, ...]
+    phase: str
+    op: str | None = None
+    where: str | None = None
+    label: str = ""  # compact rank list, "0-6,8"
+    culprit: bool = False
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: str = "unknown"
+    culprits: tuple[int, ...] = ()
+    summary: str = ""
+    since: float | None = None  # unix time this verdict first held (live views)
+
+
+@dataclass(frozen=True)
+class RankCollective:
+    rank: int
+    pg: str = "0"
+    last_enqueued: int | None = None
+    last_completed: int | None = None
+    op: str | None = None  # op of the last enqueued collective
+    sizes: str | None = None
+    dtype: str | None = None
+
+
+@dataclass(frozen=True)
+class CollectiveState:
+    source: str  # where the traces came from: "hook", "flight-recorder-file", "pipe", ...
+    ranks: tuple[RankCollective, ...] = ()
+    divergence: str | None = None  # first point where ranks disagree, in words
+    culprits: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Job:
+    launcher: str  # torchrun, accelerate, deepspeed, mp.spawn, python, ...
+    pid: int
+    host: str
+    world_size: int | None = None
+    local_world_size: int | None = None
+    nnodes: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    started_at: float | None = None
+    cmdline: tuple[str, ...] = ()  # redacted
+    job_id: str | None = None  # TORCHELASTIC_RUN_ID or SLURM_JOB_ID
+    waiting_rendezvous: bool = False
+    run_dir: str | None = None  # set when started armed by `trainwatch run`
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    job: Job
+    ranks: tuple[Rank, ...] = ()
+    groups: tuple[Group, ...] = ()
+    verdict: Verdict = field(default_factory=Verdict)
+    hosts: tuple[HostInfo, ...] = ()
+    collectives: CollectiveState | None = None
+    warnings: tuple[str, ...] = ()  # facts a person should act on
+    notes: tuple[str, ...] = ()  # what could not be collected, and why
+    taken_at: float = 0.0
+    window_s: float = 0.0
+    source: str = "live"  # live, remote, bundle:<path>
+    version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return _encode(self)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Snapshot:
+        """Rebuild a snapshot; unknown keys are ignored so newer producers stay readable."""
+        if not isinstance(data, dict) or "job" not in data:
+            raise SnapshotError("not a trainwatch snapshot (no 'job')")
+        try:
+            return _decode(cls, data)
+        except (TypeError, ValueError, KeyError) as exc:
+            raise SnapshotError(f"damaged snapshot: {exc}") from exc
+
+    @classmethod
+    def from_json(cls, text: str) -> Snapshot:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SnapshotError(f"not JSON: {exc}") from exc
+        return cls.from_dict(data)
+
+    def rank(self, number: int) -> Rank | None:
+        return next((r for r in self.ranks if r.rank == number), None)
+
+
+class SnapshotError(ValueError):
+    """A snapshot document that cannot be read."""
+
+
+def _encode(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return {f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (tuple, list)):
+        return [_encode(v) for v in value]
+    return value
+
+
+def _decode(tp: Any, value: Any) -> Any:
+    if value is None:
+        return None
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _decode(options[0], value)
+    if origin is tuple:
+        (item, *_rest) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise TypeError(f"expected a list, got {type(value).__name__}")
+        return tuple(_decode(item, v) for v in value)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise TypeError(f"expected an object for {tp.__name__}")
+        hints = _hints(tp)
+        known = {f.name for f in dataclasses.fields(tp)}
+        return tp(**{k: _decode(hints[k], v) for k, v in value.items() if k in known})
+    if tp is float and isinstance(value, int):
+        return float(value)
+    if tp in (int, float, str, bool) and not isinstance(value, tp):
+        raise TypeError(f"expected {tp.__name__}, got {type(value).__name__}")
+    return value
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(tp: type) -> dict[str, Any]:
+    if tp not in _HINTS:
+        _HINTS[tp] = typing.get_type_hints(tp)
+    return _HINTS[tp]
+
+
+def compact_ranks(ranks: typing.Iterable[int]) -> str:
+    """``[0,1,2,3,5,7,8]`` -> ``"0-3,5,7-8"``."""
+    items = sorted(set(ranks))
+    parts: list[str] = []
+    i = 0
+    while i < len(items):
+        j = i
+        while j + 1 < len(items) and items[j + 1] == items[j] + 1:
+            j += 1
+        parts.append(str(items[i]) if i == j else f"{items[i]}-{items[j]}")
+        i = j + 1
+    return ",".join(parts)

@@ -1,0 +1,24 @@
+"""Shared fixtures: real planted jobs, always killed in teardown."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobs import PlantedJob
+
+
+@pytest.fixture
+def planted(tmp_path):
+    """Factory: ``planted("straggler", nproc=3)`` starts a real job and waits for its ranks."""
+    jobs: list[PlantedJob] = []
+
+    def start(scenario: str, nproc: int = 3, wait: bool = True, **kwargs) -> PlantedJob:
+        job = PlantedJob(tmp_path / f"job{len(jobs)}", scenario, nproc=nproc, **kwargs).start()
+        jobs.append(job)
+        if wait:
+            job.wait_for_ranks()
+        return job
+
+    yield start
+    for job in jobs:
+        job.stop()

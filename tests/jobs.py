@@ -1,0 +1,111 @@
+"""Start real planted torchrun jobs for tests; every job is bounded and killed in teardown."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+PLANTED = Path(__file__).resolve().parents[1] / "tui" / "planted.py"
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class PlantedJob:
+    """A real gloo job running ``tui/planted.py`` copied as ``train.py`` into ``workdir``."""
+
+    def __init__(self, workdir: Path, scenario: str, nproc: int = 3, deadline: float = 60.0,
+                 step_s: float = 0.05, launcher: str = "torchrun", extra_env: dict | None = None,
+                 prefix: list[str] | None = None, monitor_interval: float | None = None) -> None:
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.script = self.workdir / "train.py"
+        shutil.copy(PLANTED, self.script)
+        args = [str(self.script), "--scenario", scenario, "--deadline", str(deadline), "--step-s", str(step_s)]
+        if launcher == "torchrun":
+            cmd = [*TORCHRUN, "--nproc-per-node", str(nproc), "--master-port", str(free_port())]
+            if monitor_interval is not None:
+                cmd += ["--monitor-interval", str(monitor_interval)]
+            cmd += args
+        else:  # plain python: a job of one process, no launcher
+            cmd = [sys.executable, *args]
+        self.cmd = (prefix or []) + cmd
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(extra_env or {})}
+        if launcher != "torchrun":
+            self.env["MASTER_PORT"] = str(free_port())
+        self.nproc = nproc if launcher == "torchrun" else 1
+        self.log = self.workdir / "job.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "PlantedJob":
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(self.cmd, cwd=self.workdir, env=self.env, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def rank_pids(self) -> list[int]:
+        """PIDs of processes running train.py (ranks, not their DataLoader workers)."""
+        pids = []
+        for child in psutil.Process(self.pid).children(recursive=True):
+            try:
+                cmd = child.cmdline()
+                parent_cmd = child.parent().cmdline() if child.parent() else []
+            except psutil.Error:
+                continue
+            if str(self.script) in cmd and str(self.script) not in parent_cmd:
+                pids.append(child.pid)
+        if not pids and str(self.script) in " ".join(self.cmd) and self.nproc == 1:
+            pids = [self.pid]
+        return sorted(pids)
+
+    def wait_for_ranks(self, timeout: float = 60.0, steps: int = 3) -> list[int]:
+        """Wait until every rank runs and has printed its start line, plus a few steps."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = self.log.read_text(errors="replace") if self.log.exists() else ""
+            if text.count("scenario ") >= self.nproc:
+                time.sleep(0.3 * steps)
+                return self.rank_pids()
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"job exited early ({self.proc.returncode}):\n{text[-3000:]}")
+            time.sleep(0.2)
+        raise TimeoutError(f"ranks did not start in {timeout}s:\n{self.log.read_text(errors='replace')[-3000:]}")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        """Kill the whole process group and reap; nothing outlives the test."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def __enter__(self) -> "PlantedJob":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,1 @@
+"""trainwatch.tui: the Textual app, its widgets and styles, and the ``trainwatch`` CLI."""

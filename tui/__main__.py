@@ -1,0 +1,5 @@
+import sys
+
+from trainwatch.tui.cli import main
+
+sys.exit(main())

@@ -1,0 +1,140 @@
+"""Small real gloo training jobs with planted faults, for the demo, the tests and the screenshots.
+
+Run under torchrun, e.g.::
+
+    torchrun --nproc-per-node 4 -m trainwatch.tui.planted --scenario straggler --deadline 60
+
+Every scenario exits by itself after ``--deadline`` seconds (hung ranks included), so a
+forgotten job never outlives its test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+
+SCENARIOS = (
+    "healthy", "straggler", "mismatch", "uneven", "dataloader", "lock",
+    "segfault", "assert", "slowstep",
+)
+
+
+def _arm_deadline(seconds: float) -> None:
+    """Hard stop: a rank blocked in C code still dies at the deadline."""
+    def _expire() -> None:
+        time.sleep(seconds)
+        os._exit(124)
+    threading.Thread(target=_expire, name="deadline", daemon=True).start()
+
+
+def compute_step(model, batch):
+    """One forward/backward pass: the job's real work."""
+    loss = model(batch).pow(2).mean()
+    loss.backward()
+    return loss
+
+
+def sync_gradients(model, dist) -> None:
+    for param in model.parameters():
+        if param.grad is not None:
+            dist.all_reduce(param.grad)
+
+
+def sync_metrics(loss, dist) -> None:
+    import torch
+    gathered = [torch.zeros_like(loss) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, loss.detach())
+
+
+class SlowDataset:
+    """A dataset whose item ``stall_at`` never arrives on the stalled rank."""
+
+    def __init__(self, size: int, stall: bool) -> None:
+        self.size, self.stall = size, stall
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int):
+        import torch
+        if self.stall and index >= 8:
+            time.sleep(3600)  # a worker stuck reading a shard
+        return torch.randn(16)
+
+
+def make_loader(rank: int, world: int, scenario: str):
+    import torch
+    from torch.utils.data import DataLoader
+    if scenario == "dataloader":
+        dataset = SlowDataset(10_000, stall=(rank == world - 1))
+        return DataLoader(dataset, batch_size=4, num_workers=1)
+    batches = 3 if scenario == "uneven" and rank == world - 1 else 100_000
+    return (torch.randn(4, 16) for _ in range(batches))  # uneven: this rank's shard is shorter
+
+
+def take_lock_in_thread(lock: threading.Lock) -> None:
+    def _hold() -> None:
+        lock.acquire()
+        time.sleep(3600)
+    threading.Thread(target=_hold, name="metrics-writer", daemon=True).start()
+    time.sleep(0.2)
+
+
+def train(scenario: str, step_s: float) -> None:
+    import torch
+    import torch.distributed as dist
+
+    if "RANK" in os.environ:
+        dist.init_process_group("gloo")
+    else:  # started with plain `python`: a world of one
+        port = int(os.environ.get("MASTER_PORT", "29533"))
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    culprit = world - 1
+    torch.manual_seed(rank)
+    model = torch.nn.Linear(16, 16)
+    lock = threading.Lock()
+    print(f"rank {rank}/{world} pid {os.getpid()} scenario {scenario}", flush=True)
+    step = 0
+    for batch in make_loader(rank, world, scenario):
+        step += 1
+        loss = compute_step(model, batch)
+        if step_s:
+            time.sleep(step_s)
+        if scenario == "straggler" and rank == culprit and step == 3:
+            time.sleep(3600)  # stuck in its own work while the others wait
+        if scenario == "lock" and rank == culprit and step == 3:
+            take_lock_in_thread(lock)
+            with lock:  # deadlock: another thread of this rank holds it
+                pass
+        if scenario == "segfault" and rank == culprit and step == 3:
+            import ctypes
+            ctypes.string_at(0)  # SIGSEGV
+        if scenario == "assert" and rank == culprit and step == 3:
+            raise RuntimeError("CUDA error: device-side assert triggered")
+        if scenario == "mismatch" and rank == culprit and step == 3:
+            sync_metrics(loss, dist)  # only this rank takes this code path
+        sync_gradients(model, dist)
+        if step % 20 == 0 and rank == 0:
+            print(f"step {step} loss {loss.item():.4f}", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--scenario", choices=SCENARIOS, default="healthy")
+    parser.add_argument("--deadline", type=float, default=120.0, help="exit after this many seconds")
+    parser.add_argument("--step-s", type=float, default=0.05, help="extra seconds of work per step")
+    args = parser.parse_args(argv)
+    _arm_deadline(args.deadline)
+    train(args.scenario, args.step_s)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
