@@ -30,9 +30,8 @@ class Frame:
     native: bool = False
 
     def label(self) -> str:
-        """``file:line function`` with the file shortened to its last two parts."""
-        parts = self.file.replace("\\", "/").split("/")
-        short = "/".join(parts[-2:]) if len(parts) > 2 else self.file
+        """``file:line function`` with the file as its base name, e.g. ``train.py:88 step``."""
+        short = self.file.replace("\\", "/").rsplit("/", 1)[-1]
         return f"{short}:{self.line} {self.function}" if self.line else f"{short} {self.function}"
 
 

@@ -61,18 +61,17 @@ class PlantedJob:
         return self.proc.pid
 
     def rank_pids(self) -> list[int]:
-        """PIDs of processes running train.py (ranks, not their DataLoader workers)."""
+        """PIDs of the processes running train.py as ranks (not the launcher, not DataLoader workers)."""
+        if self.nproc == 1 and "torch.distributed.run" not in self.cmd:
+            return [self.pid]
         pids = []
         for child in psutil.Process(self.pid).children(recursive=True):
             try:
-                cmd = child.cmdline()
-                parent_cmd = child.parent().cmdline() if child.parent() else []
-            except psutil.Error:
+                cmd, parent_cmd = child.cmdline(), child.parent().cmdline()
+            except (psutil.Error, AttributeError):
                 continue
-            if str(self.script) in cmd and str(self.script) not in parent_cmd:
+            if str(self.script) in cmd and "torch.distributed.run" not in cmd and "torch.distributed.run" in parent_cmd:
                 pids.append(child.pid)
-        if not pids and str(self.script) in " ".join(self.cmd) and self.nproc == 1:
-            pids = [self.pid]
         return sorted(pids)
 
     def wait_for_ranks(self, timeout: float = 60.0, steps: int = 3) -> list[int]:

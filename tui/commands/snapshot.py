@@ -1,16 +1,72 @@
-"""`trainwatch snapshot` (not built yet)."""
+"""`trainwatch snapshot PID`: one snapshot of the job, as a table or as JSON."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
+from rich.console import Console
+
+from trainwatch.probes.discover import find_job_matching
 from trainwatch.probes.errors import TrainwatchError
+from trainwatch.probes.live import LocalSource
+from trainwatch.probes.pyspy import find_pyspy
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("snapshot", help="(not available yet)")
+    parser = sub.add_parser("snapshot", help="sample every rank once over a window and print the verdict")
+    parser.add_argument("pid", type=int, nargs="?", help="launcher, rank, or any ancestor of the job")
+    parser.add_argument("--window", type=float, default=3.0, help="seconds to watch for progress (0: one sample)")
+    parser.add_argument("--samples", type=int, default=3, help="stack samples per rank within the window")
+    parser.add_argument("--json", action="store_true", help="print one JSON document (the public snapshot schema)")
+    parser.add_argument("--native", action="store_true", help="include native (C/C++) frames")
+    parser.add_argument("--match", metavar="ADDR:PORT", help="find the local job by MASTER_ADDR:MASTER_PORT")
+    parser.add_argument("--match-job-id", metavar="ID", help="find the local job by TORCHELASTIC_RUN_ID/SLURM_JOB_ID")
+    _add_remote(parser)
     parser.set_defaults(func=run)
 
 
+def _add_remote(parser: argparse.ArgumentParser) -> None:
+    try:
+        from trainwatch.tui.remote_args import add_remote_arguments
+    except ImportError:
+        return
+    add_remote_arguments(parser)
+
+
+def resolve_pid(args: argparse.Namespace) -> int:
+    """The PID to start from: given, or found by --match / --match-job-id."""
+    if args.pid is not None:
+        return args.pid
+    if getattr(args, "match", None) or getattr(args, "match_job_id", None):
+        return find_job_matching(master=args.match, job_id=args.match_job_id).root_pid
+    raise TrainwatchError("give a PID (or --match ADDR:PORT / --match-job-id ID)")
+
+
 def run(args: argparse.Namespace) -> int:
-    raise TrainwatchError("'trainwatch snapshot' is not available in this version")
+    find_pyspy()  # fail early and clearly: without py-spy there is nothing to show
+    source = LocalSource(resolve_pid(args), window=args.window, samples=args.samples)
+    try:
+        wrapped = _wrap_remote(args, source)
+        snapshot = wrapped.poll(native_for=_all_ranks(source) if args.native else frozenset())
+    finally:
+        source.close()
+    if args.json:
+        sys.stdout.write(snapshot.to_json() + "\n")
+    else:
+        from trainwatch.tui.render import render_table
+        Console().print(render_table(snapshot))
+    partial = any(h.error for h in snapshot.hosts)
+    return 2 if partial else 0
+
+
+def _all_ranks(source: LocalSource) -> frozenset[int]:
+    return frozenset(r.rank for r in source.job.ranks if r.rank is not None)
+
+
+def _wrap_remote(args: argparse.Namespace, source: LocalSource):
+    try:
+        from trainwatch.tui.remote_args import wrap_source
+    except ImportError:
+        return source
+    return wrap_source(args, source, source.job)

@@ -1,0 +1,32 @@
+"""STAT-style equivalence classes: ranks that sit in the same place, listed compactly."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Iterable
+
+from trainwatch.probes.snapshot import Group, Rank, compact_ranks
+
+
+def group_key(rank: Rank) -> tuple[str, str | None, str | None]:
+    if rank.state == "missing":
+        return ("missing", None, None)
+    if rank.state == "exited":
+        how = rank.exit.signal or f"exit {rank.exit.code}" if rank.exit else None
+        return ("exited", how, None)
+    return (rank.phase, rank.op, rank.where)
+
+
+def group_ranks(ranks: Iterable[Rank], culprits: Iterable[int] = ()) -> tuple[Group, ...]:
+    """Groups of ranks by (phase, op, where), biggest first; a group is a culprit if it holds one."""
+    buckets: dict[tuple, list[int]] = defaultdict(list)
+    for rank in ranks:
+        if rank.rank is not None:
+            buckets[group_key(rank)].append(rank.rank)
+    bad = set(culprits)
+    groups = [
+        Group(ranks=tuple(sorted(members)), phase=key[0], op=key[1], where=key[2],
+              label=compact_ranks(members), culprit=bool(bad.intersection(members)))
+        for key, members in buckets.items()
+    ]
+    return tuple(sorted(groups, key=lambda g: (-len(g.ranks), g.ranks)))

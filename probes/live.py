@@ -1,0 +1,301 @@
+"""A live view of one local job: each ``poll()`` returns a fresh Snapshot, remembering what came before."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import replace
+
+import psutil
+
+from trainwatch.probes import procfs
+from trainwatch.probes.discover import describe_job, expected_local_ranks, find_job
+from trainwatch.probes.errors import AccessDenied, ToolMissing
+from trainwatch.probes.groups import group_ranks
+from trainwatch.probes.phases import Classification, classify, stack_signature
+from trainwatch.probes.process import JobProcesses, RankProcess
+from trainwatch.probes.progress import ProgressTracker
+from trainwatch.probes.sampler import StackSample, sample_all
+from trainwatch.probes.snapshot import ExitInfo, Job, Rank, Snapshot, Verdict, compact_ranks
+from trainwatch.probes.verdict import TEARDOWN_SIGNALS, judge
+
+FULL_REFRESH_EVERY = 5  # re-read idle ranks' other threads every few polls
+
+
+class LocalSource:
+    """Samples the job found from ``pid``. Not thread-safe: one poll at a time (the app ensures it)."""
+
+    def __init__(self, pid: int, window: float = 3.0, samples: int = 3, gpu: bool = True) -> None:
+        self.job = find_job(pid)
+        self.window = max(0.0, window)
+        self.samples = max(1, samples) if self.window > 0 else 1
+        self.tracker = ProgressTracker()
+        self._stacks: dict[int, tuple] = {}
+        self._class: dict[int, Classification] = {}
+        self._seen: dict[int, RankProcess] = {}  # pid -> rank process, everything ever seen
+        self._exits: dict[int, ExitInfo] = {}
+        self._cpu: dict[int, tuple[float, float]] = {}
+        self._polls = 0
+        self._verdict: Verdict | None = None
+        self._gpu = _gpu_probe() if gpu else None
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        if self._gpu is not None:
+            self._gpu.close()
+
+    # -- polling ---------------------------------------------------------------------------
+    def poll(self, native_for: frozenset[int] = frozenset()) -> Snapshot:
+        """Rediscover, sample (several times within the window on the first poll), analyse."""
+        with self._lock:
+            notes: list[str] = list(self.job.notes)
+            job = self._rediscover()
+            rounds = self.samples if self._polls == 0 else 1
+            pause = self.window / (rounds - 1) if rounds > 1 else 0.0
+            samples: dict[int, StackSample] = {}
+            for i in range(rounds):
+                if i:
+                    time.sleep(pause)
+                samples = self._sample(job, native_for)
+            self._polls += 1
+            return self._build(job, samples, notes)
+
+    def _rediscover(self) -> JobProcesses:
+        try:
+            root = psutil.Process(self.job.root_pid)
+            if root.status() == psutil.STATUS_ZOMBIE:
+                raise psutil.NoSuchProcess(root.pid)
+            if root.create_time() != self.job.started_at and self.job.started_at:
+                raise psutil.NoSuchProcess(root.pid)  # PID reused
+        except psutil.Error:
+            return replace(self.job, ranks=(), waiting_rendezvous=False)
+        job = describe_job(root, self.job.launcher)
+        self.job = replace(job, notes=self.job.notes)
+        return self.job
+
+    def _sample(self, job: JobProcesses, native_for: frozenset[int]) -> dict[int, StackSample]:
+        requests = []
+        for proc in job.ranks:
+            if procfs.state_letter(proc.pid) in (None, "Z", "X"):
+                continue
+            native = proc.rank in native_for
+            counters = procfs.thread_counters(proc.pid)
+            unchanged = self.tracker.unchanged_since_dump(proc.pid, counters) and self._polls % FULL_REFRESH_EVERY
+            requests.append((proc.pid, native, self._stacks.get(proc.pid), bool(unchanged)))
+        samples = sample_all(requests)
+        now = time.time()
+        if self._polls == 0:
+            for pid in samples:
+                self._usage(pid, now)  # a CPU baseline, so the first snapshot has CPU% too
+        for pid, sample in samples.items():
+            if sample.threads is None:
+                continue
+            self._stacks[pid] = sample.threads
+            cls = classify(sample.threads)
+            self._class[pid] = cls
+            main = next((t for t in sample.threads if t.is_main), None)
+            self.tracker.observe(pid, stack_signature(main), cls.phase, sample.before, sample.after, now)
+        return samples
+
+    # -- building the snapshot -----------------------------------------------------------------
+    def _build(self, job: JobProcesses, samples: dict[int, StackSample], notes: list[str]) -> Snapshot:
+        now = time.time()
+        warnings: list[str] = []
+        ranks: list[Rank] = []
+        alive_pids = set()
+        for proc in job.ranks:
+            self._seen.setdefault(proc.pid, proc)
+            zombie = procfs.zombie_exit(proc.pid)
+            sample = samples.get(proc.pid)
+            if zombie is not None or (sample is not None and sample.gone):
+                self._record_exit(proc.pid, zombie, now)
+                continue
+            alive_pids.add(proc.pid)
+            ranks.append(self._live_rank(proc, sample, now, notes))
+        for pid, proc in self._seen.items():  # ranks seen before and gone now
+            if pid not in alive_pids:
+                self._record_exit(pid, procfs.zombie_exit(pid), now)
+        self._settle_first()
+        ranks = self._merge_exits(ranks, job)
+        ranks += self._missing(job, ranks)
+        gpu_host, ranks = self._add_gpu(job, ranks, warnings, notes)
+        self._restarts(ranks, notes)
+        verdict = judge(ranks, job)
+        if all(r.state == "unknown" for r in ranks if r.state not in ("exited", "missing")) and verdict.kind in ("healthy", "unknown") and any(r.state == "unknown" for r in ranks):
+            verdict = Verdict("unknown", (), "progress not judged (single sample): the groups show where ranks are")
+        verdict = self._with_since(verdict, now)
+        warnings += _launch_warnings(job)
+        if self._gpu is not None:
+            warnings += list(self._gpu_phase_warnings(ranks))
+        return Snapshot(
+            job=_job_record(job),
+            ranks=tuple(ranks),
+            groups=group_ranks(ranks, verdict.culprits),
+            verdict=verdict,
+            hosts=(gpu_host,) if gpu_host else (),
+            warnings=tuple(dict.fromkeys(warnings)),
+            notes=tuple(dict.fromkeys(notes)),
+            taken_at=now,
+            window_s=self.window,
+            source="live",
+        )
+
+    def _live_rank(self, proc: RankProcess, sample: StackSample | None, now: float, notes: list[str]) -> Rank:
+        threads = self._stacks.get(proc.pid, ())
+        cls = self._class.get(proc.pid)
+        state = "unknown"
+        idle = self.tracker.idle_for(proc.pid, now)
+        if sample is not None and sample.error is not None:
+            notes.append(f"rank {proc.rank}: {sample.error.message}")
+            if isinstance(sample.error, (AccessDenied, ToolMissing)) and sample.error.remedy:
+                notes.append(f"  hint: {sample.error.remedy}")
+        elif idle is not None and self.window > 0 and self.tracker.observed_for(proc.pid, now) >= self.window * 0.95:
+            state = "stuck" if idle >= self.window * 0.95 else "running"
+        cpu, rss = self._usage(proc.pid, now)
+        return Rank(
+            rank=proc.rank, pid=proc.pid, host=socket.gethostname(), local_rank=proc.local_rank,
+            state=state,
+            phase=cls.phase if cls else "unknown",
+            op=cls.op if cls else None,
+            where=cls.where if cls else None,
+            user_frame=cls.user_frame if cls else None,
+            stuck_for_s=round(idle, 1) if state == "stuck" and idle is not None else None,
+            cpu_pct=cpu, rss_bytes=rss, threads=threads,
+            children=proc.children, log_path=proc.log_path,
+            detail=cls.detail if cls else None,
+        )
+
+    def _usage(self, pid: int, now: float) -> tuple[float | None, int | None]:
+        try:
+            proc = psutil.Process(pid)
+            times = proc.cpu_times()
+            rss = proc.memory_info().rss
+        except psutil.Error:
+            return None, None
+        total = times.user + times.system
+        prev = self._cpu.get(pid)
+        self._cpu[pid] = (total, now)
+        if prev is None or now <= prev[1]:
+            return None, rss
+        return round(100.0 * (total - prev[0]) / (now - prev[1]), 1), rss
+
+    def _record_exit(self, pid: int, zombie: tuple[int | None, str | None] | None, now: float) -> None:
+        known = self._exits.get(pid)
+        if known is not None and (known.code is not None or known.signal is not None or zombie is None):
+            return
+        code, sig = zombie if zombie else (None, None)
+        self._exits[pid] = ExitInfo(code=code, signal=sig, at=known.at if known else now)
+
+    def _settle_first(self) -> None:
+        """Mark the first rank to die. Exits seen in the same poll are ordered by how telling they are:
+        a fatal signal beats an error exit, which beats the launcher's teardown (SIGTERM/SIGKILL)."""
+        if any(e.first for e in self._exits.values()) or not self._exits:
+            return
+        def weight(item: tuple[int, ExitInfo]) -> tuple:
+            pid, info = item
+            fatal = info.signal is not None and info.signal not in TEARDOWN_SIGNALS
+            failed = info.code not in (0, None)
+            return (info.at or 0.0, not fatal, not failed, pid)
+        candidates = [(p, e) for p, e in self._exits.items() if e.code not in (0, None) or e.signal]
+        if candidates:
+            pid, info = min(candidates, key=weight)
+            self._exits[pid] = replace(info, first=True)
+
+    def _merge_exits(self, ranks: list[Rank], job: JobProcesses) -> list[Rank]:
+        live_numbers = {r.rank for r in ranks}
+        expected = expected_local_ranks(job)
+        for pid, info in self._exits.items():
+            proc = self._seen.get(pid)
+            number = proc.rank if proc else None
+            if number is None:  # died before we read its RANK: the one missing local rank, if unique
+                gaps = [g for g in expected.values() if g not in live_numbers]
+                number = gaps[0] if len(gaps) == 1 else None
+            if number in live_numbers and number is not None:
+                continue  # restarted under a new PID
+            cls = self._class.get(pid)
+            ranks.append(Rank(
+                rank=number, pid=pid, host=socket.gethostname(), local_rank=proc.local_rank if proc else None,
+                state="exited", phase=cls.phase if cls else "unknown", op=cls.op if cls else None,
+                where=cls.where if cls else None, user_frame=cls.user_frame if cls else None,
+                threads=self._stacks.get(pid, ()), exit=info, log_path=proc.log_path if proc else None,
+            ))
+            live_numbers.add(number)
+        return sorted(ranks, key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0, r.pid or 0))
+
+    def _missing(self, job: JobProcesses, ranks: list[Rank]) -> list[Rank]:
+        present = {r.rank for r in ranks}
+        return [Rank(rank=g, host=socket.gethostname(), local_rank=local, state="missing", phase="unknown")
+                for local, g in sorted(expected_local_ranks(job).items()) if g not in present]
+
+    def _restarts(self, ranks: list[Rank], notes: list[str]) -> None:
+        for rank in ranks:
+            old = [p for p, proc in self._seen.items() if proc.rank == rank.rank and p != rank.pid and rank.state != "exited"]
+            notes.extend(f"rank {rank.rank} restarted: PID {pid} -> {rank.pid}" for pid in old)
+
+    def _with_since(self, verdict: Verdict, now: float) -> Verdict:
+        if self._verdict is not None and self._verdict.kind == verdict.kind:
+            verdict = replace(verdict, since=self._verdict.since)
+        else:
+            verdict = replace(verdict, since=now)
+        self._verdict = verdict
+        return verdict
+
+    def _add_gpu(self, job: JobProcesses, ranks: list[Rank], warnings: list[str], notes: list[str]):
+        if self._gpu is None:
+            return None, ranks
+        try:
+            reading = self._gpu.read(job.ranks, job.launcher)
+        except Exception as exc:  # the GPU probe must never take the snapshot down
+            notes.append(f"GPU probe failed: {exc}")
+            return None, ranks
+        warnings += list(reading.warnings)
+        notes += list(reading.notes)
+        ranks = [replace(r, gpu=reading.per_pid.get(r.pid)) if r.pid in reading.per_pid else r for r in ranks]
+        return reading.host, ranks
+
+    def _gpu_phase_warnings(self, ranks: list[Rank]) -> tuple[str, ...]:
+        try:
+            from trainwatch.probes.gpu_warnings import gpu_phase_warnings
+        except ImportError:
+            return ()
+        return gpu_phase_warnings(ranks)
+
+
+def _gpu_probe():
+    try:
+        from trainwatch.probes.gpu import GpuProbe
+    except ImportError:
+        return None
+    return GpuProbe()
+
+
+def _launch_warnings(job: JobProcesses) -> list[str]:
+    out = []
+    if job.world_size and job.local_world_size and job.world_size > job.local_world_size:
+        local = compact_ranks(r.rank for r in job.ranks if r.rank is not None)
+        out.append(f"job spans {job.nnodes or '?'} nodes (world size {job.world_size}); only this node's ranks "
+                   f"({local}) are shown: add --hosts/--slurm to see the others")
+    return out
+
+
+def _job_record(job: JobProcesses) -> Job:
+    return Job(
+        launcher=job.launcher, pid=job.root_pid, host=job.host, world_size=job.world_size,
+        local_world_size=job.local_world_size, nnodes=job.nnodes, master_addr=job.master_addr,
+        master_port=job.master_port, started_at=job.started_at, cmdline=_redacted(job.cmdline),
+        job_id=job.job_id, waiting_rendezvous=job.waiting_rendezvous, run_dir=job.run_dir,
+    )
+
+
+def _redacted(cmdline: tuple[str, ...]) -> tuple[str, ...]:
+    try:
+        from trainwatch.probes.redact import redact_argv
+    except ImportError:
+        return cmdline
+    return tuple(redact_argv(list(cmdline)))
+
+
+def open_source(pid: int, window: float = 3.0, **kwargs) -> LocalSource:
+    """The local source for ``pid``; raises TrainwatchError subclasses for bad PIDs."""
+    return LocalSource(pid, window=window, **kwargs)

@@ -1,0 +1,143 @@
+"""Classify a rank's main-thread stack into a phase, with the operation and the telling frames."""
+
+from __future__ import annotations
+
+import linecache
+import re
+from dataclasses import dataclass
+
+from trainwatch.probes.snapshot import Frame, ThreadStack
+
+COLLECTIVE_OPS = frozenset({
+    "all_reduce", "all_gather", "all_gather_into_tensor", "_allgather_base", "all_gather_object",
+    "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "broadcast", "broadcast_object_list",
+    "barrier", "monitored_barrier", "send", "recv", "isend", "irecv", "batch_isend_irecv", "all_to_all",
+    "all_to_all_single", "reduce", "gather", "gather_object", "scatter", "scatter_object_list",
+    "all_reduce_coalesced", "all_gather_coalesced", "wait_tensor", "_store_based_barrier",
+})
+INIT_FUNCTIONS = frozenset({
+    "init_process_group", "new_group", "_new_process_group_helper", "rendezvous", "_create_c10d_store",
+    "_env_rendezvous_handler", "_tcp_rendezvous_handler", "next_rendezvous", "init_device_mesh",
+})
+# Native (C++) names that reveal a collective when Python frames cannot, e.g. DDP's reducer.
+NATIVE_COLLECTIVE = re.compile(r"c10d::|ProcessGroup(NCCL|Gloo)|gloo::|ncclKernel|nccl[A-Z]")
+# Layers that only pass a call through: `where` skips them to land on the caller's line.
+PLUMBING = (
+    "/torch/", "/accelerate/", "/deepspeed/comm/", "/deepspeed/utils/", "/torch_xla/", "/apex/",
+    "/megatron/core/parallel_state", "/functorch/", "/_pytest/",
+)
+SITE_DIRS = ("/site-packages/", "/dist-packages/")
+STDLIB_RE = re.compile(r"/lib/python3\.\d+/(?!site-packages|dist-packages)|^<frozen |^<string>")
+LOCK_LINE = re.compile(r"\bwith\b.*\b(lock|mutex|cond|_lock|rlock)\b|\.acquire\(|\.wait\(", re.I)
+SLEEP_LINE = re.compile(r"\bsleep\(")
+
+
+@dataclass(frozen=True)
+class Classification:
+    phase: str
+    op: str | None
+    where: str | None
+    user_frame: str | None
+    detail: str | None = None
+
+
+def is_stdlib(frame: Frame) -> bool:
+    return bool(STDLIB_RE.search(frame.file))
+
+
+def is_plumbing(frame: Frame) -> bool:
+    return any(part in frame.file for part in PLUMBING)
+
+
+def is_user(frame: Frame) -> bool:
+    """The user's own code: not the standard library, not an installed package, not native."""
+    return not frame.native and not is_stdlib(frame) and not any(d in frame.file for d in SITE_DIRS)
+
+
+def where_frame(frames: tuple[Frame, ...]) -> Frame | None:
+    """Innermost Python frame outside the standard library and plumbing layers."""
+    python = [f for f in frames if not f.native]
+    for frame in python:
+        if not is_stdlib(frame) and not is_plumbing(frame):
+            return frame
+    return python[0] if python else None
+
+
+def classify(threads: list[ThreadStack] | tuple[ThreadStack, ...]) -> Classification:
+    """Phase of the main thread, its op, the telling frame, and the user's frame."""
+    main = next((t for t in threads if t.is_main), threads[0] if threads else None)
+    if main is None or not main.frames:
+        return Classification("unknown", None, None, None, "no Python stack (not a Python process, or exiting)")
+    frames = main.frames
+    where = where_frame(frames)
+    user = next((f for f in frames if is_user(f)), None)
+    phase, op = _phase_of(main)
+    detail = _explain(phase, main, threads)
+    return Classification(phase, op, where.label() if where else None, user.label() if user else None, detail)
+
+
+def _phase_of(main: ThreadStack) -> tuple[str, str | None]:
+    python = [f for f in main.frames if not f.native]
+    for frame in python:  # innermost first: the deepest known call decides
+        path, func = frame.file, frame.function
+        if "torch/distributed/" in path and func in INIT_FUNCTIONS or "/rendezvous" in path:
+            return "init", func
+        if func in COLLECTIVE_OPS and ("torch/distributed/" in path or "deepspeed/comm/" in path):
+            return "collective", _canonical_op(func)
+        if "torch/utils/data/" in path and ("dataloader" in path or "_utils/" in path):
+            return "dataloader", "next batch"
+        if path.endswith("torch/serialization.py") or "safetensors/" in path or "distributed/checkpoint/" in path:
+            return "checkpoint", func
+    native = next((f for f in main.frames if f.native and NATIVE_COLLECTIVE.search(f.function)), None)
+    if native is not None:
+        return "collective", _native_op(native.function)
+    innermost = python[0] if python else None
+    if innermost is None:
+        return ("compute" if main.active else "unknown"), None
+    if innermost.file.endswith(("threading.py", "queue.py")) or "concurrent/futures" in innermost.file:
+        return "lock", innermost.function
+    line = _source_line(innermost)
+    if SLEEP_LINE.search(line):
+        return "sleep", "sleep"
+    if main.active is False and LOCK_LINE.search(line):
+        return "lock", "acquire"
+    return ("compute" if main.active is not False else "unknown"), None
+
+
+def _canonical_op(func: str) -> str:
+    return {"_store_based_barrier": "barrier"}.get(func, func)
+
+
+def _native_op(symbol: str) -> str:
+    match = re.search(r"(allreduce|allgather|reduce_scatter|broadcast|barrier|alltoall|send|recv)", symbol, re.I)
+    return match.group(1).lower() if match else "collective"
+
+
+def _source_line(frame: Frame) -> str:
+    if not frame.line:
+        return ""
+    return linecache.getline(frame.file, frame.line).strip()
+
+
+def _explain(phase: str, main: ThreadStack, threads) -> str | None:
+    """For a blocked main thread, point at other threads that are doing something."""
+    if phase not in ("lock", "unknown", "sleep"):
+        return None
+    others = []
+    for thread in threads:
+        if thread is main or not thread.frames:
+            continue
+        frame = where_frame(thread.frames)
+        if frame is not None and is_user(frame):
+            others.append(f"thread {thread.name!r} at {frame.label()}")
+    if not others:
+        return None
+    prefix = "other threads in user code (may hold what the main thread waits for): "
+    return prefix + "; ".join(others[:3])
+
+
+def stack_signature(stack: ThreadStack | None) -> tuple:
+    """Identity of a stack for change detection: every Python frame with its line."""
+    if stack is None:
+        return ()
+    return tuple((f.file, f.function, f.line) for f in stack.frames if not f.native)

@@ -1,0 +1,101 @@
+"""Cheap reads of /proc: thread counters, process state, zombie exit status, signal masks."""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ThreadCounters:
+    """Scheduler counters of one thread; unchanged counters mean the thread did not run."""
+
+    cpu_ticks: int
+    voluntary: int
+    involuntary: int
+
+
+def read_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def thread_counters(pid: int, tid: int | None = None) -> ThreadCounters | None:
+    """Counters of thread ``tid`` (default: the main thread) of ``pid``; None if gone."""
+    base = f"/proc/{pid}/task/{tid or pid}"
+    stat, status = read_text(f"{base}/stat"), read_text(f"{base}/status")
+    if stat is None or status is None:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    switches = {k: int(v) for k, v in (line.split(":\t") for line in status.splitlines() if "ctxt_switches" in line)}
+    return ThreadCounters(
+        cpu_ticks=int(fields[11]) + int(fields[12]),
+        voluntary=switches.get("voluntary_ctxt_switches", 0),
+        involuntary=switches.get("nonvoluntary_ctxt_switches", 0),
+    )
+
+
+def status_fields(pid: int) -> dict[str, str]:
+    text = read_text(f"/proc/{pid}/status") or ""
+    return dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
+
+
+def state_letter(pid: int) -> str | None:
+    """R, S, D, T, t, Z, ... or None when the process is gone."""
+    stat = read_text(f"/proc/{pid}/stat")
+    return stat.rsplit(")", 1)[1].split()[0] if stat else None
+
+
+def zombie_exit(pid: int) -> tuple[int | None, str | None] | None:
+    """(exit code, signal name) of a zombie not yet reaped by its parent, else None."""
+    stat = read_text(f"/proc/{pid}/stat")
+    if not stat:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] != "Z" or len(fields) < 50:
+        return None
+    return decode_wait_status(int(fields[-1]))
+
+
+def decode_wait_status(status: int) -> tuple[int | None, str | None]:
+    if os.WIFSIGNALED(status):
+        return None, signal_name(os.WTERMSIG(status))
+    return os.WEXITSTATUS(status), None
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def caught_signals(pid: int) -> set[int]:
+    """Signals the process has a handler for (SigCgt of /proc/PID/status)."""
+    mask = int(status_fields(pid).get("SigCgt", "0").strip() or "0", 16)
+    return {n for n in range(1, 65) if mask & (1 << (n - 1))}
+
+
+def fd_target(pid: int, fd: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/fd/{fd}")
+    except OSError:
+        return None
+
+
+def log_file_of(pid: int) -> str | None:
+    """A regular file behind stdout or stderr, if any (torchrun --log-dir, `> log 2>&1`)."""
+    for fd in (1, 2):
+        target = fd_target(pid, fd)
+        if target and target.startswith("/") and not target.startswith("/dev/") and os.path.isfile(target):
+            return target
+    return None
+
+
+def wchan(pid: int, tid: int | None = None) -> str | None:
+    text = read_text(f"/proc/{pid}/task/{tid or pid}/wchan")
+    return text.strip() if text and text.strip() not in ("", "0") else None

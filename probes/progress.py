@@ -1,0 +1,71 @@
+"""Decide whether a rank made progress, from repeated stack samples and its main thread's counters.
+
+A rank is *stuck* when, for at least the stuck threshold, its main thread showed no sign of
+progress. Signs of progress between two samples:
+
+* its Python stack changed (any frame or line);
+* it blocked and woke up again: its voluntary context switches grew between our dumps
+  (py-spy's own attach adds two, so only the gaps between dumps are counted);
+* it burnt CPU while not in a waiting phase (a long compute line is still work; a thread
+  spinning inside a collective or a lock is not).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainwatch.probes.procfs import ThreadCounters
+
+WAITING_PHASES = frozenset({"collective", "dataloader", "init", "lock", "sleep"})
+
+
+@dataclass
+class _Track:
+    signature: tuple
+    after: ThreadCounters | None  # counters right after our last dump
+    progress_at: float  # last time progress was seen (or first seen)
+    first_seen: float
+
+
+class ProgressTracker:
+    """Per-PID memory of the last sample; lives as long as a live view or a snapshot window."""
+
+    def __init__(self) -> None:
+        self._tracks: dict[int, _Track] = {}
+
+    def observe(self, pid: int, signature: tuple, phase: str, before: ThreadCounters | None,
+                after: ThreadCounters | None, now: float) -> None:
+        track = self._tracks.get(pid)
+        if track is None:
+            self._tracks[pid] = _Track(signature, after, now, now)
+            return
+        if self._progressed(track, signature, phase, before):
+            track.progress_at = now
+        track.signature, track.after = signature, after
+
+    @staticmethod
+    def _progressed(track: _Track, signature: tuple, phase: str, before: ThreadCounters | None) -> bool:
+        if signature != track.signature:
+            return True
+        if before is None or track.after is None:
+            return False
+        if before.voluntary > track.after.voluntary:
+            return True
+        return phase not in WAITING_PHASES and before.cpu_ticks > track.after.cpu_ticks
+
+    def idle_for(self, pid: int, now: float) -> float | None:
+        """Seconds since the rank last showed progress; None if never sampled."""
+        track = self._tracks.get(pid)
+        return None if track is None else now - track.progress_at
+
+    def observed_for(self, pid: int, now: float) -> float:
+        track = self._tracks.get(pid)
+        return 0.0 if track is None else now - track.first_seen
+
+    def unchanged_since_dump(self, pid: int, counters: ThreadCounters | None) -> bool:
+        """True when the main thread has not run at all since our last dump: its stack cannot differ."""
+        track = self._tracks.get(pid)
+        return bool(track and counters and track.after == counters)
+
+    def forget(self, pid: int) -> None:
+        self._tracks.pop(pid, None)

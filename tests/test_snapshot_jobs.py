@@ -1,0 +1,147 @@
+"""`trainwatch snapshot` against real planted gloo jobs: what a user would read in the JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from jobs import PlantedJob
+
+pytestmark = pytest.mark.job
+
+
+def snapshot(pid: int, *args: str, timeout: float = 60) -> tuple[int, dict, str]:
+    proc = subprocess.run([sys.executable, "-m", "trainwatch.tui.cli", "snapshot", str(pid), "--json", *args],
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode in (0, 2) and proc.stdout.strip(), f"rc={proc.returncode}\n{proc.stderr}"
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.returncode, json.loads(proc.stdout), proc.stderr
+
+
+def by_rank(data: dict) -> dict[int, dict]:
+    return {r["rank"]: r for r in data["ranks"]}
+
+
+def test_healthy_job_is_not_a_false_alarm(planted):
+    job = planted("healthy", nproc=3, step_s=0.3)
+    rc, data, err = snapshot(job.pid, "--window", "2")
+    assert rc == 0, err
+    assert data["verdict"]["kind"] == "healthy", data["verdict"]
+    assert data["job"]["launcher"] == "torchrun" and data["job"]["world_size"] == 3
+    assert sorted(by_rank(data)) == [0, 1, 2]
+    assert all(r["state"] == "running" for r in data["ranks"])
+
+
+def test_straggler_names_the_rank_and_its_line(planted):
+    job = planted("straggler", nproc=3)
+    rc, data, err = snapshot(job.pid, "--window", "2")
+    assert rc == 0, err
+    verdict = data["verdict"]
+    assert verdict["kind"] == "straggler" and verdict["culprits"] == [2]
+    assert "rank 2" in verdict["summary"] and "train.py" in verdict["summary"]
+    ranks = by_rank(data)
+    assert ranks[0]["phase"] == "collective" and ranks[0]["op"] == "all_reduce"
+    assert ranks[0]["where"].endswith("sync_gradients") and ranks[0]["user_frame"].startswith("train.py:")
+    assert ranks[2]["phase"] == "sleep" and ranks[2]["state"] == "stuck" and ranks[2]["stuck_for_s"] >= 1
+    assert {g["label"]: g["culprit"] for g in data["groups"]} == {"0-1": False, "2": True}
+    main = ranks[2]["threads"][0]
+    assert main["frames"][0]["file"].endswith("train.py") and {"function", "file", "line"} <= set(main["frames"][0])
+
+
+def test_mismatched_collectives(planted):
+    job = planted("mismatch", nproc=3)
+    rc, data, err = snapshot(job.pid, "--window", "2")
+    assert data["verdict"]["kind"] == "mismatch", data["verdict"]
+    assert data["verdict"]["culprits"] == [2]
+    assert "all_gather" in data["verdict"]["summary"] and "all_reduce" in data["verdict"]["summary"]
+    assert by_rank(data)[2]["where"].endswith("sync_metrics")
+
+
+def test_uneven_data_rank_leaves_loop_early(planted):
+    job = planted("uneven", nproc=3)
+    rc, data, err = snapshot(job.pid, "--window", "2")
+    assert data["verdict"]["kind"] == "mismatch", data["verdict"]
+    assert data["verdict"]["culprits"] == [2]
+    assert by_rank(data)[2]["op"] == "barrier" and by_rank(data)[0]["op"] == "all_reduce"
+
+
+def test_dataloader_stall_is_a_straggler_in_the_dataloader(planted):
+    job = planted("dataloader", nproc=2)
+    rc, data, err = snapshot(job.pid, "--window", "2")
+    assert data["verdict"]["kind"] == "straggler", data["verdict"]
+    assert data["verdict"]["culprits"] == [1]
+    culprit = by_rank(data)[1]
+    assert culprit["phase"] == "dataloader" and culprit["children"], culprit
+    assert len(data["ranks"]) == 2  # the DataLoader worker is under its rank, not a rank
+
+
+def test_lock_deadlock_points_at_the_other_thread(planted):
+    job = planted("lock", nproc=2)
+    rc, data, err = snapshot(job.pid, "--window", "2")
+    assert data["verdict"]["culprits"] == [1], data["verdict"]
+    culprit = by_rank(data)[1]
+    assert culprit["phase"] == "lock"
+    assert "metrics-writer" in (culprit["detail"] or "")
+    assert any(t["name"] == "metrics-writer" for t in culprit["threads"])
+
+
+def test_segfaulted_rank_is_crashed_with_its_signal(tmp_path):
+    # A slow launcher monitor keeps the dead rank as a zombie long enough to read its status.
+    with PlantedJob(tmp_path, "segfault", nproc=3, monitor_interval=30) as job:
+        job.wait_for_ranks()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and "Segmentation" not in job.log.read_text() and len(job.rank_pids()) == 3:
+            time.sleep(0.3)
+        time.sleep(1.0)
+        rc, data, err = snapshot(job.pid, "--window", "1")
+        assert data is not None, err
+        assert data["verdict"]["kind"] == "crashed", data["verdict"]
+        assert data["verdict"]["culprits"] == [2]
+        dead = by_rank(data)[2]
+        assert dead["state"] == "exited" and dead["exit"]["signal"] == "SIGSEGV"
+        assert "SIGSEGV" in data["verdict"]["summary"]
+
+
+def test_single_process_without_launcher(tmp_path):
+    with PlantedJob(tmp_path, "straggler", launcher="python", nproc=1) as job:
+        job.wait_for_ranks()
+        rc, data, err = snapshot(job.pid, "--window", "1")
+        assert rc == 0, err
+        assert data["job"]["launcher"] == "python"
+        assert [r["rank"] for r in data["ranks"]] == [0]
+        assert data["ranks"][0]["pid"] == job.pid
+
+
+def test_attach_by_non_python_ancestor(tmp_path):
+    # `timeout` above torchrun, as in a batch script: the job is found beneath it.
+    with PlantedJob(tmp_path, "mismatch", nproc=2, prefix=["timeout", "120"]) as job:
+        job.wait_for_ranks()
+        rc, data, err = snapshot(job.pid, "--window", "1")
+        assert rc == 0, err
+        assert data["job"]["launcher"] == "torchrun" and data["job"]["pid"] != job.pid
+        assert sorted(by_rank(data)) == [0, 1]
+
+
+def test_attach_by_rank_pid_finds_the_whole_job(planted):
+    job = planted("mismatch", nproc=2)
+    rank_pid = job.rank_pids()[1]
+    rc, data, err = snapshot(rank_pid, "--window", "0")
+    assert rc == 0, err
+    assert data["job"]["pid"] == job.pid and len(data["ranks"]) == 2
+    assert data["verdict"]["kind"] == "unknown"  # one sample cannot judge progress, and says so
+
+
+def test_missing_rank_is_reported(tmp_path):
+    with PlantedJob(tmp_path, "segfault", nproc=3, monitor_interval=30) as job:
+        job.wait_for_ranks()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(job.rank_pids()) == 3:
+            time.sleep(0.3)
+        # Reap nothing ourselves: the launcher keeps the zombie; the rank is reported, not lost.
+        rc, data, err = snapshot(job.pid, "--window", "0")
+        assert sorted(by_rank(data)) == [0, 1, 2]
