@@ -1,0 +1,119 @@
+"""Merging node snapshots into one view of the job."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainwatch.probes.groups import group_ranks
+from trainwatch.probes.merge import NodeView, describe_hosts, is_partial, merge_nodes
+from trainwatch.probes.snapshot import (
+    CollectiveState, Frame, HostInfo, Job, Rank, RankCollective, Snapshot, ThreadStack,
+)
+
+from trainwatch.probes.verdict import judge
+
+
+def rank(n: int, host: str, pid: int, phase: str = "collective", **kw) -> Rank:
+    where = "train.py:40 sync_gradients" if phase == "collective" else "train.py:99 compute_step"
+    frames = (Frame("sync_gradients" if phase == "collective" else "compute_step", "/w/train.py", 40),)
+    return Rank(rank=n, pid=pid, host=host, state="stuck", phase=phase,
+                op="allreduce" if phase == "collective" else None, where=where,
+                threads=(ThreadStack("MainThread", 1, frames, is_main=True),), **kw)
+
+
+def node(host: str, ranks: list[Rank], world: int = 4, **kw) -> Snapshot:
+    job = Job(launcher="torchrun", pid=ranks[0].pid - 1 if ranks else 1, host=host, world_size=world,
+              local_world_size=len(ranks), nnodes=2, master_addr="10.0.0.1", master_port=29500)
+    return Snapshot(job=job, ranks=tuple(ranks), hosts=(HostInfo(name=host),), taken_at=100.0,
+                    window_s=1.0, **kw)
+
+
+def merge(views, **kw):
+    return merge_nodes(views, group_ranks=group_ranks, judge=judge, **kw)
+
+
+def test_two_nodes_one_job():
+    a = node("n1", [rank(0, "n1", 100), rank(1, "n1", 101)])
+    b = node("n2", [rank(2, "n2", 200), rank(3, "n2", 201, phase="compute")], warnings=("py-spy slow",))
+    merged = merge([NodeView("n1", a, local=True), NodeView("n2", b)])
+    assert merged.source == "remote"
+    assert [(r.rank, r.host) for r in merged.ranks] == [(0, "n1"), (1, "n1"), (2, "n2"), (3, "n2")]
+    assert merged.verdict.culprits == (3,)
+    assert [g.label for g in merged.groups] == ["0-2", "3"]
+    assert merged.groups[1].culprit
+    assert [h.name for h in merged.hosts] == ["n1", "n2"]
+    assert "n2: py-spy slow" in merged.warnings
+    assert merged.job.world_size == 4 and merged.job.host == "n1"
+    assert not is_partial(merged)
+
+
+def test_unreachable_node_leaves_missing_ranks():
+    a = node("n1", [rank(0, "n1", 100), rank(1, "n1", 101)])
+    merged = merge([NodeView("n1", a, local=True), NodeView("n2", error="unreachable (Connection refused)")])
+    missing = [r for r in merged.ranks if r.state == "missing"]
+    assert [(r.rank, r.host, r.pid) for r in missing] == [(2, "?", None), (3, "?", None)]
+    assert "unreachable: n2" in missing[0].detail
+    assert HostInfo(name="n2", error="unreachable (Connection refused)") in merged.hosts
+    assert any("node n2: unreachable" in n for n in merged.notes)
+    assert is_partial(merged)
+    assert describe_hosts(merged) == ("1 of 2 nodes answered; n2: unreachable (Connection refused); "
+                                      "ranks 2-3 missing")
+
+
+def test_nodes_reporting_one_hostname_are_told_apart():
+    """Containers (and loopback tests) often share a hostname: the node's address labels them."""
+    a = node("box", [rank(0, "box", 100)], world=2)
+    b = node("box", [rank(1, "box", 200)], world=2)
+    merged = merge([NodeView("box", a, local=True), NodeView("127.0.0.1", b)])
+    assert [(r.rank, r.host) for r in merged.ranks] == [(0, "box"), (1, "127.0.0.1")]
+    assert [h.name for h in merged.hosts] == ["box", "127.0.0.1"]
+    assert len({r.key for r in merged.ranks}) == 2
+
+
+def test_this_node_listed_again_is_not_counted_twice():
+    a = node("n1", [rank(0, "n1", 100), rank(1, "n1", 101)], world=2)
+    merged = merge([NodeView("n1", a, local=True), NodeView("n1.cluster", a)])
+    assert [r.rank for r in merged.ranks] == [0, 1]
+    assert any("already seen" in n for n in merged.notes)
+
+
+def test_placeholder_missing_ranks_of_a_node_are_replaced():
+    a = node("n1", [rank(0, "n1", 100), Rank(rank=1, state="missing", host="?")], world=2)
+    b = node("n2", [rank(1, "n2", 200)], world=2)
+    merged = merge([NodeView("n1", a, local=True), NodeView("n2", b)])
+    assert [(r.rank, r.state) for r in merged.ranks] == [(0, "stuck"), (1, "stuck")]
+
+
+def test_two_processes_claiming_one_rank_are_warned_about():
+    a = node("n1", [rank(0, "n1", 100)], world=2)
+    b = node("n2", [rank(0, "n2", 200)], world=2)
+    merged = merge([NodeView("n1", a, local=True), NodeView("n2", b)])
+    assert any("rank 0 is reported by more than one process" in w for w in merged.warnings)
+
+
+def test_stale_node_is_noted():
+    a = node("n1", [rank(0, "n1", 100)], world=2)
+    b = node("n2", [rank(1, "n2", 200)], world=2)
+    merged = merge([NodeView("n1", a, local=True), NodeView("n2", b, stale_s=12.3)])
+    assert "node n2: slow to answer; showing its snapshot from 12s ago" in merged.notes
+
+
+def test_collectives_are_combined():
+    ca = CollectiveState("flight-recorder-file", ranks=(RankCollective(0, last_enqueued=5),))
+    cb = CollectiveState("flight-recorder-file", ranks=(RankCollective(1, last_enqueued=4),), culprits=(1,))
+    a = node("n1", [rank(0, "n1", 100)], world=2, collectives=ca)
+    b = node("n2", [rank(1, "n2", 200)], world=2, collectives=cb)
+    merged = merge([NodeView("n1", a, local=True), NodeView("n2", b)])
+    assert [e.rank for e in merged.collectives.ranks] == [0, 1]
+    assert merged.collectives.culprits == (1,)
+
+
+def test_merged_snapshot_round_trips_as_json():
+    a = node("n1", [rank(0, "n1", 100)], world=3)
+    merged = merge([NodeView("n1", a, local=True), NodeView("n2", error="timeout")])
+    assert Snapshot.from_json(merged.to_json()) == merged
+
+
+def test_no_answer_at_all_is_an_error():
+    with pytest.raises(ValueError):
+        merge([NodeView("n1", error="x")])

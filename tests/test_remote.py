@@ -1,0 +1,188 @@
+"""Transports: exact command lines, bounded runs, failure reasons, bundles streamed back."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import psutil
+import pytest
+
+from trainwatch.probes.remote import (
+    KubeRemote, Result, Runner, SlurmRemote, SshRemote, classify_failure, collect_remote_bundles,
+    dump_script, fetch_snapshot, kubectl_get_pods_argv, match_args, parse_pods, snapshot_args,
+)
+from trainwatch.probes.snapshot import Job, Rank, Snapshot
+
+TW = "trainwatch"
+ARGS = ["snapshot", "--json", "--match", "10.0.0.1:29500"]
+
+
+@dataclass(frozen=True)
+class ShellRemote:
+    """A 'node' that is this machine: runs the command with sh, like ssh would on the far side."""
+
+    name: str
+
+    def argv(self, trainwatch: str, args: list[str]) -> list[str]:
+        import shlex
+        return ["sh", "-c", f"{trainwatch} {shlex.join(args)}"]
+
+    def shell_argv(self, script: str) -> list[str]:
+        return ["sh", "-c", script]
+
+
+def test_ssh_command_line():
+    remote = SshRemote("node2", options=("-o", "Port=2222"), connect_timeout=7)
+    assert remote.argv("/opt/tw/bin/trainwatch", ARGS) == [
+        "ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=7", "-o", "Port=2222", "--", "node2",
+        "/opt/tw/bin/trainwatch snapshot --json --match 10.0.0.1:29500"]
+    quoted = SshRemote("n", destination="me@n").argv("trainwatch", ["dump", "--out", "a b"])
+    assert quoted[-2:] == ["me@n", "trainwatch dump --out 'a b'"]
+    assert "-F" not in remote.argv(TW, ARGS)  # the user's own ssh config applies
+
+
+def test_slurm_command_line():
+    remote = SlurmRemote("gpu07", job_id="4242")
+    assert remote.argv("env X=1 trainwatch", ARGS) == [
+        "srun", "--overlap", "--jobid=4242", "--nodelist=gpu07", "-N1", "-n1", "--quiet",
+        "env", "X=1", "trainwatch", *ARGS]
+    assert remote.shell_argv("echo hi")[-3:] == ["sh", "-c", "echo hi"]
+
+
+def test_kubectl_command_lines():
+    assert KubeRemote("trainer-1", namespace="ml", container="main").argv(TW, ARGS) == [
+        "kubectl", "exec", "-n", "ml", "-c", "main", "trainer-1", "--", "trainwatch", *ARGS]
+    assert KubeRemote("p").argv(TW, ["snapshot"]) == ["kubectl", "exec", "p", "--", "trainwatch", "snapshot"]
+    assert kubectl_get_pods_argv("job=llm", "ml") == ["kubectl", "get", "pods", "-l", "job=llm", "-o", "json",
+                                                      "-n", "ml"]
+
+
+def test_parse_kubectl_pods():
+    doc = {"apiVersion": "v1", "kind": "List", "items": [
+        {"metadata": {"name": "w-0"}, "spec": {"nodeName": "n1"}, "status": {"phase": "Running", "podIP": "10.1.0.4"}},
+        {"metadata": {"name": "w-1"}, "spec": {}, "status": {"phase": "Pending"}},
+    ]}
+    pods = parse_pods(json.dumps(doc))
+    assert [(p.name, p.phase, p.node, p.ip) for p in pods] == [
+        ("w-0", "Running", "n1", "10.1.0.4"), ("w-1", "Pending", None, None)]
+    single = {"kind": "Pod", "metadata": {"name": "solo"}, "status": {"phase": "Running"}}
+    assert [p.name for p in parse_pods(json.dumps(single))] == ["solo"]
+    with pytest.raises(ValueError):
+        parse_pods("error: You must be logged in")
+
+
+def test_match_args_prefers_master_then_job_id():
+    job = Job(launcher="torchrun", pid=1, host="h", master_addr="10.0.0.1", master_port=29500, job_id="abc")
+    assert match_args(job) == ["--match", "10.0.0.1:29500"]
+    assert match_args(Job(launcher="torchrun", pid=1, host="h", job_id="77")) == ["--match-job-id", "77"]
+    with pytest.raises(ValueError):
+        match_args(Job(launcher="torchrun", pid=1, host="h", job_id="none"))
+    assert snapshot_args(["--match", "a:1"], window=2.0) == ["snapshot", "--json", "--match", "a:1", "--window", "2"]
+
+
+@pytest.mark.parametrize("remote, rc, stderr, expected", [
+    (SshRemote("n"), 255, "ssh: connect to host n port 22: Connection refused", "unreachable"),
+    (SshRemote("n"), 255, "me@n: Permission denied (publickey).", "permission denied by ssh"),
+    (SshRemote("n"), 127, "bash: line 1: trainwatch: command not found", "trainwatch not installed"),
+    (SshRemote("n"), 127, "sh: 1: /nonexistent: not found", "trainwatch not installed"),
+    (SlurmRemote("n", "1"), 2, "slurmstepd: error: execve(): trainwatch: No such file or directory",
+     "trainwatch not installed"),
+    (KubeRemote("p"), 1, 'exec: "trainwatch": executable file not found in $PATH', "trainwatch not installed"),
+    (SshRemote("n"), 4, "trainwatch: no job with master 10.0.0.1:29500 on n2", "no job found there (no job with"),
+    (SshRemote("n"), 5, "trainwatch: permission denied reading PID 7", "permission denied (permission denied"),
+    (SshRemote("n"), 1, "boom", "failed with exit status 1 (boom)"),
+])
+def test_failure_reasons(remote, rc, stderr, expected):
+    assert expected in classify_failure(remote, Result(rc, stderr=stderr), 5.0)
+
+
+def test_timeout_reason():
+    assert classify_failure(SshRemote("n"), Result(None, timed_out=True), 5.0) == "timeout: no answer in 5s"
+
+
+def test_timeout_kills_the_whole_process_group(tmp_path):
+    marker = tmp_path / "pids"
+    # A child that also starts a grandchild, both sleeping far past the timeout.
+    script = f"sleep 60 & echo $! >> {marker}; echo $$ >> {marker}; sleep 60"
+    started = time.monotonic()
+    result = Runner().run(["sh", "-c", script], timeout=1.0)
+    assert result.timed_out and result.returncode is None
+    assert time.monotonic() - started < 8
+    time.sleep(0.2)
+    for pid in map(int, marker.read_text().split()):
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_runner_close_kills_running_calls():
+    runner = Runner()
+    import threading
+    results = []
+    thread = threading.Thread(target=lambda: results.append(runner.run(["sleep", "60"], timeout=60)))
+    thread.start()
+    time.sleep(0.5)
+    runner.close()
+    thread.join(10)
+    assert not thread.is_alive() and results and results[0].returncode != 0
+
+
+def test_missing_local_tool_is_named():
+    result = Runner().run(["/nonexistent/ssh"], timeout=5)
+    assert "cannot run /nonexistent/ssh" in classify_failure(SshRemote("n"), result, 5)
+
+
+def _snapshot_json() -> str:
+    job = Job(launcher="torchrun", pid=10, host="far", world_size=2)
+    return Snapshot(job=job, ranks=(Rank(rank=1, pid=11, host="far", state="stuck"),)).to_json(indent=None)
+
+
+def test_fetch_snapshot_reads_the_answer(tmp_path):
+    fake = tmp_path / "tw"
+    fake.write_text(f"#!/bin/sh\ncat <<'EOF'\n{_snapshot_json()}\nEOF\n")
+    fake.chmod(0o755)
+    result = fetch_snapshot(ShellRemote("far"), Runner(), str(fake), ARGS, timeout=10)
+    assert result.error is None and result.snapshot.ranks[0].rank == 1
+
+
+def test_fetch_snapshot_keeps_a_snapshot_printed_with_nonzero_exit(tmp_path):
+    fake = tmp_path / "tw"
+    fake.write_text(f"#!/bin/sh\necho '{_snapshot_json()}'\necho 'trainwatch: py-spy could not read rank 1' >&2\nexit 6\n")
+    fake.chmod(0o755)
+    result = fetch_snapshot(ShellRemote("far"), Runner(), str(fake), ARGS, timeout=10)
+    assert result.snapshot is not None and "exit status 6" in result.note
+
+
+def test_fetch_snapshot_failures(tmp_path):
+    result = fetch_snapshot(ShellRemote("far"), Runner(), "/nonexistent/trainwatch", ARGS, timeout=10)
+    assert result.snapshot is None and "trainwatch not installed" in result.error
+    result = fetch_snapshot(ShellRemote("far"), Runner(), "echo not-json #", ARGS, timeout=10)
+    assert "not a snapshot" in result.error
+    result = fetch_snapshot(ShellRemote("far"), Runner(), "sleep 30 #", ARGS, timeout=0.5)
+    assert result.error.startswith("timeout")
+
+
+def test_dump_script_streams_a_bundle_back(tmp_path):
+    fake = tmp_path / "tw"
+    # A stand-in `trainwatch dump ... --out DIR`: writes a small bundle folder.
+    fake.write_text('#!/bin/sh\nfor a; do out="$a"; done\nmkdir -p "$out/ranks"\n'
+                    'echo "$@" > "$out/args.txt"\necho stack > "$out/ranks/1.txt"\n')
+    fake.chmod(0o755)
+    notes = collect_remote_bundles([ShellRemote("far/1"), ShellRemote("bad")], tmp_path / "bundle",
+                                   timeout=20, trainwatch=str(fake), match=["--match", "a:1"])
+    host = tmp_path / "bundle" / "hosts" / "far_1"
+    assert (host / "ranks" / "1.txt").read_text() == "stack\n"
+    assert (host / "args.txt").read_text().split()[:3] == ["dump", "--match", "a:1"]
+    assert any("far/1: bundle in hosts/far_1/" in n for n in notes)
+    assert not list(tmp_path.glob("bundle/hosts/*.tar.gz"))
+
+
+def test_dump_failure_is_a_note(tmp_path):
+    notes = collect_remote_bundles([ShellRemote("far")], tmp_path / "b", timeout=10,
+                                   trainwatch="/nonexistent/trainwatch", match=["--match", "a:1"])
+    assert len(notes) == 1 and notes[0].startswith("far: no bundle: trainwatch not installed")
+
+
+def test_dump_script_is_posix_sh():
+    script = dump_script("trainwatch", ["--match", "a:1"])
+    assert "mktemp -d" in script and "trap" in script and "tar -C" in script

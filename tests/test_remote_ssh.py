@@ -1,0 +1,134 @@
+"""End to end through a real OpenSSH server on loopback: a 2-node gloo world seen as one job.
+
+Node 0 is read locally; node 1 (where the planted culprit, rank world-1, lives) is reached
+with ssh. Both "nodes" share this machine's process table, so on the far side a small wrapper
+pins trainwatch to node 1's launcher PID instead of ``--match ADDR:PORT`` (which on loopback
+would match node 0's ranks too); ``--match-job-id`` is exercised over ssh separately.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from jobs import free_port
+from sshd import Sshd, TwoNodeJob, remote_trainwatch, unavailable_reason
+from trainwatch.probes.remote import (
+    PARTIAL_EXIT, Runner, SshRemote, collect_remote_bundles, fetch_snapshot, snapshot_args,
+)
+
+pytestmark = [pytest.mark.job, pytest.mark.slow,
+              pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))]
+
+CLI = [sys.executable, "-m", "trainwatch.tui.cli"]
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    server = Sshd(tmp_path_factory.mktemp("sshd")).start()
+    dead_port = free_port()  # nothing listens here: an unreachable node
+    server.config.write_text(f"Host dead\n  Port {dead_port}\n  ConnectTimeout 3\n" + server.config.read_text())
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    job = TwoNodeJob(tmp_path_factory.mktemp("world"), "straggler", nproc_per_node=1, deadline=150).start()
+    try:
+        job.wait_for_ranks()
+        yield job
+    finally:
+        job.stop()
+
+
+def pinned_trainwatch(tmp: Path, pid: int) -> str:
+    """A far-side trainwatch that finds node 1's job by its launcher PID instead of by --match."""
+    wrapper = tmp / f"trainwatch-node-{pid}"
+    wrapper.write_text(textwrap.dedent(f"""\
+        #!{sys.executable}
+        import os, sys
+        args = sys.argv[1:]
+        if "--match" in args:
+            at = args.index("--match")
+            del args[at:at + 2]
+            args.insert(1, "{pid}")
+        os.environ["PATH"] = "{Path(sys.executable).parent}:" + os.environ.get("PATH", "/usr/bin:/bin")
+        os.execv(sys.executable, [sys.executable, "-m", "trainwatch.tui.cli", *args])
+        """))
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def snapshot_cli(world: TwoNodeJob, sshd: Sshd, hosts: str, trainwatch: str, timeout: float = 60):
+    cmd = [*CLI, "snapshot", str(world.pids[0]), "--json", "--window", "1", "--hosts", hosts,
+           "--ssh-option", sshd.ssh_option, "--remote-trainwatch", trainwatch,
+           "--remote-timeout", str(timeout)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 60)
+    data = json.loads(done.stdout) if done.stdout.strip().startswith("{") else None
+    return done, data
+
+
+def test_one_view_of_both_nodes_names_the_remote_culprit(world, sshd, tmp_path):
+    done, data = snapshot_cli(world, sshd, "node-b", pinned_trainwatch(tmp_path, world.pids[1]))
+    assert done.returncode == 0, done.stderr
+    assert data["source"] == "remote"
+    hosts = {r["rank"]: r["host"] for r in data["ranks"]}
+    assert set(hosts) == {0, 1}
+    assert hosts[1] == "node-b" and hosts[0] != "node-b"
+    assert data["verdict"]["culprits"] == [1], data["verdict"]
+    assert data["verdict"]["kind"] == "straggler", data["verdict"]
+    culprit_group = next(g for g in data["groups"] if g["culprit"])
+    assert culprit_group["ranks"] == [1]
+    assert [h["name"] for h in data["hosts"] if h["error"]] == []
+
+
+def test_unreachable_node_is_named_and_the_rest_shown(world, sshd, tmp_path):
+    done, data = snapshot_cli(world, sshd, "node-b,dead", pinned_trainwatch(tmp_path, world.pids[1]))
+    assert done.returncode == PARTIAL_EXIT, done.stderr
+    failed = {h["name"]: h["error"] for h in data["hosts"] if h["error"]}
+    assert list(failed) == ["dead"] and failed["dead"].startswith("unreachable"), failed
+    assert {r["rank"] for r in data["ranks"] if r["state"] != "missing"} == {0, 1}
+
+
+def test_node_without_trainwatch_is_named_and_its_ranks_missing(world, sshd):
+    done, data = snapshot_cli(world, sshd, "node-b", "/nonexistent/trainwatch")
+    assert done.returncode == PARTIAL_EXIT, done.stderr
+    (failed,) = [h for h in data["hosts"] if h["error"]]
+    assert failed["name"] == "node-b" and "trainwatch not installed" in failed["error"]
+    states = {r["rank"]: (r["state"], r["host"]) for r in data["ranks"]}
+    assert states[1] == ("missing", "?") and states[0][0] != "missing"
+    assert any("node-b" in n for n in data["notes"])
+
+
+def test_far_side_finds_the_job_by_master_address(world, sshd):
+    """Over real ssh, `--match ADDR:PORT` finds a job of this world (either loopback node)."""
+    remote = SshRemote("node-b", options=("-F", str(sshd.config)))
+    result = fetch_snapshot(remote, Runner(), remote_trainwatch(),
+                            snapshot_args(["--match", f"127.0.0.1:{world.port}"], window=0), timeout=60)
+    assert result.error is None, result.error
+    assert {r.rank for r in result.snapshot.ranks} & {0, 1}
+    assert result.snapshot.job.master_port == world.port
+
+
+def test_bundles_stream_back_over_ssh(sshd, tmp_path):
+    fake = tmp_path / "fake-trainwatch"
+    fake.write_text('#!/bin/sh\nfor a; do out="$a"; done\nmkdir -p "$out/ranks"\n'
+                    'echo "$@" > "$out/args.txt"\nhead -c 200000 /dev/urandom > "$out/ranks/1.bin"\n')
+    fake.chmod(0o755)
+    remotes = [SshRemote("node-b", options=("-F", str(sshd.config))),
+               SshRemote("dead", options=("-F", str(sshd.config)))]
+    notes = collect_remote_bundles(remotes, tmp_path / "bundle", timeout=30, trainwatch=str(fake),
+                                   match=["--match", "127.0.0.1:1"])
+    got = tmp_path / "bundle" / "hosts" / "node-b"
+    assert (got / "ranks" / "1.bin").stat().st_size == 200000
+    assert (got / "args.txt").read_text().split()[:3] == ["dump", "--match", "127.0.0.1:1"]
+    assert any(n.startswith("dead: no bundle: unreachable") for n in notes), notes
+    assert not (tmp_path / "bundle" / "hosts" / "dead").exists()
+    assert os.listdir(tmp_path / "bundle" / "hosts") == ["node-b"]
