@@ -215,7 +215,7 @@ class Snapshot:
             raise SnapshotError("not a trainwatch snapshot (no 'job')")
         try:
             return _decode(cls, data)
-        except (TypeError, ValueError, KeyError) as exc:
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
             raise SnapshotError(f"damaged snapshot: {exc}") from exc
 
     @classmethod
@@ -243,37 +243,55 @@ def _encode(value: Any) -> Any:
 
 
 def _decode(tp: Any, value: Any) -> Any:
-    if value is None:
-        return None
+    return _decoder(tp)(value)
+
+
+_DECODERS: dict[Any, Any] = {}
+
+
+def _decoder(tp: Any):
+    """A function that rebuilds values of type ``tp``; built once per type, so big jobs decode fast."""
+    if tp in _DECODERS:
+        return _DECODERS[tp]
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
-        options = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _decode(options[0], value)
-    if origin is tuple:
-        (item, *_rest) = typing.get_args(tp)
-        if not isinstance(value, list):
-            raise TypeError(f"expected a list, got {type(value).__name__}")
-        return tuple(_decode(item, v) for v in value)
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise TypeError(f"expected an object for {tp.__name__}")
-        hints = _hints(tp)
-        known = {f.name for f in dataclasses.fields(tp)}
-        return tp(**{k: _decode(hints[k], v) for k, v in value.items() if k in known})
-    if tp is float and isinstance(value, int):
-        return float(value)
-    if tp in (int, float, str, bool) and not isinstance(value, tp):
-        raise TypeError(f"expected {tp.__name__}, got {type(value).__name__}")
+        inner = _decoder(next(a for a in typing.get_args(tp) if a is not type(None)))
+        fn = lambda v: None if v is None else inner(v)  # noqa: E731
+    elif origin is tuple:
+        item = _decoder(typing.get_args(tp)[0])
+        fn = lambda v: tuple(item(x) for x in _expect(v, list, tp))  # noqa: E731
+    elif dataclasses.is_dataclass(tp):
+        fn = _dataclass_decoder(tp)
+    elif tp is float:
+        fn = lambda v: float(_expect(v, (int, float), tp))  # noqa: E731
+    elif tp in (int, str, bool):
+        fn = lambda v: _expect(v, tp, tp)  # noqa: E731
+    else:
+        fn = lambda v: v  # noqa: E731
+    _DECODERS[tp] = fn
+    return fn
+
+
+def _dataclass_decoder(tp: type):
+    hints = typing.get_type_hints(tp)
+    fields = {f.name: None for f in dataclasses.fields(tp)}
+
+    def decode(value: Any) -> Any:
+        _expect(value, dict, tp)
+        kwargs = {}
+        for key, item in value.items():
+            if key in fields:
+                if fields[key] is None:
+                    fields[key] = _decoder(hints[key])
+                kwargs[key] = fields[key](item)
+        return tp(**kwargs)
+    return decode
+
+
+def _expect(value: Any, kind: Any, tp: Any) -> Any:
+    if not isinstance(value, kind) or (kind in (int, float, (int, float)) and isinstance(value, bool)):
+        raise TypeError(f"expected {getattr(tp, '__name__', tp)}, got {type(value).__name__}")
     return value
-
-
-_HINTS: dict[type, dict[str, Any]] = {}
-
-
-def _hints(tp: type) -> dict[str, Any]:
-    if tp not in _HINTS:
-        _HINTS[tp] = typing.get_type_hints(tp)
-    return _HINTS[tp]
 
 
 def compact_ranks(ranks: typing.Iterable[int]) -> str:
