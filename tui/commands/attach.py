@@ -1,4 +1,4 @@
-"""`trainwatch attach` (not built yet)."""
+"""`trainwatch attach PID`: the live monitor on a running job (never signals the job)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,47 @@ from trainwatch.probes.errors import TrainwatchError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("attach", help="(not available yet)")
+    parser = sub.add_parser("attach", help="live view of a running job: which rank is stuck where, and why")
+    parser.add_argument("pid", type=int, help="launcher (torchrun, ...), a rank, or any ancestor of the job")
+    parser.add_argument("--interval", type=float, default=2.0, metavar="S",
+                        help="seconds between samples (default: 2; + and - change it live)")
+    parser.add_argument("--window", type=float, default=2.0, metavar="S",
+                        help="seconds the first sample watches for progress (default: 2)")
+    _add_remote(parser)
     parser.set_defaults(func=run)
 
 
+def _add_remote(parser: argparse.ArgumentParser) -> None:
+    try:
+        from trainwatch.tui.remote_args import add_remote_arguments
+    except ImportError:
+        return
+    add_remote_arguments(parser)
+
+
+def _wrap_remote(args: argparse.Namespace, source):
+    try:
+        from trainwatch.tui.remote_args import wrap_source
+    except ImportError:
+        return source
+    return wrap_source(args, source, source.job)
+
+
+def check_interval(value: float) -> float:
+    if not value > 0:
+        raise TrainwatchError(f"--interval must be more than 0 seconds (got {value:g})")
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
-    raise TrainwatchError("'trainwatch attach' is not available in this version")
+    from trainwatch.probes.live import open_source
+
+    interval = check_interval(args.interval)
+    source = open_source(args.pid, window=max(0.0, args.window))  # bad PIDs fail here, before the screen
+    try:
+        feed = _wrap_remote(args, source)
+        from trainwatch.tui.app import TrainwatchApp
+        TrainwatchApp(feed, interval=interval, title=f"trainwatch {args.pid}").run()
+    finally:
+        source.close()
+    return 0

@@ -1,16 +1,124 @@
-"""`trainwatch demo` (not built yet)."""
+"""`trainwatch demo`: start a small planted gloo job and watch it (the demo job is ours to stop)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
 
 from trainwatch.probes.errors import TrainwatchError
 
+PLANTED = Path(__file__).resolve().parents[1] / "planted.py"
+SCENARIOS = ("healthy", "straggler", "mismatch", "uneven", "dataloader", "lock", "segfault", "assert",
+             "slowstep")
+
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("demo", help="(not available yet)")
+    parser = sub.add_parser("demo", help="start a small CPU training job with a planted fault and watch it")
+    parser.add_argument("--scenario", choices=SCENARIOS, default="straggler", help="the fault to plant")
+    parser.add_argument("--ranks", type=int, default=4, help="number of ranks (default: 4)")
+    parser.add_argument("--deadline", type=float, default=600.0, metavar="S",
+                        help="the job exits by itself after this many seconds (default: 600)")
+    parser.add_argument("--interval", type=float, default=2.0, metavar="S", help="seconds between samples")
+    parser.add_argument("--no-tui", action="store_true", help="print one snapshot table instead of the live view")
     parser.set_defaults(func=run)
 
 
+class DemoJob:
+    """The planted job in its own session, so stopping it takes every rank down."""
+
+    def __init__(self, scenario: str, ranks: int, deadline: float, step_s: float = 0.05) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="trainwatch-demo-"))
+        shutil.copy(PLANTED, self.dir / "train.py")
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self.cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
+                    "--master-port", str(port), "train.py", "--scenario", scenario, "--deadline", str(deadline),
+                    "--step-s", str(step_s)]
+        self.ranks = ranks
+        self.log = self.dir / "job.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "DemoJob":
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(self.cmd, cwd=self.dir, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        return self
+
+    def wait_for_ranks(self, timeout: float = 90.0) -> None:
+        """Every rank prints a ``scenario`` line once it has joined the process group."""
+        assert self.proc is not None
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            text = self.log.read_text(errors="replace")
+            if text.count(" scenario ") >= self.ranks:
+                time.sleep(1.0)  # a few steps, so the first sample sees the job at work
+                return
+            if self.proc.poll() is not None:
+                raise TrainwatchError(f"the demo job exited early (status {self.proc.returncode})",
+                                      remedy=f"see its log: {self.log}")
+            time.sleep(0.2)
+        raise TrainwatchError(f"the demo job's ranks did not start within {timeout:.0f}s",
+                              remedy=f"see its log: {self.log}")
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def require_torch() -> None:
+    if importlib.util.find_spec("torch") is None:
+        raise TrainwatchError("trainwatch demo needs PyTorch in this environment: pip install torch")
+
+
 def run(args: argparse.Namespace) -> int:
-    raise TrainwatchError("'trainwatch demo' is not available in this version")
+    require_torch()
+    if not 1 <= args.ranks <= 64:
+        raise TrainwatchError(f"--ranks must be between 1 and 64 (got {args.ranks})")
+    job = DemoJob(args.scenario, args.ranks, args.deadline).start()
+    try:
+        print(f"trainwatch: starting a {args.ranks}-rank '{args.scenario}' demo job…", file=sys.stderr)
+        job.wait_for_ranks()
+        from trainwatch.probes.live import open_source
+        source = open_source(job.proc.pid, window=2.0)
+        try:
+            if args.no_tui:
+                show_once(source)
+            else:
+                from trainwatch.tui.app import TrainwatchApp
+                TrainwatchApp(source, interval=args.interval, title=f"trainwatch demo: {args.scenario}").run()
+        finally:
+            source.close()
+    finally:
+        job.stop()
+    return 0
+
+
+def show_once(source) -> None:
+    from rich.console import Console
+    snapshot = source.poll()
+    try:
+        from trainwatch.tui.render import render_table
+    except ImportError:
+        print(snapshot.to_json())
+        return
+    Console().print(render_table(snapshot))

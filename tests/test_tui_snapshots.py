@@ -1,0 +1,39 @@
+"""SVG snapshots of the monitor at 80x24 and 120x40 (fixed clock, hand-made snapshots)."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainwatch.tui.app import TrainwatchApp
+
+from test_tui_samples import ListSource, clock, crashed, healthy, straggler
+
+SAMPLES = {"healthy": healthy, "straggler": straggler, "crashed": crashed}
+
+
+async def _settle(pilot) -> None:
+    app = pilot.app
+    for _ in range(100):
+        if app.polls >= 1:
+            break
+        await pilot.pause(0.05)
+    app.clear_notifications()  # toasts are tested elsewhere; keep the picture stable
+    await pilot.pause()
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
+@pytest.mark.parametrize("name", list(SAMPLES))
+def test_monitor_snapshot(snap_compare, name, size):
+    app = TrainwatchApp(ListSource(SAMPLES[name]()), interval=60.0, clock=clock)
+    assert snap_compare(app, terminal_size=size, run_before=_settle)
+
+
+def test_culprit_detail_snapshot(snap_compare):
+    """The straggler's own detail: its frame in the user's code highlighted."""
+    app = TrainwatchApp(ListSource(straggler()), interval=60.0, clock=clock)
+    assert snap_compare(app, terminal_size=(120, 40), press=["j", "j", "j"], run_before=_settle)
+
+
+def test_help_snapshot(snap_compare):
+    app = TrainwatchApp(ListSource(healthy()), interval=60.0, clock=clock)
+    assert snap_compare(app, terminal_size=(80, 24), press=["question_mark"], run_before=_settle)

@@ -1,0 +1,404 @@
+"""The live monitor: a Textual app fed by any source with ``poll(native_for=...)`` and ``close()``.
+
+Polls run one at a time in a thread worker; the next one is armed only when the previous
+one has been handled, so a slow or stuck probe never piles up work or freezes the screen.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from rich.text import Text
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Container
+from textual.message import Message
+from textual.timer import Timer
+from textual.widgets import DataTable, Footer, Input
+from textual.worker import get_current_worker
+
+from trainwatch.probes.errors import TrainwatchError
+from trainwatch.probes.snapshot import PROBLEM_VERDICTS, Rank, Snapshot, compact_ranks
+
+from .widgets.alerts import AlertBar
+from .widgets.detail import DetailPane
+from .widgets.groups import GroupsPane
+from .widgets.header import JobHeader
+from .widgets.help import HelpScreen
+from .widgets.history import History
+from .widgets.logtail import read_tail
+from .widgets.rankfilter import matches
+from .widgets.ranks import RanksTable
+
+INTERVALS = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0)
+MAX_LOG_FILES = 16
+LIVE_ACTIONS = {"native", "sample", "pause", "slower", "faster", "dump"}
+
+
+class Source(Protocol):
+    """What the app reads: a live job, a bundle, or a merge of remote nodes."""
+
+    def poll(self, native_for: frozenset[int] = frozenset()) -> Snapshot: ...
+
+    def close(self) -> None: ...
+
+
+class SnapshotReady(Message):
+    """A poll finished: the frozen snapshot and the log tails read alongside it."""
+
+    def __init__(self, snapshot: Snapshot, log_tails: dict[str, tuple[str, ...] | None]) -> None:
+        super().__init__()
+        self.snapshot = snapshot
+        self.log_tails = log_tails
+
+
+class PollFailed(Message):
+    """A poll raised; ``error`` is the line to show."""
+
+    def __init__(self, error: str) -> None:
+        super().__init__()
+        self.error = error
+
+
+def native_id(rank: Rank) -> int | None:
+    """What ``native_for`` holds for a rank: its global rank number (unique across nodes)."""
+    return rank.rank
+
+
+def read_log_tails(snapshot: Snapshot) -> dict[str, tuple[str, ...] | None]:
+    paths = list(dict.fromkeys(r.log_path for r in snapshot.ranks if r.log_path))
+    return {path: read_tail(path) for path in paths[:MAX_LOG_FILES]}
+
+
+class TrainwatchApp(App[None]):
+    """Ranks table, stack groups and the selected rank's detail, refreshed from ``source``."""
+
+    CSS_PATH = "trainwatch.tcss"
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide")]
+    ENABLE_COMMAND_PALETTE = False
+    BINDINGS = [
+        Binding("q", "quit", "quit"),
+        Binding("question_mark", "help", "help"),
+        Binding("slash", "filter", "filter"),
+        Binding("n", "native", "native"),
+        Binding("s", "sample", "sample"),
+        Binding("p", "pause", "pause"),
+        Binding("plus", "slower", "slower", key_display="+"),
+        Binding("minus", "faster", "faster", key_display="-"),
+        Binding("d", "dump", "dump"),
+        Binding("j", "move(1)", "down", show=False),
+        Binding("k", "move(-1)", "up", show=False),
+        Binding("enter", "next_pane", "next pane", show=False),
+        Binding("escape", "clear_filter", "clear filter", show=False),
+        Binding("ctrl+z", "suspend_process", "suspend", show=False),
+    ]
+
+    def __init__(self, source: Source, interval: float = 2.0, title: str = "trainwatch",
+                 live: bool = True, clock: Callable[[], float] = time.time,
+                 dump_dir: Path | None = None) -> None:
+        super().__init__()
+        self.source = source
+        self.interval = interval
+        self.title = title
+        self.live = live
+        self.clock = clock
+        self.dump_dir = dump_dir
+        self.snapshot: Snapshot | None = None
+        self.history = History()
+        self.log_tails: dict[str, tuple[str, ...] | None] = {}
+        self.native_for: set[int] = set()
+        self.paused = False
+        self.filter_text = ""
+        self.error: str | None = None
+        self.polls = 0
+        self._polling_since: float | None = None  # monotonic start of the poll in flight
+        self._timer: Timer | None = None
+        self._alerted: str | None = None  # problem verdict already announced
+        self._closed = False
+
+    # ----- layout
+
+    def compose(self) -> ComposeResult:
+        yield JobHeader(id="header")
+        yield AlertBar(id="alerts")
+        yield RanksTable(id="ranks")
+        with Container(id="lower"):
+            yield GroupsPane(id="groups")
+            yield DetailPane(id="detail")
+        yield Input(placeholder="filter: ranks 0-3,7 or words like stuck, dataloader", id="filter")
+        yield Footer(compact=True)
+
+    def on_mount(self) -> None:
+        self.query_one("#ranks").border_title = "ranks"
+        self.query_one("#groups").border_title = "stack groups"
+        self.query_one("#detail").border_title = "detail"
+        self.query_one("#filter").display = False
+        self.query_one(RanksTable).focus()
+        self._redraw()
+        self.set_interval(1.0, self._tick)
+        self._begin_poll()
+
+    # ----- polling
+
+    def _begin_poll(self) -> None:
+        """Start a poll unless one is in flight; the next is armed when this one is handled."""
+        if self._polling_since is not None or self._closed:
+            return
+        self._cancel_timer()
+        self._polling_since = time.monotonic()
+        self._poll(frozenset(self.native_for))
+        self._tick()
+
+    @work(thread=True, group="poll", exit_on_error=False)
+    def _poll(self, native_for: frozenset[int]) -> None:
+        # The probe runs in a daemon thread of its own: if it hangs, quitting still works,
+        # because the worker gives up waiting on cancel and nobody joins the daemon.
+        worker = get_current_worker()
+        result: list[Message] = []
+        done = threading.Event()
+
+        def probe() -> None:
+            try:
+                snapshot = self.source.poll(native_for=native_for)
+                result.append(SnapshotReady(snapshot, read_log_tails(snapshot)))
+            except TrainwatchError as exc:
+                result.append(PollFailed(exc.message + (f" ({exc.remedy})" if exc.remedy else "")))
+            except Exception as exc:  # a probe bug must not take the monitor down
+                result.append(PollFailed(f"sampling failed: {type(exc).__name__}: {exc}"))
+            finally:
+                done.set()
+
+        threading.Thread(target=probe, name="trainwatch-poll", daemon=True).start()
+        while not done.wait(0.2):
+            if worker.is_cancelled:
+                return
+        if not worker.is_cancelled:
+            self.post_message(result[0])
+
+    def _arm_next(self) -> None:
+        self._polling_since = None
+        if self.live and not self.paused and not self._closed:
+            self._cancel_timer()
+            self._timer = self.set_timer(self.interval, self._begin_poll)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.stop()
+            self._timer = None
+
+    def on_snapshot_ready(self, message: SnapshotReady) -> None:
+        self.polls += 1
+        self.snapshot = message.snapshot
+        self.log_tails = message.log_tails
+        self.history.record(message.snapshot)
+        self.error = None
+        self._redraw()
+        self._announce(message.snapshot)
+        self._arm_next()
+
+    def on_poll_failed(self, message: PollFailed) -> None:
+        self.polls += 1
+        self.error = message.error
+        self._redraw()
+        self._arm_next()
+
+    def _announce(self, snapshot: Snapshot) -> None:
+        """One bell and one notification when the verdict turns into a (different) problem."""
+        kind = snapshot.verdict.kind
+        if kind not in PROBLEM_VERDICTS:
+            self._alerted = None
+            return
+        if kind == self._alerted:
+            return
+        self._alerted = kind
+        self.bell()
+        summary = snapshot.verdict.summary or f"culprits: {compact_ranks(snapshot.verdict.culprits) or 'n/a'}"
+        self.notify(summary, title=kind.upper(), severity="error", timeout=10)
+
+    # ----- drawing
+
+    def visible_ranks(self) -> list[Rank]:
+        ranks = self.snapshot.ranks if self.snapshot else ()
+        return [r for r in ranks if matches(r, self.filter_text)]
+
+    def selected_rank(self) -> Rank | None:
+        key = self.query_one(RanksTable).selected_key
+        if self.snapshot is None or key is None:
+            return None
+        return next((r for r in self.snapshot.ranks if r.key == key), None)
+
+    def job_ended(self) -> bool:
+        return bool(self.snapshot and self.snapshot.ranks and all(r.exit for r in self.snapshot.ranks))
+
+    def status_text(self) -> Text:
+        parts: list[tuple[str, str]] = []
+        if self.filter_text:
+            parts.append((f"filter: {self.filter_text}", "bold cyan"))
+        if self.job_ended():
+            parts.append(("job ended", "bold red"))
+        if not self.live:
+            parts.append(("read-only", "bold"))
+        elif self.paused:
+            parts.append(("paused", "bold yellow reverse"))
+        else:
+            busy = time.monotonic() - self._polling_since if self._polling_since is not None else 0.0
+            window = self.snapshot.window_s if self.snapshot else 0.0
+            if busy > window + 5:
+                parts.append((f"sampling for {busy:.0f}s…", "bold yellow"))
+            parts.append((f"every {self.interval:g}s", "dim"))
+        text = Text()
+        for i, (part, style) in enumerate(parts):
+            text.append(" · " if i else "", style="dim")
+            text.append(part, style=style)
+        return text
+
+    def _redraw(self) -> None:
+        with self.batch_update():
+            now = self.clock()
+            snapshot = self.snapshot
+            self.query_one(JobHeader).show(snapshot, now, self.status_text())
+            self.query_one(AlertBar).show(snapshot.warnings if snapshot else (), self.error)
+            culprits = frozenset(snapshot.verdict.culprits) if snapshot else frozenset()
+            table = self.query_one(RanksTable)
+            table.show(self.visible_ranks(), culprits, self.history)
+            table.border_title = f"ranks · filter: {self.filter_text}" if self.filter_text else "ranks"
+            self.query_one(GroupsPane).show(snapshot)
+            self._redraw_detail()
+
+    def _redraw_detail(self) -> None:
+        rank = self.selected_rank()
+        native = rank is not None and native_id(rank) in self.native_for
+        tail = self.log_tails.get(rank.log_path) if rank and rank.log_path else None
+        self.query_one(DetailPane).show(rank, self.clock(), native, tail)
+
+    def _tick(self) -> None:
+        self.query_one(JobHeader).show(self.snapshot, self.clock(), self.status_text())
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self._redraw_detail()
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        self.action_next_pane()
+
+    # ----- keys
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in LIVE_ACTIONS and not self.live:
+            return False
+        return True
+
+    def action_move(self, delta: int) -> None:
+        table = self.query_one(RanksTable)
+        if table.row_count:
+            table.move_cursor(row=max(0, min(table.row_count - 1, table.cursor_row + delta)))
+
+    def action_next_pane(self) -> None:
+        self.screen.focus_next()
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen(live=self.live))
+
+    def action_sample(self) -> None:
+        if self._polling_since is not None:
+            self.notify("a sample is already being taken", timeout=3)
+            return
+        self._begin_poll()
+
+    def action_pause(self) -> None:
+        self.paused = not self.paused
+        if self.paused:
+            self._cancel_timer()
+            self.notify("sampling paused; p resumes", timeout=3)
+        else:
+            self._begin_poll()
+        self._tick()
+
+    def _set_interval(self, step: int) -> None:
+        steps = [i for i in INTERVALS if (i > self.interval if step > 0 else i < self.interval)]
+        if not steps:
+            return
+        self.interval = steps[0] if step > 0 else steps[-1]
+        if self._timer is not None:  # re-arm the waiting timer with the new interval
+            self._arm_next()
+        self.notify(f"sampling every {self.interval:g}s", timeout=2)
+        self._tick()
+
+    def action_slower(self) -> None:
+        self._set_interval(+1)
+
+    def action_faster(self) -> None:
+        self._set_interval(-1)
+
+    def action_native(self) -> None:
+        rank = self.selected_rank()
+        ident = native_id(rank) if rank else None
+        if ident is None:
+            self.notify("select a running rank first", severity="warning", timeout=3)
+            return
+        if ident in self.native_for:
+            self.native_for.discard(ident)
+            self.notify(f"native stacks off for rank {rank.rank}", timeout=3)
+        else:
+            self.native_for.add(ident)
+            self.notify(f"native stacks for rank {rank.rank} from the next sample", timeout=3)
+        self._redraw_detail()
+
+    def action_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.display = True
+        box.value = self.filter_text
+        box.focus()
+
+    def action_clear_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.display = False
+        if self.filter_text:
+            self.filter_text = ""
+            self._redraw()
+        self.query_one(RanksTable).focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        self.filter_text = event.value.strip()
+        self._redraw()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.input.display = False
+        self.query_one(RanksTable).focus()
+
+    def action_dump(self) -> None:
+        try:
+            from trainwatch.probes.bundle import write_bundle
+        except ImportError:
+            self.notify("dumping evidence is not available in this build", severity="warning", timeout=5)
+            return
+        if self.snapshot is None:
+            self.notify("nothing sampled yet", severity="warning", timeout=3)
+            return
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self.clock()))
+        out = (self.dump_dir or Path.cwd()) / f"trainwatch-{self.snapshot.job.pid}-{stamp}"
+        self.notify(f"dumping evidence to {out} …", timeout=3)
+        self._dump(write_bundle, self.snapshot, out)
+
+    @work(thread=True, group="dump", exclusive=True, exit_on_error=False)
+    def _dump(self, write_bundle: Callable[..., Path], snapshot: Snapshot, out: Path) -> None:
+        try:
+            path = write_bundle(snapshot.job.pid, snapshot, out)
+        except TrainwatchError as exc:
+            self.call_from_thread(self.notify, f"dump failed: {exc.message}", severity="error", timeout=10)
+        except OSError as exc:
+            self.call_from_thread(self.notify, f"dump failed: {exc}", severity="error", timeout=10)
+        else:
+            self.call_from_thread(self.notify, f"evidence written to {path}", timeout=10)
+
+    # ----- shutdown
+
+    def on_unmount(self) -> None:
+        # The source belongs to whoever opened it (and closes it); quitting only stops polling.
+        self._closed = True
+        self._cancel_timer()
+        self.workers.cancel_group(self, "poll")

@@ -1,0 +1,58 @@
+"""The two header lines: what job this is, and the verdict with how long it has held."""
+
+from __future__ import annotations
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+from textual.widgets import Static
+
+from trainwatch.probes.snapshot import Snapshot, compact_ranks
+
+from . import format as fmt
+
+
+def job_line(snapshot: Snapshot | None, now: float) -> Text:
+    if snapshot is None:
+        return Text.assemble(("trainwatch", "bold"), " · waiting for the first sample…")
+    job = snapshot.job
+    parts = [f"{job.launcher} pid {job.pid}", f"world {job.world_size if job.world_size is not None else fmt.NA}"]
+    if job.nnodes and job.nnodes > 1:
+        parts.append(f"{job.nnodes} nodes")
+    parts.append(f"host {job.host}")
+    uptime = now - job.started_at if job.started_at else None
+    parts.append(f"up {fmt.duration(uptime)}")
+    if job.job_id and job.job_id != "none":  # torchrun's default run id says nothing
+        parts.append(f"id {job.job_id}")
+    if snapshot.source.startswith("bundle"):
+        parts.append(snapshot.source)
+    return Text.assemble(("trainwatch", "bold"), " · ", " · ".join(parts))
+
+
+def verdict_line(snapshot: Snapshot | None, now: float) -> Text:
+    if snapshot is None:
+        return Text(" … ", style=fmt.VERDICT_STYLES["unknown"])
+    verdict = snapshot.verdict
+    badge = Text(f" {verdict.kind.upper()} ", style=fmt.VERDICT_STYLES.get(verdict.kind, fmt.VERDICT_STYLES["unknown"]))
+    held = f" for {fmt.duration(now - verdict.since)}" if verdict.since else ""
+    summary = verdict.summary
+    if not summary and verdict.culprits:
+        summary = f"culprit {fmt.rank_noun(len(verdict.culprits))} {compact_ranks(verdict.culprits)}"
+    return Text.assemble(badge, (held, "bold"), " ", summary)
+
+
+class JobHeader(Static):
+    """Job identity and verdict on the left, monitor status on the right."""
+
+    DEFAULT_CSS = "JobHeader { height: auto; max-height: 3; }"
+
+    def show(self, snapshot: Snapshot | None, now: float, status: Text) -> None:
+        self.update(self._layout(snapshot, now, status))
+
+    @staticmethod
+    def _layout(snapshot: Snapshot | None, now: float, status: Text) -> RenderableType:
+        grid = Table.grid(expand=True, padding=(0, 1))
+        grid.add_column(ratio=1, no_wrap=True, overflow="ellipsis")
+        grid.add_column(justify="right", no_wrap=True)
+        grid.add_row(job_line(snapshot, now), status)
+        return Group(grid, verdict_line(snapshot, now))  # the verdict may wrap: it matters most

@@ -1,0 +1,59 @@
+"""The ``?`` overlay: every key and what it does."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+KEYS = (
+    ("↑ ↓  j k", "select a rank"),
+    ("Enter  Tab", "move focus between panes (ranks, groups, detail)"),
+    ("n", "toggle native (C/C++) stacks for the selected rank"),
+    ("s", "sample now"),
+    ("p", "pause / resume sampling"),
+    ("+  -", "longer / shorter refresh interval"),
+    ("/", "filter ranks: a rank list (0-3,7) or words (stuck, dataloader)"),
+    ("Esc", "clear the filter"),
+    ("d", "dump hang evidence to a bundle"),
+    ("?", "this help"),
+    ("q", "quit (the job is not touched)"),
+    ("ctrl+z", "suspend to the shell"),
+)
+LIVE_ONLY = {"n", "s", "p", "+  -", "d"}
+
+
+class HelpScreen(ModalScreen[None]):
+    """A modal list of keys; any of Esc, ? or q closes it."""
+
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen > Static {
+        width: auto; max-width: 90%; height: auto; max-height: 90%;
+        border: round $accent; padding: 0 1; background: $panel;
+    }
+    """
+    BINDINGS = [
+        Binding("escape,question_mark,q", "close", "close", show=False),
+    ]
+
+    def __init__(self, live: bool = True) -> None:
+        super().__init__()
+        self.live = live
+
+    def compose(self) -> ComposeResult:
+        table = Table.grid(padding=(0, 2))
+        table.add_column(style="bold cyan", no_wrap=True)
+        table.add_column()
+        for key, what in KEYS:
+            if self.live or key not in LIVE_ONLY:
+                table.add_row(key, what)
+        box = Static(table)
+        box.border_title = "trainwatch keys"
+        box.border_subtitle = "Esc closes"
+        yield box
+
+    def action_close(self) -> None:
+        self.dismiss(None)
