@@ -1,16 +1,64 @@
-"""`trainwatch dump` (not built yet)."""
+"""`trainwatch dump PID`: write a redacted evidence bundle about the job and print its path."""
 
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
+from pathlib import Path
 
 from trainwatch.probes.errors import TrainwatchError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("dump", help="(not available yet)")
+    parser = sub.add_parser("dump", help="write an evidence bundle (stacks, Flight Recorder, /proc, logs)")
+    parser.add_argument("pid", type=int, help="launcher, rank, or any ancestor of the job")
+    parser.add_argument("--out", type=Path, default=Path.cwd(), help="directory to write the bundle in")
+    parser.add_argument("--tar", action="store_true", help="write one .tar.gz instead of a directory")
+    parser.add_argument("--no-redact", action="store_true",
+                        help="write environment values and secrets as they are (do not share the result)")
+    parser.add_argument("--no-native", action="store_true", help="skip native (C/C++) stacks: faster")
+    parser.add_argument("--signal", metavar="SIG",
+                        help="send SIG (e.g. SIGUSR1) for faulthandler traces when the rank catches it; "
+                             "only if you know the job registered faulthandler on it")
+    parser.add_argument("--window", type=float, default=2.0, help="seconds to sample before dumping")
+    parser.add_argument("--reason", help="one line saying why this was dumped (goes into summary.md)")
     parser.set_defaults(func=run)
 
 
+def parse_signal(name: str | None) -> int | None:
+    if name is None:
+        return None
+    text = name.upper()
+    if text.isdigit():
+        return int(text)
+    if not text.startswith("SIG"):
+        text = "SIG" + text
+    try:
+        return int(signal.Signals[text])
+    except KeyError:
+        raise TrainwatchError(f"unknown signal {name!r}", "use a name like SIGUSR1 or a number") from None
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # unwinds write_bundle, which removes its partial directory
+
+
 def run(args: argparse.Namespace) -> int:
-    raise TrainwatchError("'trainwatch dump' is not available in this version")
+    from trainwatch.probes.bundle import write_bundle
+    from trainwatch.probes.live import open_source
+
+    fault_signal = parse_signal(args.signal)
+    if args.no_redact:
+        print("trainwatch: --no-redact: environment values, tokens and passwords are written UNMASKED; "
+              "do not share this bundle", file=sys.stderr)
+    signal.signal(signal.SIGTERM, _terminate)
+    source = open_source(args.pid, window=args.window)
+    try:
+        snapshot = source.poll()
+    finally:
+        source.close()
+    path = write_bundle(args.pid, snapshot, args.out, tar=args.tar, redact=not args.no_redact,
+                        reason=args.reason, native=not args.no_native, fault_signal=fault_signal)
+    print(path)
+    return 0

@@ -1,16 +1,30 @@
-"""`trainwatch open` (not built yet)."""
+"""`trainwatch open BUNDLE`: look at an evidence bundle in the same screens, read-only."""
 
 from __future__ import annotations
 
 import argparse
-
-from trainwatch.probes.errors import TrainwatchError
+import sys
+from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("open", help="(not available yet)")
+    parser = sub.add_parser("open", help="open an evidence bundle (directory or .tar.gz) read-only")
+    parser.add_argument("bundle", type=Path, help="a bundle written by `trainwatch dump`")
+    parser.add_argument("--summary", action="store_true", help="print summary.md instead of opening the UI")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    raise TrainwatchError("'trainwatch open' is not available in this version")
+    from trainwatch.probes.bundle_source import BundleSource
+
+    source = BundleSource(args.bundle)
+    try:
+        if args.summary:
+            sys.stdout.write(source.summary())
+            return 0
+        from trainwatch.tui.app import TrainwatchApp
+
+        TrainwatchApp(source, live=False, title=f"trainwatch: {args.bundle.name}").run()
+        return 0
+    finally:
+        source.close()

@@ -1,0 +1,105 @@
+"""summary.md of an evidence bundle: paste-ready for an issue tracker."""
+
+from __future__ import annotations
+
+import platform
+import time
+from importlib import metadata
+
+from trainwatch.probes import flightrec
+from trainwatch.probes.bundle_rank import RankEvidence
+from trainwatch.probes.snapshot import Snapshot, compact_ranks
+
+
+def _trainwatch_version() -> str:
+    try:
+        return metadata.version("trainwatch")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _bytes(value: int | None) -> str:
+    return f"{value / 2**30:.1f} GiB" if value is not None else "n/a"
+
+
+def render(snapshot: Snapshot, evidence: list[RankEvidence], host_notes: list[str], *,
+           reason: str | None, redacted: bool, sources: dict[str, list[str]]) -> str:
+    """The whole summary. ``sources``: collective-state source -> ranks/where it worked."""
+    job, verdict = snapshot.job, snapshot.verdict
+    out = [f"# trainwatch evidence: {job.launcher} job {job.pid} on {job.host}", ""]
+    out.append(f"- taken: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(snapshot.taken_at or time.time()))}")
+    if reason:
+        out.append(f"- reason: {reason}")
+    out.append(f"- world size: {job.world_size if job.world_size is not None else 'n/a'}, "
+               f"ranks here: {len(snapshot.ranks)}")
+    out.append(f"- launch command: `{' '.join(job.cmdline) or 'n/a'}`")
+    if not redacted:
+        out.append("- **NOT REDACTED**: environment values and secrets were written as they are")
+    out += ["", "## Verdict", "", f"**{verdict.kind}**: {verdict.summary or 'n/a'}"]
+    if verdict.culprits:
+        out.append(f"Culprit rank(s): {compact_ranks(verdict.culprits)}")
+    out += [*(f"- warning: {w}" for w in snapshot.warnings)]
+
+    out += ["", "## Collective state", ""]
+    state = snapshot.collectives
+    if state is None:
+        out.append("No collective state: no Flight Recorder trace was obtainable (see below).")
+    else:
+        if state.divergence:
+            out.append(f"**First disagreement**: {state.divergence}")
+            out.append(f"Culprit rank(s) by collectives: {compact_ranks(state.culprits)}")
+        else:
+            out.append("The ranks' collectives agree.")
+        out += ["", f"Source: {state.source}", "", "```", *flightrec.describe(state), "```"]
+    if sources:
+        out += ["", "Sources that worked:"]
+        out += [f"- {name}: {', '.join(where)}" for name, where in sorted(sources.items())]
+
+    out += ["", "## Stack groups", ""]
+    for group in snapshot.groups:
+        mark = " **(culprit)**" if group.culprit else ""
+        out.append(f"- ranks {group.label or compact_ranks(group.ranks)}: {group.phase}"
+                   f"{' ' + group.op if group.op else ''} at `{group.where or 'n/a'}`{mark}")
+    if not snapshot.groups:
+        out.append("n/a")
+
+    culprits = set(verdict.culprits) | set(state.culprits if state else ())
+    for ev in evidence:
+        if ev.rank in culprits and ev.files.get("stacks.txt"):
+            text = ev.files["stacks.txt"]
+            text = text.decode(errors="replace") if isinstance(text, bytes) else text
+            out += ["", f"### Stack of culprit rank {ev.rank} (PID {ev.pid})", "", "```", text.rstrip()[:8000], "```"]
+
+    out += ["", "## Ranks", "", "| rank | pid | state | phase | where | faulthandler |", "|---|---|---|---|---|---|"]
+    by_rank = {ev.rank: ev for ev in evidence}
+    for rank in snapshot.ranks:
+        ev = by_rank.get(rank.rank)
+        fault = ev.faulthandler if ev else "n/a"
+        out.append(f"| {rank.rank} | {rank.pid} | {rank.state} | {rank.phase} | `{rank.where or 'n/a'}` | {fault} |")
+
+    out += ["", "## GPUs and host", ""]
+    for host in snapshot.hosts:
+        out.append(f"- host {host.name}: driver {host.driver_version or 'n/a'}, "
+                   f"CUDA driver {host.cuda_driver_version or 'n/a'}" + (f" ({host.error})" if host.error else ""))
+        for gpu in host.gpus:
+            out.append(f"  - GPU {gpu.index} {gpu.name or ''}: util {gpu.util_pct if gpu.util_pct is not None else 'n/a'}%, "
+                       f"mem {_bytes(gpu.mem_used_bytes)} / {_bytes(gpu.mem_total_bytes)}"
+                       f"{', LOST' if gpu.lost else ''}{', throttle ' + ','.join(gpu.throttle) if gpu.throttle else ''}")
+        for line in host.xid_events:
+            out.append(f"  - Xid: {line}")
+    if not snapshot.hosts:
+        out.append("No GPU facts in the snapshot.")
+
+    out += ["", "## Versions", ""]
+    versions = next((ev.versions for ev in evidence if ev.versions), {})
+    out.append(f"- job Python: {versions.get('python', 'n/a')}, torch: {versions.get('torch', 'n/a')}, "
+               f"torch CUDA: {versions.get('torch CUDA', 'n/a')}, NCCL: {versions.get('NCCL', 'n/a')}")
+    driver = next((h.driver_version for h in snapshot.hosts if h.driver_version), None)
+    cuda = next((h.cuda_driver_version for h in snapshot.hosts if h.cuda_driver_version), None)
+    out.append(f"- driver: {driver or 'n/a'}, CUDA driver API: {cuda or 'n/a'}")
+    out.append(f"- trainwatch {_trainwatch_version()} (Python {platform.python_version()}, {platform.platform()})")
+
+    missing = [*snapshot.notes, *host_notes, *(n for ev in evidence for n in ev.notes)]
+    out += ["", "## Not collected, and why", ""]
+    out += [f"- {line}" for line in dict.fromkeys(missing)] or ["Everything was collected."]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,154 @@
+"""NCCL-only sources against the real files and sockets they read: a FIFO, a RAS server, dump files."""
+
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+from trainwatch.probes import nccl_state
+
+
+def test_fr_prefixes_default_to_torch_cache(tmp_path):
+    env = {"HOME": "/home/a", "TORCH_FR_DUMP_TEMP_FILE": "/x/fr_"}
+    assert nccl_state.fr_prefixes(env) == ["/x/fr_", "/home/a/.cache/torch/comm_lib_trace_rank_"]
+    assert nccl_state.fr_prefixes({"XDG_CACHE_HOME": "/c"}) == ["/c/torch/comm_lib_trace_rank_"]
+
+
+def test_fr_files_on_disk(tmp_path):
+    (tmp_path / "fr_2").write_bytes(b'{"entries": []}')
+    env = {"TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "fr_"), "HOME": str(tmp_path)}
+    [found] = nccl_state.fr_files_on_disk(2, env)
+    assert found.data == b'{"entries": []}' and found.origin == str(tmp_path / "fr_2")
+    [missing] = nccl_state.fr_files_on_disk(3, env)
+    assert missing.data is None and "fr_3" in missing.note
+
+
+def test_pipe_nobody_reading_is_a_note(tmp_path):
+    fifo = tmp_path / "pipe_0.pipe"
+    os.mkfifo(fifo)
+    assert "nobody reads" in nccl_state.trigger_pipe(fifo)
+    assert "no pipe" in nccl_state.trigger_pipe(tmp_path / "absent.pipe")
+    (tmp_path / "plain").write_text("x")
+    assert "not a named pipe" in nccl_state.trigger_pipe(tmp_path / "plain")
+
+
+def test_pipe_dump_collects_the_file(tmp_path):
+    """A reader thread plays the rank's watchdog: on a write, it dumps its trace to the temp file."""
+    env = {"TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(tmp_path / "pipe_"),
+           "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(tmp_path / "trace_"), "HOME": str(tmp_path)}
+    fifo = tmp_path / "pipe_1.pipe"
+    os.mkfifo(fifo)
+    got = []
+
+    def watchdog():
+        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        deadline = time.monotonic() + 5
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    data = os.read(fd, 100)
+                except BlockingIOError:
+                    data = b""
+                if data:
+                    got.append(data)
+                    (tmp_path / "trace_1").write_bytes(b'{"entries": [], "version": "2.10"}')
+                    return
+                time.sleep(0.02)
+        finally:
+            os.close(fd)
+
+    reader = threading.Thread(target=watchdog)
+    reader.start()
+    time.sleep(0.1)
+    found = nccl_state.dump_through_pipe(1, env, wait_s=3)
+    reader.join()
+    assert got and found.data is not None and found.source == "pipe", found.note
+
+
+class _RasServer:
+    """A minimal NCCL RAS: handshake, then a canned STATUS report."""
+
+    REPORT = b"NCCL version 2.24.3\nJob summary\n  Nodes 1 Processes 3\nErrors\n  Rank 2 unresponsive\n"
+
+    def __init__(self, answer_status=True):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.port = self.sock.getsockname()[1]
+        self.lines = []
+        self.answer_status = answer_status
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def serve(self):
+        conn, _ = self.sock.accept()
+        with conn, conn.makefile("rb") as reader:
+            self.lines.append(reader.readline())
+            conn.sendall(b"SERVER PROTOCOL 2\n")
+            self.lines.append(reader.readline())
+            if self.answer_status:
+                conn.sendall(self.REPORT)
+            else:
+                time.sleep(3)
+
+    def close(self):
+        self.sock.close()
+
+
+def test_ras_status_against_a_local_server():
+    server = _RasServer()
+    try:
+        found = nccl_state.ras_status("127.0.0.1", server.port, timeout=2)
+    finally:
+        server.close()
+    assert found.data == _RasServer.REPORT
+    assert server.lines == [b"CLIENT PROTOCOL 2\n", b"STATUS\n"]
+    assert "Rank 2 unresponsive" in nccl_state.summarize_ras(found.data.decode())
+
+
+def test_ras_absent_or_silent_is_a_note():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    found = nccl_state.ras_status("127.0.0.1", port, timeout=1)
+    assert found.data is None and "no NCCL RAS" in found.note
+    server = _RasServer(answer_status=False)
+    started = time.monotonic()
+    try:
+        found = nccl_state.ras_status("127.0.0.1", server.port, timeout=0.5)
+    finally:
+        server.close()
+    assert time.monotonic() - started < 5  # bounded even when the server never answers
+    assert found.data == b"" or "did not answer" in (found.note or "")
+
+
+def test_ras_address_parsing():
+    assert nccl_state.ras_address({}) == ("localhost", 28028)
+    assert nccl_state.ras_address({"NCCL_RAS_ADDR": "10.0.0.1:3000"}) == ("10.0.0.1", 3000)
+    assert nccl_state.ras_address({"NCCL_RAS_ADDR": "[::1]:3000"}) == ("::1", 3000)
+
+
+def test_settings_and_debug_file_substitution(tmp_path):
+    env = {"NCCL_DEBUG": "INFO", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "CUDA_VISIBLE_DEVICES": "0",
+           "HOME": "/x", "NCCL_DEBUG_FILE": str(tmp_path / "nccl.%h.%p.log")}
+    assert set(nccl_state.settings(env)) == {"NCCL_DEBUG", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+                                            "CUDA_VISIBLE_DEVICES", "NCCL_DEBUG_FILE"}
+    (tmp_path / "nccl.node1.42.log").write_text("NCCL INFO hello\n")
+    [found] = nccl_state.nccl_debug_files(env, 42, "node1")
+    assert found.data == b"NCCL INFO hello\n"
+    [missing] = nccl_state.nccl_debug_files(env, 43, "node1")
+    assert missing.data is None and "nccl.node1.43.log" in missing.note
+
+
+def test_debug_server_without_store_is_a_note():
+    urls, why = nccl_state.debug_server_urls(None, None, [0])
+    assert urls == {} and "MASTER_ADDR" in why
+
+
+def test_debug_server_handler_unreachable_is_a_note():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    found = nccl_state.fetch_debug_handler(f"http://127.0.0.1:{port}", "fr_trace_json", timeout=1)
+    assert found.data is None and "fr_trace_json" in found.note
