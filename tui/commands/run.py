@@ -1,16 +1,156 @@
-"""`trainwatch run` (not built yet)."""
+"""`trainwatch run [--out DIR] [--attach] -- COMMAND...`: start a job armed for post-mortems."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
-from trainwatch.probes.errors import TrainwatchError
+from trainwatch.probes import rundir
+from trainwatch.probes.errors import OutputError, TrainwatchError
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("run", help="(not available yet)")
+    parser = sub.add_parser(
+        "run", help="start a training command armed for crash and hang evidence",
+        description="Run COMMAND unchanged with every rank armed: faulthandler traces, Flight "
+                    "Recorder, per-rank logs and an on-demand control socket, all in a run directory. "
+                    "Exits with COMMAND's status (128+N if it was killed by signal N).",
+    )
+    parser.add_argument("--out", type=Path, default=None,
+                        help="run directory (default ./trainwatch-runs/<date>-<time>-<pid>)")
+    parser.add_argument("--attach", action="store_true", help="open the live view on the job it starts")
+    parser.add_argument("--window", type=float, default=1.0, help=argparse.SUPPRESS)
+    parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    raise TrainwatchError("'trainwatch run' is not available in this version")
+    command = list(args.cmd)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise TrainwatchError("no command to run", "trainwatch run -- torchrun --nproc-per-node 4 train.py")
+    if shutil.which(command[0]) is None:
+        raise TrainwatchError(f"command not found: {command[0]}", "check the spelling and your PATH")
+    run_dir = (args.out or rundir.default_run_dir()).resolve()
+    _make_run_dir(run_dir)
+    env, added = rundir.armed_env(run_dir, dict(os.environ))
+    return _supervise(command, env, added, run_dir, args.attach, args.window)
+
+
+def _make_run_dir(run_dir: Path) -> None:
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "ranks").mkdir(exist_ok=True)
+        rundir.flight_dir(run_dir).mkdir(exist_ok=True)
+        probe = run_dir / ".writable"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise OutputError(f"cannot write the run directory {run_dir}: {exc.strerror or exc}",
+                          "pass a writable --out DIR") from None
+
+
+def _supervise(command: list[str], env: dict[str, str], added: dict[str, str], run_dir: Path,
+               attach: bool, window: float) -> int:
+    """Start the command in its own process group, forward signals, return its status."""
+    tty_fd = _terminal_fd() if not attach else None
+    log = open(run_dir / "launcher.log", "ab") if attach else None
+    try:
+        child = subprocess.Popen(command, env=env, process_group=0,
+                                 stdout=log, stderr=subprocess.STDOUT if log else None)
+    except OSError as exc:
+        raise TrainwatchError(f"cannot start {command[0]}: {exc.strerror or exc}") from None
+    finally:
+        if log:
+            log.close()
+    rundir.write_run_json(run_dir, command, added, child.pid)
+    print(f"trainwatch: armed run {run_dir} (pid {child.pid}; on-demand traces: "
+          f"kill -{rundir.signal_name(rundir.FAULTHANDLER_SIGNAL)} <rank pid>)", file=sys.stderr, flush=True)
+    previous = {sig: signal.signal(sig, lambda n, _f: _forward(child.pid, n)) for sig in FORWARDED}
+    foreground = _give_terminal(tty_fd, child.pid)
+    try:
+        if attach:
+            _attach(child.pid, window)
+        status = child.wait()
+    finally:
+        if foreground:
+            _give_terminal(tty_fd, os.getpgrp())
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    _wait_for_tees(run_dir)
+    return 128 - status if status < 0 else status
+
+
+def _forward(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def _terminal_fd() -> int | None:
+    """The controlling terminal when we are its foreground job; None in batch jobs."""
+    try:
+        if os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp():
+            return 0
+    except OSError:
+        pass
+    return None
+
+
+def _give_terminal(fd: int | None, pgid: int) -> bool:
+    """Make ``pgid`` the terminal's foreground group, so Ctrl-C reaches the job as without us."""
+    if fd is None:
+        return False
+    old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    try:
+        os.tcsetpgrp(fd, pgid)
+        return True
+    except OSError:
+        return False
+    finally:
+        signal.signal(signal.SIGTTOU, old)
+
+
+def _wait_for_tees(run_dir: Path, timeout: float = 2.0) -> None:
+    """Let each rank's output helper finish copying before the shell prompt returns."""
+    pids = [rec.get("tee_pid") for rec in map(rundir.read_json, run_dir.glob("ranks/*/hook.json")) if rec]
+    deadline = time.monotonic() + timeout
+    for pid in filter(None, pids):
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.02)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _attach(pid: int, window: float) -> None:
+    try:
+        from trainwatch.probes.live import open_source
+        from trainwatch.tui.app import TrainwatchApp
+    except ImportError as exc:
+        print(f"trainwatch: live view unavailable ({exc}); the job keeps running", file=sys.stderr)
+        return
+    time.sleep(1.0)  # let the launcher start its ranks before discovery
+    try:
+        TrainwatchApp(open_source(pid, window), interval=2.0).run()
+    except TrainwatchError as exc:
+        print(f"trainwatch: {exc}", file=sys.stderr)
+    print(f"trainwatch: live view closed; waiting for the job (pid {pid}); Ctrl-C stops it",
+          file=sys.stderr, flush=True)

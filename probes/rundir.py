@@ -1,0 +1,136 @@
+"""The run directory of an armed job: where every file lives, and the environment that arms ranks.
+
+Layout (``<run>`` is ``trainwatch run --out``)::
+
+    <run>/run.json                  command, start time, host, armed settings
+    <run>/launcher.log              the launcher's output (only with ``--attach``)
+    <run>/ranks/<rank>/hook.json    written by the hook: pid, control socket, files
+    <run>/ranks/<rank>/control.sock the hook's control channel (owner-only)
+    <run>/ranks/<rank>/faulthandler.log   fatal-signal and on-demand traces (appended)
+    <run>/ranks/<rank>/output.log   the rank's stdout and stderr (appended)
+    <run>/ranks/<rank>/exit.json    the uncaught exception that ended the rank, if any
+    <run>/flight/                   Flight Recorder dumps (on timeout, or via the pipe)
+
+Only the standard library is used: the hook loads this logic inside user processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+# A real-time signal: SIGUSR1/SIGUSR2 are taken by SLURM, Lightning and torchrun's
+# ``--signals-to-handle``; nothing in torch or the launchers uses SIGRTMIN+3.
+FAULTHANDLER_SIGNAL = int(signal.SIGRTMIN) + 3
+FR_BUFFER_ENTRIES = "2000"
+
+HOOK_DIR = Path(__file__).resolve().parent / "armed"
+
+
+def rank_dir(run_dir: Path, rank: int) -> Path:
+    return Path(run_dir) / "ranks" / str(rank)
+
+
+def run_json(run_dir: Path) -> Path:
+    return Path(run_dir) / "run.json"
+
+
+def hook_json(run_dir: Path, rank: int) -> Path:
+    return rank_dir(run_dir, rank) / "hook.json"
+
+
+def control_socket(run_dir: Path, rank: int) -> Path:
+    """The preferred socket path; the hook falls back to a short one (see hook.json)."""
+    return rank_dir(run_dir, rank) / "control.sock"
+
+
+def faulthandler_file(run_dir: Path, rank: int) -> Path:
+    return rank_dir(run_dir, rank) / "faulthandler.log"
+
+
+def rank_log_file(run_dir: Path, rank: int) -> Path:
+    return rank_dir(run_dir, rank) / "output.log"
+
+
+def exit_file(run_dir: Path, rank: int) -> Path:
+    return rank_dir(run_dir, rank) / "exit.json"
+
+
+def flight_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "flight"
+
+
+def default_run_dir(base: Path | None = None) -> Path:
+    """``./trainwatch-runs/<YYYYmmdd-HHMMSS>-<pid>``: next to the job, easy to find later."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path(base or Path.cwd()) / "trainwatch-runs" / f"{stamp}-{os.getpid()}"
+
+
+def armed_env(run_dir: Path, base: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """The environment for the job, and the settings trainwatch added (user values win)."""
+    run_dir = Path(run_dir).resolve()
+    flight = flight_dir(run_dir)
+    wanted = {
+        "TRAINWATCH_HOOK": "1",
+        "TRAINWATCH_RUN_DIR": str(run_dir),
+        "TORCH_FR_BUFFER_SIZE": base.get("TORCH_NCCL_TRACE_BUFFER_SIZE", FR_BUFFER_ENTRIES),
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": base.get("TORCH_FR_BUFFER_SIZE", FR_BUFFER_ENTRIES),
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_FR_DUMP_TEMP_FILE": str(flight / "fr_trace_rank_"),
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(flight / "nccl_trace_rank_"),
+        "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(flight / "pipe_rank_"),
+    }
+    added = {k: v for k, v in wanted.items() if k not in base}
+    env = {**base, **added}
+    # The armed sitecustomize goes first; the user's PYTHONPATH follows unchanged.
+    paths = [str(HOOK_DIR)] + [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    return env, added
+
+
+def write_run_json(run_dir: Path, command: list[str], added: dict[str, str], pid: int | None) -> dict:
+    record = {
+        "command": list(command),
+        "started_at": time.time(),
+        "host": socket.gethostname(),
+        "trainwatch_pid": os.getpid(),
+        "pid": pid,
+        "python": sys.executable,
+        "faulthandler": {"signal": FAULTHANDLER_SIGNAL, "signal_name": signal_name(FAULTHANDLER_SIGNAL),
+                         "fatal": ["SIGSEGV", "SIGFPE", "SIGABRT", "SIGBUS", "SIGILL"]},
+        "armed_env": added,
+        "hook_dir": str(HOOK_DIR),
+    }
+    write_json(run_json(run_dir), record)
+    return record
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Write atomically so a reader never sees half a file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+def signal_name(number: int) -> str:
+    rtmin = int(signal.SIGRTMIN)
+    if rtmin <= number <= int(signal.SIGRTMAX):
+        return f"SIGRTMIN+{number - rtmin}" if number > rtmin else "SIGRTMIN"
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

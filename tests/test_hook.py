@@ -1,0 +1,101 @@
+"""The in-process hook: a no-op where it should be, chains sitecustomize, answers while blocked."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trainwatch.probes import hookclient, rundir
+
+PROBE = """
+import json, os, sys, threading
+print(json.dumps({"threads": sorted(t.name for t in threading.enumerate()),
+                  "torch": "torch" in sys.modules,
+                  "hook": any("trainwatch" in m and "hook" in m for m in sys.modules),
+                  "marker": os.environ.get("CHAINED_MARKER")}))
+"""
+
+
+def run_probe(tmp_path: Path, env: dict[str, str], code: str = PROBE) -> dict:
+    full = {k: v for k, v in os.environ.items() if k not in ("RANK", "TRAINWATCH_ARMED_PID")}
+    full.update(env)
+    out = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def armed(run_dir: Path, **extra: str) -> dict[str, str]:
+    env, _ = rundir.armed_env(run_dir, {"PATH": os.environ["PATH"]})
+    return {**env, **extra}
+
+
+def test_unarmed_process_is_untouched(tmp_path):
+    env = {"PYTHONPATH": str(rundir.HOOK_DIR), "RANK": "0"}  # hook on the path, not enabled
+    seen = run_probe(tmp_path, env)
+    assert seen["threads"] == ["MainThread"] and not seen["hook"] and not seen["torch"]
+
+
+def test_launcher_without_rank_is_not_armed(tmp_path):
+    seen = run_probe(tmp_path, armed(tmp_path / "run"))
+    assert seen["threads"] == ["MainThread"] and not seen["hook"]
+    assert not (tmp_path / "run" / "ranks").exists()
+
+
+def test_rank_is_armed_without_importing_torch(tmp_path):
+    seen = run_probe(tmp_path, armed(tmp_path / "run", RANK="1"))
+    assert "trainwatch-hook" in seen["threads"] and not seen["torch"]
+    record = json.loads(rundir.hook_json(tmp_path / "run", 1).read_text())
+    assert record["faulthandler_signal"] == rundir.FAULTHANDLER_SIGNAL
+    assert "trainwatch-hook" in rundir.rank_log_file(tmp_path / "run", 1).read_text()  # output teed
+
+
+def test_children_of_a_rank_are_not_armed(tmp_path):
+    """A DataLoader worker inherits RANK (and the armed environment): it must stay unarmed."""
+    child = PROBE.replace("\n", "\\n").replace('"', '\\"')
+    code = ("import subprocess, sys; r = subprocess.run([sys.executable, '-c', \"" + child + "\"], "
+            "capture_output=True, text=True); print(r.stdout.strip())")
+    seen = run_probe(tmp_path, armed(tmp_path / "run", RANK="0"), code)
+    assert seen["threads"] == ["MainThread"] and not seen["hook"]
+    assert sorted(p.name for p in (tmp_path / "run" / "ranks").iterdir()) == ["0"]
+
+
+def test_chains_an_existing_sitecustomize(tmp_path):
+    other = tmp_path / "site"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("import os\nos.environ['CHAINED_MARKER'] = 'ran'\n")
+    env = armed(tmp_path / "run", RANK="0")
+    env["PYTHONPATH"] += os.pathsep + str(other)
+    seen = run_probe(tmp_path, env)
+    assert seen["marker"] == "ran" and "trainwatch-hook" in seen["threads"]
+    unarmed = run_probe(tmp_path, {"PYTHONPATH": f"{rundir.HOOK_DIR}{os.pathsep}{other}"})
+    assert unarmed["marker"] == "ran"
+
+
+@pytest.mark.job
+def test_hook_answers_while_rank_is_blocked_in_gloo(planted, tmp_path):
+    run_dir = tmp_path / "run"
+    env, _ = rundir.armed_env(run_dir, {})
+    env.pop("PYTHONPATH")
+    job = planted("mismatch", nproc=2, deadline=40, extra_env={**env, "PYTHONPATH": str(rundir.HOOK_DIR)})
+    time.sleep(2.0)  # the culprit is now blocked in all_gather, the other rank in all_reduce
+    ranks = hookclient.armed_ranks(run_dir)
+    assert sorted(ranks) == [0, 1]
+    for rank, sock in ranks.items():
+        assert oct(sock.stat().st_mode & 0o777) == "0o600"
+        trace = hookclient.request(sock, "fr_trace", timeout=10)
+        assert trace.ok, trace.error
+        entries = json.loads(trace.text)["entries"]
+        assert entries and entries[-1]["profiling_name"].startswith("gloo:")
+        stacks = hookclient.request(sock, "stacks", timeout=10)
+        assert stacks.ok and '"MainThread"' in stacks.text
+        blocked = "sync_metrics" if rank == 1 else "sync_gradients"
+        assert blocked in stacks.text
+    assert json.loads(trace.text)["entries"][-1]["profiling_name"] == "gloo:all_gather"
+    assert hookclient.request(ranks[0], "bogus").error.startswith("unknown command")
+    assert job.alive()
