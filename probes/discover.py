@@ -152,6 +152,10 @@ def _find_root(start: psutil.Process) -> tuple[psutil.Process | None, str]:
             else:
                 break
         return top, _outer_name(top)
+    if is_python(start):  # a wrapper (trainwatch run, a job script) with the real job beneath it
+        below, kind = _find_below(start, jobs_only=True)
+        if below is not None:
+            return below, kind
     if _is_spawn_child(start) and start.parent() and is_python(start.parent()):
         parent = start.parent()
         return (parent, "mp.spawn") if _spawn_ranks(parent) else (parent, "python")
@@ -165,8 +169,9 @@ def _outer_name(proc: psutil.Process) -> str:
     return os.path.basename(_safe(parent.cmdline, ["?"])[0]) if parent else "python"
 
 
-def _find_below(start: psutil.Process) -> tuple[psutil.Process | None, str]:
-    """From a shell, `timeout`, srun or tmux pane: the first launcher or Python process beneath."""
+def _find_below(start: psutil.Process, jobs_only: bool = False) -> tuple[psutil.Process | None, str]:
+    """From a shell, `timeout`, srun or tmux pane: the first launcher or Python process beneath.
+    With ``jobs_only``, only a launcher or a process with RANK counts (below a Python wrapper)."""
     frontier = _safe(start.children, [])
     while frontier:
         for child in sorted(frontier, key=lambda p: p.pid):
@@ -174,7 +179,9 @@ def _find_below(start: psutil.Process) -> tuple[psutil.Process | None, str]:
             if kind:
                 return child, kind
         for child in sorted(frontier, key=lambda p: p.pid):
-            if is_python(child):
+            if jobs_only and "RANK" in (job_env(child) or {}):
+                return _find_root(child)
+            if not jobs_only and is_python(child):
                 return _find_root(child)
         frontier = [g for c in frontier for g in _safe(c.children, [])]
     return None, ""
@@ -230,20 +237,42 @@ def describe_job(root: psutil.Process, launcher: str) -> JobProcesses:
     )
 
 
+def children_map() -> dict[int, list[int]]:
+    """parent PID -> child PIDs, from one pass over /proc (psutil's children() rescans it per call)."""
+    tree: dict[int, list[int]] = {}
+    for proc in psutil.process_iter(["ppid"]):
+        tree.setdefault(proc.info["ppid"] or 0, []).append(proc.pid)
+    return tree
+
+
+def descendants(tree: dict[int, list[int]], pid: int) -> tuple[int, ...]:
+    out, stack = [], list(tree.get(pid, ()))
+    while stack:
+        child = stack.pop()
+        out.append(child)
+        stack.extend(tree.get(child, ()))
+    return tuple(sorted(out))
+
+
 def _ranks_below(root: psutil.Process) -> list[RankProcess]:
     """Top-most processes with RANK in their environment; their look-alike children are helpers."""
+    tree = children_map()
     ranks: list[RankProcess] = []
-    frontier = _safe(root.children, [])
+    frontier = list(tree.get(root.pid, ()))
     while frontier:
         nxt = []
-        for child in frontier:
+        for pid in frontier:
+            try:
+                child = psutil.Process(pid)
+            except psutil.Error:
+                continue
             env = job_env(child)
             if env and "RANK" in env:
-                ranks.append(_rank_process(child, env))
+                ranks.append(_rank_process(child, env, children=descendants(tree, pid)))
             elif env is None or _safe(child.status, "") == psutil.STATUS_ZOMBIE:
                 ranks.append(RankProcess(pid=child.pid, rank=None, create_time=_safe(child.create_time, 0.0)))
             else:
-                nxt.extend(_safe(child.children, []))
+                nxt.extend(tree.get(pid, ()))
         frontier = nxt
     return ranks
 
@@ -261,8 +290,17 @@ def _sibling_ranks(rank: psutil.Process) -> list[RankProcess]:
     return found or [_rank_process(rank, env)]
 
 
-def _rank_process(proc: psutil.Process, env: dict[str, str], default_rank: int | None = None) -> RankProcess:
-    children = tuple(c.pid for c in _safe(lambda: proc.children(recursive=True), []))
+def _is_helper(pid: int) -> bool:
+    """trainwatch's own per-rank log tee is a child of the rank, not part of the job."""
+    cmd = procfs.read_text(f"/proc/{pid}/cmdline") or ""
+    return cmd.rstrip("\0").endswith("trainwatch-tee")
+
+
+def _rank_process(proc: psutil.Process, env: dict[str, str], default_rank: int | None = None,
+                  children: tuple[int, ...] | None = None) -> RankProcess:
+    if children is None:
+        children = tuple(c.pid for c in _safe(lambda: proc.children(recursive=True), []))
+    children = tuple(c for c in children if not _is_helper(c))
     rank = _int(env.get("RANK"))
     return RankProcess(
         pid=proc.pid,
@@ -275,8 +313,17 @@ def _rank_process(proc: psutil.Process, env: dict[str, str], default_rank: int |
         children=children,
         cmdline=tuple(_safe(proc.cmdline, [])),
         create_time=_safe(proc.create_time, 0.0),
-        log_path=procfs.log_file_of(proc.pid),
+        log_path=procfs.log_file_of(proc.pid) or _armed_log(env, rank),
     )
+
+
+def _armed_log(env: dict[str, str], rank: int | None) -> str | None:
+    """Under `trainwatch run` fd 1 is a pipe to the tee; the rank's log is in the run directory."""
+    if not env.get("TRAINWATCH_RUN_DIR") or rank is None:
+        return None
+    from trainwatch.probes.rundir import rank_log_file
+    path = rank_log_file(Path(env["TRAINWATCH_RUN_DIR"]), rank)
+    return str(path) if path.exists() else None
 
 
 def expected_local_ranks(job: JobProcesses) -> dict[int, int]:

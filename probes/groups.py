@@ -12,7 +12,8 @@ def group_key(rank: Rank) -> tuple[str, str | None, str | None]:
     if rank.state == "missing":
         return ("missing", None, None)
     if rank.state == "exited":
-        how = rank.exit.signal or f"exit {rank.exit.code}" if rank.exit else None
+        info = rank.exit
+        how = (info.signal or (f"exit {info.code}" if info.code is not None else "exited")) if info else "exited"
         return ("exited", how, None)
     return (rank.phase, rank.op, rank.where)
 

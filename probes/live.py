@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from pathlib import Path
 from dataclasses import replace
 
 import psutil
@@ -13,6 +14,7 @@ from trainwatch.probes import procfs
 from trainwatch.probes.discover import describe_job, expected_local_ranks, find_job
 from trainwatch.probes.errors import AccessDenied, ToolMissing
 from trainwatch.probes.groups import group_ranks
+from trainwatch.probes.kernlog import kernel_fault
 from trainwatch.probes.phases import Classification, classify, stack_signature
 from trainwatch.probes.process import JobProcesses, RankProcess
 from trainwatch.probes.progress import ProgressTracker
@@ -26,7 +28,8 @@ FULL_REFRESH_EVERY = 5  # re-read idle ranks' other threads every few polls
 class LocalSource:
     """Samples the job found from ``pid``. Not thread-safe: one poll at a time (the app ensures it)."""
 
-    def __init__(self, pid: int, window: float = 3.0, samples: int = 3, gpu: bool = True) -> None:
+    def __init__(self, pid: int, window: float = 3.0, samples: int = 3, gpu: bool = True,
+                 catch_crashes: bool = False) -> None:
         self.job = find_job(pid)
         self.window = max(0.0, window)
         self.samples = max(1, samples) if self.window > 0 else 1
@@ -40,8 +43,11 @@ class LocalSource:
         self._verdict: Verdict | None = None
         self._gpu = _gpu_probe() if gpu else None
         self._lock = threading.Lock()
+        self._catcher = _CrashThread(self.job) if catch_crashes else None
 
     def close(self) -> None:
+        if self._catcher is not None:
+            self._catcher.stop()
         if self._gpu is not None:
             self._gpu.close()
 
@@ -50,7 +56,7 @@ class LocalSource:
         """Rediscover, sample (several times within the window on the first poll), analyse."""
         with self._lock:
             notes: list[str] = list(self.job.notes)
-            job = self._rediscover()
+            job = self._rediscover() if self._polls else self.job  # the constructor just discovered it
             rounds = self.samples if self._polls == 0 else 1
             pause = self.window / (rounds - 1) if rounds > 1 else 0.0
             samples: dict[int, StackSample] = {}
@@ -59,7 +65,12 @@ class LocalSource:
                     time.sleep(pause)
                 samples = self._sample(job, native_for)
             self._polls += 1
-            return self._build(job, samples, notes)
+            snapshot = self._build(job, samples, notes)
+            records = self._catcher.records() if self._catcher else []
+            if not records:
+                return snapshot
+            from trainwatch.probes.watcher import with_crashes  # the watcher imports us
+            return with_crashes(snapshot, records)
 
     def _rediscover(self) -> JobProcesses:
         try:
@@ -69,9 +80,14 @@ class LocalSource:
             if root.create_time() != self.job.started_at and self.job.started_at:
                 raise psutil.NoSuchProcess(root.pid)  # PID reused
         except psutil.Error:
-            return replace(self.job, ranks=(), waiting_rendezvous=False)
+            return replace(self.job, ranks=(), waiting_rendezvous=False)  # the job has ended
         job = describe_job(root, self.job.launcher)
-        self.job = replace(job, notes=self.job.notes)
+        old = self.job  # ranks that already exited no longer show their environment: keep the layout
+        self.job = replace(job, notes=old.notes, world_size=job.world_size or old.world_size,
+                           local_world_size=job.local_world_size or old.local_world_size,
+                           nnodes=job.nnodes or old.nnodes, master_addr=job.master_addr or old.master_addr,
+                           master_port=job.master_port or old.master_port, job_id=job.job_id or old.job_id,
+                           run_dir=job.run_dir or old.run_dir)
         return self.job
 
     def _sample(self, job: JobProcesses, native_for: frozenset[int]) -> dict[int, StackSample]:
@@ -185,7 +201,12 @@ class LocalSource:
         if known is not None and (known.code is not None or known.signal is not None or zombie is None):
             return
         code, sig = zombie if zombie else (None, None)
-        self._exits[pid] = ExitInfo(code=code, signal=sig, at=known.at if known else now)
+        reason = None
+        if zombie is None:  # already reaped by the launcher: the kernel log may still say how
+            fault = kernel_fault(pid)
+            if fault:
+                sig, reason = fault[0], "kernel: " + fault[1][:160]
+        self._exits[pid] = ExitInfo(code=code, signal=sig, at=known.at if known else now, reason=reason)
 
     def _settle_first(self) -> None:
         """Mark the first rank to die. Exits seen in the same poll are ordered by how telling they are:
@@ -262,6 +283,37 @@ class LocalSource:
         return gpu_phase_warnings(ranks)
 
 
+class _CrashThread:
+    """Runs the crash catcher every half second, between polls, so a dying rank's status and
+    faulthandler frame are caught before the launcher tears the job down."""
+
+    INTERVAL = 0.5
+
+    def __init__(self, job: JobProcesses) -> None:
+        from trainwatch.probes.watcher import CrashCatcher
+        self._catcher = CrashCatcher(job.root_pid, run_dir=Path(job.run_dir) if job.run_dir else None)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="tw-crash-catcher", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.INTERVAL):
+            with self._lock:
+                self._catcher.tick()
+            if not self._catcher.job_alive():
+                with self._lock:
+                    self._catcher.tick()
+                return
+
+    def records(self) -> list:
+        with self._lock:
+            return list(self._catcher.records)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
 def _gpu_probe():
     try:
         from trainwatch.probes.gpu import GpuProbe
@@ -297,5 +349,6 @@ def _redacted(cmdline: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def open_source(pid: int, window: float = 3.0, **kwargs) -> LocalSource:
-    """The local source for ``pid``; raises TrainwatchError subclasses for bad PIDs."""
+    """The live source for ``pid`` (with crash capture); raises TrainwatchError subclasses for bad PIDs."""
+    kwargs.setdefault("catch_crashes", True)
     return LocalSource(pid, window=window, **kwargs)

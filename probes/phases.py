@@ -121,7 +121,7 @@ def _source_line(frame: Frame) -> str:
 
 def _explain(phase: str, main: ThreadStack, threads) -> str | None:
     """For a blocked main thread, point at other threads that are doing something."""
-    if phase not in ("lock", "unknown", "sleep"):
+    if phase not in ("lock", "unknown"):
         return None
     others = []
     for thread in threads:

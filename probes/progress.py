@@ -4,8 +4,9 @@ A rank is *stuck* when, for at least the stuck threshold, its main thread showed
 progress. Signs of progress between two samples:
 
 * its Python stack changed (any frame or line);
-* it blocked and woke up again: its voluntary context switches grew between our dumps
-  (py-spy's own attach adds two, so only the gaps between dumps are counted);
+* it blocked and woke up again, at least twice: its voluntary context switches grew between
+  our dumps (py-spy's own attach adds two, so only the gaps between dumps are counted; a single
+  wake-up is what a signal such as faulthandler's does to a thread that stays blocked);
 * it burnt CPU while not in a waiting phase (a long compute line is still work; a thread
   spinning inside a collective or a lock is not).
 """
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 from trainwatch.probes.procfs import ThreadCounters
 
+MIN_WAKEUPS = 2
 WAITING_PHASES = frozenset({"collective", "dataloader", "init", "lock", "sleep"})
 
 
@@ -49,7 +51,7 @@ class ProgressTracker:
             return True
         if before is None or track.after is None:
             return False
-        if before.voluntary > track.after.voluntary:
+        if before.voluntary - track.after.voluntary >= MIN_WAKEUPS:
             return True
         return phase not in WAITING_PHASES and before.cpu_ticks > track.after.cpu_ticks
 

@@ -19,6 +19,7 @@ from typing import Callable
 
 import psutil
 
+from trainwatch.probes.kernlog import kernel_fault
 from trainwatch.probes import crashlog, procfs, rundir
 from trainwatch.probes.snapshot import ExitInfo, Job, Rank, Snapshot, Verdict
 
@@ -167,10 +168,14 @@ class CrashCatcher:
             sig = fault.signal
         if code is None and sig is None and exit_rec:
             code = int(exit_rec.get("code") or 1)
+        if code is None and sig is None:
+            fault_line = kernel_fault(pid)  # reaped before we saw it: the kernel may know
+            if fault_line:
+                sig, error_text = fault_line[0], error_text + "\n" + fault_line[1]
         if code == 0 and sig is None:
             self.exited_ok.append(pid)
             return None
-        if code is None and sig is None and not (fault or exit_rec or error_text):
+        if code is None and sig is None and not (fault or exit_rec or error_text.strip()):
             return None  # vanished with no sign of trouble: most likely a normal exit
         exception = exit_rec.get("exception") if exit_rec else None
         evidence = "\n".join(filter(None, [exception, error_text, fault.text if fault else "", log_text]))
@@ -340,7 +345,7 @@ def open_live_source(pid: int, window: float):
         from trainwatch.probes.live import open_source
     except ImportError:
         return None
-    return open_source(pid, window)
+    return open_source(pid, window, catch_crashes=False)  # the watcher runs its own catcher
 
 
 def find_run_dir(pid: int) -> Path | None:

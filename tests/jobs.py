@@ -23,6 +23,30 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid``'s process group and all its descendants' groups."""
+    try:
+        family = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        family = []
+    groups = {pid}
+    for proc in family:
+        try:
+            groups.add(os.getpgid(proc.pid))
+        except OSError:
+            pass
+    for group in groups:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for proc in family:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+
+
 class PlantedJob:
     """A real gloo job running ``tui/planted.py`` copied as ``train.py`` into ``workdir``."""
 
@@ -91,13 +115,11 @@ class PlantedJob:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self) -> None:
-        """Kill the whole process group and reap; nothing outlives the test."""
+        """Kill the job's process group and every descendant (torchrun puts ranks in sessions of
+        their own), then reap; nothing outlives the test."""
         if self.proc is None:
             return
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_tree(self.proc.pid)
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:

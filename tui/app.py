@@ -379,9 +379,8 @@ class TrainwatchApp(App[None]):
         if self.snapshot is None:
             self.notify("nothing sampled yet", severity="warning", timeout=3)
             return
-        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self.clock()))
-        out = (self.dump_dir or Path.cwd()) / f"trainwatch-{self.snapshot.job.pid}-{stamp}"
-        self.notify(f"dumping evidence to {out} …", timeout=3)
+        out = self.dump_dir or Path.cwd()  # write_bundle names its own trainwatch-<host>-<pid>-<time> folder
+        self.notify(f"dumping evidence into {out} …", timeout=3)
         self._dump(write_bundle, self.snapshot, out)
 
     @work(thread=True, group="dump", exclusive=True, exit_on_error=False)

@@ -1,0 +1,112 @@
+"""The classifier on recorded py-spy JSON, and the verdict on hand-built ranks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from trainwatch.probes.groups import group_ranks
+from trainwatch.probes.phases import classify
+from trainwatch.probes.pyspy import parse_dump
+from trainwatch.probes.snapshot import ExitInfo, Frame, Job, Rank, ThreadStack
+from trainwatch.probes.verdict import judge
+
+FIXTURES = Path(__file__).parent / "fixtures" / "pyspy"
+
+
+def recorded(name: str) -> list[ThreadStack]:
+    data = json.loads((FIXTURES / name).read_text())
+    main_pid = next(t["os_thread_id"] for t in data if t["thread_name"] == "MainThread")
+    return parse_dump(data, main_pid)
+
+
+def test_recorded_gloo_all_gather_is_a_collective_at_the_user_line():
+    result = classify(recorded("gloo_all_gather.json"))
+    assert (result.phase, result.op) == ("collective", "all_gather")
+    assert result.where == "train.py:50 sync_metrics" and result.user_frame == "train.py:50 sync_metrics"
+
+
+def test_native_frames_are_marked_and_do_not_change_the_answer():
+    threads = recorded("gloo_all_gather_native.json")
+    main = threads[0]
+    assert main.is_main and any(f.native for f in main.frames) and not all(f.native for f in main.frames)
+    assert any("c10d::Work::wait" in f.function for f in main.frames if f.native)
+    assert classify(threads).op == "all_gather"
+
+
+def stack(*frames: tuple[str, str, int], active: bool = False) -> list[ThreadStack]:
+    return [ThreadStack("MainThread", tid=1, is_main=True, active=active,
+                        frames=tuple(Frame(fn, path, line) for fn, path, line in frames))]
+
+
+SITE = "/venv/lib/python3.11/site-packages"
+
+
+def test_collective_through_a_trainer_library_points_at_the_trainer_line():
+    threads = stack(("_allgather_base", f"{SITE}/torch/distributed/distributed_c10d.py", 3000),
+                    ("wrapper", f"{SITE}/torch/distributed/c10d_logger.py", 83),
+                    ("gather", f"{SITE}/accelerate/utils/operations.py", 400),
+                    ("concatenated_forward", f"{SITE}/trl/trainer/cpo_trainer.py", 712),
+                    ("train", "/home/me/train.py", 20))
+    result = classify(threads)
+    assert (result.phase, result.op) == ("collective", "_allgather_base")
+    assert result.where == "cpo_trainer.py:712 concatenated_forward"
+    assert result.user_frame == "train.py:20 train"
+
+
+def test_dataloader_and_checkpoint_and_init():
+    # multiprocessing's queue is innermost; the DataLoader frame above it decides
+    loader = stack(("get", "/usr/lib/python3.11/multiprocessing/queues.py", 113),
+                   ("_try_get_data", f"{SITE}/torch/utils/data/dataloader.py", 1100),
+                   ("train", "/w/train.py", 9))
+    assert classify(loader).phase == "dataloader"
+    save = stack(("_save", f"{SITE}/torch/serialization.py", 800), ("save_ckpt", "/w/train.py", 30))
+    assert classify(save).phase == "checkpoint" and classify(save).where == "train.py:30 save_ckpt"
+    init = stack(("init_process_group", f"{SITE}/torch/distributed/distributed_c10d.py", 1500),
+                 ("setup", "/w/train.py", 5))
+    assert classify(init).phase == "init"
+
+
+def test_a_thread_waiting_in_threading_is_a_lock():
+    threads = stack(("wait", "/usr/lib/python3.11/threading.py", 320), ("flush", "/w/train.py", 70))
+    assert classify(threads).phase == "lock"
+    assert classify(threads).where == "train.py:70 flush"
+
+
+def rank(n: int, state: str, phase: str, op: str | None = None, where: str | None = None, **kw) -> Rank:
+    return Rank(rank=n, pid=100 + n, state=state, phase=phase, op=op, where=where, **kw)
+
+
+def test_verdicts():
+    job = Job("torchrun", 1, "h")
+    ar = dict(op="all_reduce", where="train.py:44 sync")
+    healthy = [rank(i, "running", "compute") for i in range(4)]
+    assert judge(healthy, job).kind == "healthy"
+    straggler = [rank(i, "stuck", "collective", **ar) for i in range(3)] + [rank(3, "stuck", "dataloader", where="train.py:75 step")]
+    v = judge(straggler, job)
+    assert (v.kind, v.culprits) == ("straggler", (3,))
+    assert v.summary.startswith("rank 3 is in the DataLoader at train.py:75 step while ranks 0-2 wait in all_reduce")
+    mismatch = [rank(i, "stuck", "collective", **ar) for i in range(7)] + [rank(7, "stuck", "collective", op="all_gather", where="train.py:88 m")]
+    v = judge(mismatch, job)
+    assert (v.kind, v.culprits) == ("mismatch", (7,))
+    assert "rank 7 is in all_gather at train.py:88 m while ranks 0-6 are in all_reduce" in v.summary
+    hang = [rank(i, "stuck", "collective", stuck_for_s=30.0, **ar) for i in range(4)]
+    v = judge(hang, job)
+    assert (v.kind, v.culprits) == ("hang", ()) and "no local culprit" in v.summary
+    crashed = [rank(0, "exited", "collective", exit=ExitInfo(code=1)),
+               rank(1, "exited", "compute", exit=ExitInfo(signal="SIGSEGV", first=True)),
+               rank(2, "exited", "collective", exit=ExitInfo(signal="SIGTERM"))]
+    v = judge(crashed, job)
+    assert (v.kind, v.culprits) == ("crashed", (1,)) and "SIGSEGV" in v.summary
+    init = [rank(0, "stuck", "init", op="init_process_group", where="train.py:5 setup"), rank(1, "missing", "unknown")]
+    v = judge(init, job)
+    assert (v.kind, v.culprits) == ("rendezvous", (1,)) and "never joined" in v.summary
+    done = [rank(i, "exited", "unknown", exit=ExitInfo(code=0)) for i in range(2)]
+    assert judge(done, job).kind == "healthy"
+
+
+def test_groups_are_compact_and_biggest_first():
+    ranks = [rank(i, "stuck", "collective", op="all_reduce", where="a") for i in (0, 1, 2, 3, 5, 6)]
+    ranks += [rank(4, "stuck", "dataloader", where="b")]
+    groups = group_ranks(ranks, culprits=[4])
+    assert [(g.label, g.culprit) for g in groups] == [("0-3,5-6", False), ("4", True)]
