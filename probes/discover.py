@@ -229,7 +229,7 @@ def describe_job(root: psutil.Process, launcher: str) -> JobProcesses:
         master_addr=first.get("MASTER_ADDR"),
         master_port=_int(first.get("MASTER_PORT")),
         job_id=first.get("TORCHELASTIC_RUN_ID") or first.get("SLURM_JOB_ID"),
-        run_dir=first.get("TRAINWATCH_RUN_DIR"),
+        run_dir=first.get("TRAINWATCH_RUN_DIR") or _import_armed_dir(ranks),
         cmdline=tuple(_safe(root.cmdline, [])),
         started_at=_safe(root.create_time, None),
         waiting_rendezvous=launcher in LAUNCHERS and not ranks,
@@ -315,6 +315,20 @@ def _rank_process(proc: psutil.Process, env: dict[str, str], default_rank: int |
         create_time=_safe(proc.create_time, 0.0),
         log_path=procfs.log_file_of(proc.pid) or _armed_log(env, rank),
     )
+
+
+def _import_armed_dir(ranks: list[RankProcess]) -> str | None:
+    """A job armed by `import trainwatch.probes.hook` shows no TRAINWATCH_RUN_DIR in /proc."""
+    from trainwatch.probes.rundir import implicit_run_dir
+    for rank in ranks:
+        try:
+            proc = psutil.Process(rank.pid)
+            path = implicit_run_dir(proc.uids().real, proc.ppid())
+        except psutil.Error:
+            continue
+        if path.is_dir():
+            return str(path)
+    return None
 
 
 def _armed_log(env: dict[str, str], rank: int | None) -> str | None:

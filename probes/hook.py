@@ -100,8 +100,7 @@ def install(run_dir: str | Path | None = None) -> bool:
 
 def _implicit_run_dir() -> Path:
     """Without ``trainwatch run``: one directory per launcher, shared by its local ranks."""
-    tmp = Path(tempfile.gettempdir()) / f"trainwatch-{os.getuid()}"
-    return tmp / f"job-{os.getppid()}"
+    return rundir.implicit_run_dir(os.getuid(), os.getppid())
 
 
 def _ensure_run_json(run_dir: Path, signal_no: int | None) -> None:

@@ -22,7 +22,7 @@ from trainwatch.probes.sampler import StackSample, sample_all
 from trainwatch.probes.snapshot import ExitInfo, Job, Rank, Snapshot, Verdict, compact_ranks
 from trainwatch.probes.verdict import TEARDOWN_SIGNALS, judge
 
-FULL_REFRESH_EVERY = 5  # re-read idle ranks' other threads every few polls
+FULL_REFRESH_EVERY = 5  # every few polls, dump every rank anyway (other threads, stale lines)
 
 
 class LocalSource:
@@ -38,8 +38,10 @@ class LocalSource:
         self._class: dict[int, Classification] = {}
         self._seen: dict[int, RankProcess] = {}  # pid -> rank process, everything ever seen
         self._exits: dict[int, ExitInfo] = {}
+        self._exit_ranks: dict[int, int] = {}  # pid -> rank, for ranks the crash catcher saw die
         self._cpu: dict[int, tuple[float, float]] = {}
         self._polls = 0
+        self._family: frozenset[int] | None = None  # the job's descendant PIDs at the last discovery
         self._verdict: Verdict | None = None
         self._gpu = _gpu_probe() if gpu else None
         self._lock = threading.Lock()
@@ -59,18 +61,26 @@ class LocalSource:
             job = self._rediscover() if self._polls else self.job  # the constructor just discovered it
             rounds = self.samples if self._polls == 0 else 1
             pause = self.window / (rounds - 1) if rounds > 1 else 0.0
+            if self._polls == 0 and rounds > 1:
+                for proc in job.ranks:
+                    self._usage(proc.pid, time.time())  # a CPU baseline, so the first snapshot has CPU% too
             samples: dict[int, StackSample] = {}
             for i in range(rounds):
                 if i:
                     time.sleep(pause)
                 samples = self._sample(job, native_for)
             self._polls += 1
-            snapshot = self._build(job, samples, notes)
-            records = self._catcher.records() if self._catcher else []
-            if not records:
-                return snapshot
-            from trainwatch.probes.watcher import with_crashes  # the watcher imports us
-            return with_crashes(snapshot, records)
+            self._take_crash_records()
+            return self._build(job, samples, notes)
+
+    def _take_crash_records(self) -> None:
+        """The crash catcher's findings (signal, faulthandler frame, fatal message) win over ours."""
+        if self._catcher is None:
+            return
+        for record in self._catcher.records():
+            self._exits[record.pid] = record.exit_info()
+            if record.rank is not None:
+                self._exit_ranks[record.pid] = record.rank
 
     def _rediscover(self) -> JobProcesses:
         try:
@@ -81,6 +91,11 @@ class LocalSource:
                 raise psutil.NoSuchProcess(root.pid)  # PID reused
         except psutil.Error:
             return replace(self.job, ranks=(), waiting_rendezvous=False)  # the job has ended
+        family = procfs.descendant_pids(root.pid)
+        if family is not None and family == self._family and not any(
+                procfs.state_letter(r.pid) in (None, "Z", "X") for r in self.job.ranks):
+            return self.job  # the same processes as last time: nothing to rediscover
+        self._family = family
         job = describe_job(root, self.job.launcher)
         old = self.job  # ranks that already exited no longer show their environment: keep the layout
         self.job = replace(job, notes=old.notes, world_size=job.world_size or old.world_size,
@@ -97,13 +112,10 @@ class LocalSource:
                 continue
             native = proc.rank in native_for
             counters = procfs.thread_counters(proc.pid)
-            unchanged = self.tracker.unchanged_since_dump(proc.pid, counters) and self._polls % FULL_REFRESH_EVERY
-            requests.append((proc.pid, native, self._stacks.get(proc.pid), bool(unchanged)))
+            skip = self._polls % FULL_REFRESH_EVERY and not self.tracker.needs_dump(proc.pid, counters)
+            requests.append((proc.pid, native, self._stacks.get(proc.pid), bool(skip)))
         samples = sample_all(requests)
         now = time.time()
-        if self._polls == 0:
-            for pid in samples:
-                self._usage(pid, now)  # a CPU baseline, so the first snapshot has CPU% too
         for pid, sample in samples.items():
             if sample.threads is None:
                 continue
@@ -111,7 +123,8 @@ class LocalSource:
             cls = classify(sample.threads)
             self._class[pid] = cls
             main = next((t for t in sample.threads if t.is_main), None)
-            self.tracker.observe(pid, stack_signature(main), cls.phase, sample.before, sample.after, now)
+            self.tracker.observe(pid, stack_signature(main), cls.phase, sample.before, sample.after, now,
+                                 dumped=not sample.reused)
         return samples
 
     # -- building the snapshot -----------------------------------------------------------------
@@ -228,7 +241,7 @@ class LocalSource:
         expected = expected_local_ranks(job)
         for pid, info in self._exits.items():
             proc = self._seen.get(pid)
-            number = proc.rank if proc else None
+            number = proc.rank if proc and proc.rank is not None else self._exit_ranks.get(pid)
             if number is None:  # died before we read its RANK: the one missing local rank, if unique
                 gaps = [g for g in expected.values() if g not in live_numbers]
                 number = gaps[0] if len(gaps) == 1 else None

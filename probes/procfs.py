@@ -96,6 +96,30 @@ def log_file_of(pid: int) -> str | None:
     return None
 
 
+def descendant_pids(pid: int) -> frozenset[int] | None:
+    """Every descendant of ``pid`` from /proc/*/task/*/children (a few small reads, no full scan);
+    None when the kernel does not provide those files."""
+    found: set[int] = set()
+    stack = [pid]
+    while stack:
+        current = stack.pop()
+        try:
+            tasks = os.listdir(f"/proc/{current}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            text = read_text(f"/proc/{current}/task/{tid}/children")
+            if text is None:
+                if current == pid:
+                    return None
+                continue
+            for child in map(int, text.split()):
+                if child not in found:
+                    found.add(child)
+                    stack.append(child)
+    return frozenset(found)
+
+
 def wchan(pid: int, tid: int | None = None) -> str | None:
     text = read_text(f"/proc/{pid}/task/{tid or pid}/wchan")
     return text.strip() if text and text.strip() not in ("", "0") else None

@@ -24,9 +24,10 @@ WAITING_PHASES = frozenset({"collective", "dataloader", "init", "lock", "sleep"}
 @dataclass
 class _Track:
     signature: tuple
-    after: ThreadCounters | None  # counters right after our last dump
+    after: ThreadCounters | None  # counters at the last observation (right after a dump, if any)
     progress_at: float  # last time progress was seen (or first seen)
     first_seen: float
+    dumped_after: ThreadCounters | None = None  # counters right after the last real py-spy dump
 
 
 class ProgressTracker:
@@ -36,14 +37,16 @@ class ProgressTracker:
         self._tracks: dict[int, _Track] = {}
 
     def observe(self, pid: int, signature: tuple, phase: str, before: ThreadCounters | None,
-                after: ThreadCounters | None, now: float) -> None:
+                after: ThreadCounters | None, now: float, dumped: bool = True) -> None:
         track = self._tracks.get(pid)
         if track is None:
-            self._tracks[pid] = _Track(signature, after, now, now)
+            self._tracks[pid] = _Track(signature, after, now, now, dumped_after=after if dumped else None)
             return
         if self._progressed(track, signature, phase, before):
             track.progress_at = now
         track.signature, track.after = signature, after
+        if dumped:
+            track.dumped_after = after
 
     @staticmethod
     def _progressed(track: _Track, signature: tuple, phase: str, before: ThreadCounters | None) -> bool:
@@ -64,10 +67,17 @@ class ProgressTracker:
         track = self._tracks.get(pid)
         return 0.0 if track is None else now - track.first_seen
 
-    def unchanged_since_dump(self, pid: int, counters: ThreadCounters | None) -> bool:
-        """True when the main thread has not run at all since our last dump: its stack cannot differ."""
+    def needs_dump(self, pid: int, counters: ThreadCounters | None) -> bool:
+        """Whether a fresh stack is worth a py-spy call. Not when the main thread has not run at
+        all since the last dump (its stack cannot differ), nor when it plainly keeps working
+        (woke up repeatedly since the last look: progress is already known; the stack shown
+        may be a few polls old)."""
         track = self._tracks.get(pid)
-        return bool(track and counters and track.after == counters)
+        if track is None or counters is None or track.dumped_after is None or track.after is None:
+            return True
+        if counters == track.dumped_after:
+            return False
+        return counters.voluntary - track.after.voluntary < MIN_WAKEUPS
 
     def forget(self, pid: int) -> None:
         self._tracks.pop(pid, None)

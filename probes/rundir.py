@@ -21,6 +21,7 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -63,6 +64,12 @@ def exit_file(run_dir: Path, rank: int) -> Path:
 
 def flight_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "flight"
+
+
+def implicit_run_dir(uid: int, launcher_pid: int) -> Path:
+    """Where a rank armed by ``import trainwatch.probes.hook`` (no ``trainwatch run``) keeps its
+    evidence: one directory per launcher, shared by its local ranks."""
+    return Path(tempfile.gettempdir()) / f"trainwatch-{uid}" / f"job-{launcher_pid}"
 
 
 def default_run_dir(base: Path | None = None) -> Path:

@@ -20,16 +20,16 @@ class StackSample:
     before: procfs.ThreadCounters | None
     after: procfs.ThreadCounters | None
     error: TrainwatchError | None = None
-    reused: bool = False  # the thread had not run since the last dump: previous stacks kept
+    reused: bool = False  # no py-spy call: the previous stacks were kept (see ProgressTracker.needs_dump)
     gone: bool = False
 
 
 def sample_one(pid: int, native: bool, previous: tuple[ThreadStack, ...] | None,
-               unchanged: bool, timeout: float = DEFAULT_TIMEOUT) -> StackSample:
+               skip: bool, timeout: float = DEFAULT_TIMEOUT) -> StackSample:
     before = procfs.thread_counters(pid)
     if before is None:
         return StackSample(pid, None, None, None, gone=True)
-    if unchanged and previous is not None and not native:
+    if skip and previous is not None and not native:
         return StackSample(pid, previous, before, before, reused=True)
     try:
         threads = tuple(dump_stacks(pid, native=native, timeout=timeout))
@@ -42,7 +42,7 @@ def sample_one(pid: int, native: bool, previous: tuple[ThreadStack, ...] | None,
 
 def sample_all(requests: list[tuple[int, bool, tuple[ThreadStack, ...] | None, bool]],
                timeout: float = DEFAULT_TIMEOUT) -> dict[int, StackSample]:
-    """requests: (pid, native, previous stacks, unchanged-since-last-dump) per rank."""
+    """requests: (pid, native, previous stacks, skip the py-spy call) per rank."""
     if not requests:
         return {}
     with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(requests)), thread_name_prefix="tw-spy") as pool:

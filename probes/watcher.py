@@ -19,7 +19,9 @@ from typing import Callable
 
 import psutil
 
+from trainwatch.probes.groups import group_ranks
 from trainwatch.probes.kernlog import kernel_fault
+from trainwatch.probes.verdict import judge
 from trainwatch.probes import crashlog, procfs, rundir
 from trainwatch.probes.snapshot import ExitInfo, Job, Rank, Snapshot, Verdict
 
@@ -111,14 +113,19 @@ class CrashCatcher:
         return psutil.pid_exists(self.root_pid) and procfs.state_letter(self.root_pid) not in (None, "Z")
 
     def _discover(self) -> None:
-        try:
-            root = psutil.Process(self.root_pid)
-            procs = [root] + root.children(recursive=True)
-        except psutil.Error:
-            return
-        for proc in procs:  # parents come before their children
-            if proc.pid in self._seen:
+        family = procfs.descendant_pids(self.root_pid)  # a few small reads, not a /proc scan
+        if family is None:
+            try:
+                family = frozenset(p.pid for p in psutil.Process(self.root_pid).children(recursive=True))
+            except psutil.Error:
+                return
+        new = []
+        for pid in {self.root_pid, *family} - self._seen:
+            try:
+                new.append(psutil.Process(pid))
+            except psutil.Error:
                 continue
+        for proc in sorted(new, key=lambda p: _start_time(p)):  # parents before their children
             try:
                 env = proc.environ()
                 parent = proc.ppid()
@@ -247,11 +254,12 @@ def with_crashes(snapshot: Snapshot, records: list[CrashRecord]) -> Snapshot:
     for record in by_rank.values():  # died before any snapshot saw it
         ranks.append(Rank(rank=record.rank, pid=record.pid, host=snapshot.job.host, state="exited",
                           exit=record.exit_info()))
+    ranks = sorted(ranks, key=lambda r: (r.rank is None, r.rank or 0))
+    verdict = judge(ranks, snapshot.job, snapshot.collectives)
     first = next((r for r in records if r.first), records[0])
-    verdict = Verdict(kind="crashed", culprits=(first.rank,) if first.rank is not None else (),
-                      summary=f"first to die: {first.describe()}", since=first.at)
-    return dataclasses.replace(snapshot, ranks=tuple(sorted(ranks, key=lambda r: (r.rank is None, r.rank or 0))),
-                               verdict=verdict)
+    verdict = dataclasses.replace(verdict, since=first.at)
+    return dataclasses.replace(snapshot, ranks=tuple(ranks), verdict=verdict,
+                               groups=group_ranks(ranks, verdict.culprits))
 
 
 class Watcher:
@@ -337,6 +345,13 @@ class Watcher:
             return
         self.bundles.append(Path(path))
         self.emit(f"{_stamp()} bundle {path}")
+
+
+def _start_time(proc: psutil.Process) -> float:
+    try:
+        return proc.create_time()
+    except psutil.Error:
+        return 0.0
 
 
 def open_live_source(pid: int, window: float):

@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import psutil
 
-from jobs import PLANTED, TORCHRUN, free_port
+from jobs import PLANTED, TORCHRUN, free_port, kill_tree
 
 SSHD_PATHS = ("/usr/sbin/sshd", "/usr/local/sbin/sshd")
 
@@ -109,7 +107,7 @@ class Sshd:
         """Kill per-connection sshd children (own sessions) first, then the listener."""
         if self.proc is None:
             return
-        _kill_tree(self.proc.pid)
+        kill_tree(self.proc.pid)
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -125,23 +123,6 @@ class Sshd:
 def _user() -> str:
     import pwd
     return pwd.getpwuid(os.geteuid()).pw_name
-
-
-def _kill_tree(pid: int) -> None:
-    """SIGKILL ``pid``'s descendants (they may sit in other sessions) and its process group."""
-    try:
-        children = psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        children = []
-    for child in children:
-        try:
-            child.kill()
-        except psutil.Error:
-            pass
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 class TwoNodeJob:
@@ -197,7 +178,7 @@ class TwoNodeJob:
     def stop(self) -> None:
         # torchrun puts each rank in its own session: kill the tree, not just the group.
         for proc in self.procs:
-            _kill_tree(proc.pid)
+            kill_tree(proc.pid)
         for proc in self.procs:
             try:
                 proc.wait(timeout=10)

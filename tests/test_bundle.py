@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import gzip
-import io
 import os
 import signal
 import subprocess
@@ -56,15 +55,6 @@ def _stop(job: PlantedJob) -> None:
     psutil.wait_procs(below, timeout=10)
 
 
-def _armed_available() -> bool:
-    try:
-        from trainwatch.probes import hook, hookclient  # noqa: F401
-        from trainwatch.tui.commands import run
-    except ImportError:
-        return False
-    return "not available" not in Path(run.__file__).read_text()
-
-
 def _ranks(job: PlantedJob) -> list[int]:
     """Rank PIDs: the processes running the training script, not launchers nor workers."""
     found = []
@@ -80,8 +70,6 @@ def _ranks(job: PlantedJob) -> list[int]:
 
 
 def _start(tmp: Path, scenario: str, nproc: int = 2, armed: bool = False, **kwargs) -> PlantedJob:
-    if armed and not _armed_available():
-        pytest.skip("`trainwatch run` and the hook are not available yet")
     job = PlantedJob(tmp / f"job-{scenario}", scenario, nproc=nproc, deadline=90,
                      prefix=_run_prefix(tmp / "run") if armed else None, **kwargs)
     return job.start()

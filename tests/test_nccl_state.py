@@ -4,7 +4,7 @@ import os
 import socket
 import threading
 import time
-from pathlib import Path
+
 
 from trainwatch.probes import nccl_state
 

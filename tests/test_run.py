@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from jobs import PlantedJob
-from trainwatch.probes import hookclient, rundir
+from trainwatch.probes import hookclient
 from trainwatch.probes.watcher import EXIT_CRASH, CrashCatcher, Watcher
 
 TRAINWATCH = [sys.executable, "-m", "trainwatch.tui.cli"]

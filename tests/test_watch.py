@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -33,9 +32,6 @@ def test_one_bundle_per_episode():
 
 @pytest.mark.job
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("trainwatch.probes.bundle") is None
-                    or importlib.util.find_spec("trainwatch.probes.live") is None,
-                    reason="needs trainwatch.probes.bundle (evidence bundles) and trainwatch.probes.live")
 def test_watch_bundles_an_armed_mismatch_once(tmp_path):
     run_dir, out = tmp_path / "run", tmp_path / "watch"
     prefix = [*TRAINWATCH, "run", "--out", str(run_dir), "--"]

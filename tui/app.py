@@ -277,7 +277,7 @@ class TrainwatchApp(App[None]):
         self.query_one(DetailPane).show(rank, self.clock(), native, tail)
 
     def _tick(self) -> None:
-        self.query_one(JobHeader).show(self.snapshot, self.clock(), self.status_text())
+        self.query_one(JobHeader).show(self.snapshot, self.clock(), self.status_text(), layout=False)
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         self._redraw_detail()

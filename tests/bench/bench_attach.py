@@ -35,6 +35,8 @@ def attached_child(pid: int, seconds: float, interval: float) -> None:
     from trainwatch.probes.live import open_source
     from trainwatch.tui.app import TrainwatchApp
 
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    imports_cpu = usage.ru_utime + usage.ru_stime  # interpreter start and imports: paid once
     source = open_source(pid, window=2.0)
     app = TrainwatchApp(source, interval=interval)
     app.call_later(lambda: app.set_timer(seconds, app.exit))
@@ -43,7 +45,7 @@ def attached_child(pid: int, seconds: float, interval: float) -> None:
     wall = time.monotonic() - started
     source.close()
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    print(json.dumps({"wall": wall, "polls": app.polls,
+    print(json.dumps({"wall": wall, "polls": app.polls, "imports_cpu": imports_cpu,
                       "own_cpu": own.ru_utime + own.ru_stime, "children_cpu": kids.ru_utime + kids.ru_stime}))
 
 
@@ -80,6 +82,9 @@ def main() -> int:
     cpu = usage["own_cpu"] + usage["children_cpu"]
     print(f"job: {args.ranks} ranks, healthy; refresh every {args.interval:g}s; {usage['polls']} polls "
           f"in {usage['wall']:.0f}s")
+    steady = cpu - usage["imports_cpu"]
+    print(f"trainwatch CPU without start-up (imports {usage['imports_cpu']:.1f}s): "
+          f"{100 * steady / usage['wall']:.1f}% of one core")
     print(f"trainwatch CPU: {100 * cpu / usage['wall']:.1f}% of one core "
           f"(app {usage['own_cpu']:.1f}s, py-spy {usage['children_cpu']:.1f}s)")
     print(f"step rate: {alone:.2f}/s alone, {attached:.2f}/s attached "

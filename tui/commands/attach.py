@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from trainwatch.probes.errors import TrainwatchError
+from trainwatch.tui.commands.snapshot import add_remote, wrap_remote
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -14,24 +15,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="seconds between samples (default: 2; + and - change it live)")
     parser.add_argument("--window", type=float, default=2.0, metavar="S",
                         help="seconds the first sample watches for progress (default: 2)")
-    _add_remote(parser)
+    add_remote(parser)
     parser.set_defaults(func=run)
-
-
-def _add_remote(parser: argparse.ArgumentParser) -> None:
-    try:
-        from trainwatch.tui.remote_args import add_remote_arguments
-    except ImportError:
-        return
-    add_remote_arguments(parser)
-
-
-def _wrap_remote(args: argparse.Namespace, source):
-    try:
-        from trainwatch.tui.remote_args import wrap_source
-    except ImportError:
-        return source
-    return wrap_source(args, source, source.job)
 
 
 def check_interval(value: float) -> float:
@@ -46,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     interval = check_interval(args.interval)
     source = open_source(args.pid, window=max(0.0, args.window))  # bad PIDs fail here, before the screen
     try:
-        feed = _wrap_remote(args, source)
+        feed = wrap_remote(args, source, wait_s=interval)  # a slow node never delays a refresh
         from trainwatch.tui.app import TrainwatchApp
         TrainwatchApp(feed, interval=interval, title=f"trainwatch {args.pid}").run()
     finally:

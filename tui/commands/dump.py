@@ -8,11 +8,14 @@ import sys
 from pathlib import Path
 
 from trainwatch.probes.errors import TrainwatchError
+from trainwatch.tui.commands.snapshot import add_remote, resolve_pid, wrap_remote
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("dump", help="write an evidence bundle (stacks, Flight Recorder, /proc, logs)")
-    parser.add_argument("pid", type=int, help="launcher, rank, or any ancestor of the job")
+    parser.add_argument("pid", type=int, nargs="?", help="launcher, rank, or any ancestor of the job")
+    parser.add_argument("--match", metavar="ADDR:PORT", help="find the local job by MASTER_ADDR:MASTER_PORT")
+    parser.add_argument("--match-job-id", metavar="ID", help="find the local job by TORCHELASTIC_RUN_ID/SLURM_JOB_ID")
     parser.add_argument("--out", type=Path, default=Path.cwd(), help="directory to write the bundle in")
     parser.add_argument("--tar", action="store_true", help="write one .tar.gz instead of a directory")
     parser.add_argument("--no-redact", action="store_true",
@@ -23,6 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                              "only if you know the job registered faulthandler on it")
     parser.add_argument("--window", type=float, default=2.0, help="seconds to sample before dumping")
     parser.add_argument("--reason", help="one line saying why this was dumped (goes into summary.md)")
+    add_remote(parser)
     parser.set_defaults(func=run)
 
 
@@ -53,12 +57,18 @@ def run(args: argparse.Namespace) -> int:
         print("trainwatch: --no-redact: environment values, tokens and passwords are written UNMASKED; "
               "do not share this bundle", file=sys.stderr)
     signal.signal(signal.SIGTERM, _terminate)
-    source = open_source(args.pid, window=args.window)
+    pid = resolve_pid(args)
+    local = open_source(pid, window=args.window)
+    source = wrap_remote(args, local)
     try:
         snapshot = source.poll()
+        path = write_bundle(pid, snapshot, args.out, tar=args.tar, redact=not args.no_redact,
+                            reason=args.reason, native=not args.no_native, fault_signal=fault_signal)
+        collect = getattr(source, "collect_bundles", None)
+        if collect is not None and not args.tar:
+            for note in collect(path):  # other nodes' bundles land in <bundle>/hosts/<node>/
+                print(f"trainwatch: {note}", file=sys.stderr)
     finally:
         source.close()
-    path = write_bundle(args.pid, snapshot, args.out, tar=args.tar, redact=not args.no_redact,
-                        reason=args.reason, native=not args.no_native, fault_signal=fault_signal)
     print(path)
-    return 0
+    return 2 if any(h.error for h in snapshot.hosts) else 0

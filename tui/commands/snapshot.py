@@ -22,15 +22,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--native", action="store_true", help="include native (C/C++) frames")
     parser.add_argument("--match", metavar="ADDR:PORT", help="find the local job by MASTER_ADDR:MASTER_PORT")
     parser.add_argument("--match-job-id", metavar="ID", help="find the local job by TORCHELASTIC_RUN_ID/SLURM_JOB_ID")
-    _add_remote(parser)
+    add_remote(parser)
     parser.set_defaults(func=run)
 
 
-def _add_remote(parser: argparse.ArgumentParser) -> None:
-    try:
-        from trainwatch.tui.remote_args import add_remote_arguments
-    except ImportError:
-        return
+def add_remote(parser: argparse.ArgumentParser) -> None:
+    from trainwatch.tui.remote_args import add_remote_arguments
     add_remote_arguments(parser)
 
 
@@ -47,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     find_pyspy()  # fail early and clearly: without py-spy there is nothing to show
     source = LocalSource(resolve_pid(args), window=args.window, samples=args.samples)
     try:
-        wrapped = _wrap_remote(args, source)
+        wrapped = wrap_remote(args, source)
         snapshot = wrapped.poll(native_for=_all_ranks(source) if args.native else frozenset())
     finally:
         source.close()
@@ -64,9 +61,7 @@ def _all_ranks(source: LocalSource) -> frozenset[int]:
     return frozenset(r.rank for r in source.job.ranks if r.rank is not None)
 
 
-def _wrap_remote(args: argparse.Namespace, source: LocalSource):
-    try:
-        from trainwatch.tui.remote_args import wrap_source
-    except ImportError:
-        return source
-    return wrap_source(args, source, source.job)
+def wrap_remote(args: argparse.Namespace, source: LocalSource, **kwargs):
+    """The local source, or a multi-node source when --hosts/--slurm/--k8s name other nodes."""
+    from trainwatch.tui.remote_args import wrap_source
+    return wrap_source(args, source, source.job, **kwargs)

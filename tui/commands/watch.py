@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from trainwatch.tui.commands.snapshot import add_remote, wrap_remote
+
 import psutil
 
 from trainwatch.probes import rundir, watcher
@@ -34,6 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="seconds a problem verdict must persist before a bundle is written (default 300)")
     parser.add_argument("--interval", type=float, default=5.0, help="seconds between full samples (default 5)")
     parser.add_argument("--window", type=float, default=1.0, help=argparse.SUPPRESS)
+    add_remote(parser)
     parser.set_defaults(func=run)
 
 
@@ -49,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
     run_dir = watcher.find_run_dir(args.pid)
     pid = _job_pid(args.pid, run_dir)
     source = watcher.open_live_source(pid, args.window)
+    if source is not None:
+        source = wrap_remote(args, source, wait_s=args.interval)
     if source is None:
         print("trainwatch: live sampling is not available in this install; watching for crashes only",
               file=sys.stderr)

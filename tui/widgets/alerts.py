@@ -5,6 +5,8 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
+from . import format as fmt
+
 
 class AlertBar(Static):
     """One line per warning or error; hidden when there is nothing to say."""
@@ -25,4 +27,4 @@ class AlertBar(Static):
             text.append("⚠ ", style="bold yellow")
             text.append(warning, style="yellow")
         self.set_class(bool(text), "-shown")
-        self.update(text)
+        fmt.update_if_changed(self, text)

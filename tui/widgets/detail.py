@@ -123,4 +123,4 @@ class DetailPane(VerticalScroll):
         yield Static(id="detail-body")
 
     def show(self, rank: Rank | None, now: float, native: bool, log_tail: tuple[str, ...] | None) -> None:
-        self.query_one("#detail-body", Static).update(detail_text(rank, now, native, log_tail))
+        fmt.update_if_changed(self.query_one("#detail-body", Static), detail_text(rank, now, native, log_tail))

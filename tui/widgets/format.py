@@ -80,3 +80,13 @@ def shorten(text: str | None, width: int) -> str:
     if text is None:
         return NA
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def update_if_changed(widget, content, key: object = None, layout: bool = True) -> None:
+    """``Static.update`` re-lays out the screen; skip it when nothing visible changed.
+    ``key`` identifies the content when the renderable itself cannot be compared."""
+    key = content if key is None else key
+    if getattr(widget, "_shown_key", None) == key:
+        return
+    widget._shown_key = key
+    widget.update(content, layout=layout)

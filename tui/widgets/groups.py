@@ -47,4 +47,4 @@ class GroupsPane(VerticalScroll):
         yield Static(id="groups-body")
 
     def show(self, snapshot: Snapshot | None) -> None:
-        self.query_one("#groups-body", Static).update(groups_text(snapshot))
+        fmt.update_if_changed(self.query_one("#groups-body", Static), groups_text(snapshot))

@@ -46,13 +46,15 @@ class JobHeader(Static):
 
     DEFAULT_CSS = "JobHeader { height: auto; max-height: 3; }"
 
-    def show(self, snapshot: Snapshot | None, now: float, status: Text) -> None:
-        self.update(self._layout(snapshot, now, status))
+    def show(self, snapshot: Snapshot | None, now: float, status: Text, layout: bool = True) -> None:
+        """``layout=False`` for clock ticks: only durations changed, the height stays."""
+        job, verdict = job_line(snapshot, now), verdict_line(snapshot, now)
+        fmt.update_if_changed(self, self._layout(job, verdict, status), key=(job, verdict, status), layout=layout)
 
     @staticmethod
-    def _layout(snapshot: Snapshot | None, now: float, status: Text) -> RenderableType:
+    def _layout(job: Text, verdict: Text, status: Text) -> RenderableType:
         grid = Table.grid(expand=True, padding=(0, 1))
         grid.add_column(ratio=1, no_wrap=True, overflow="ellipsis")
         grid.add_column(justify="right", no_wrap=True)
-        grid.add_row(job_line(snapshot, now), status)
-        return Group(grid, verdict_line(snapshot, now))  # the verdict may wrap: it matters most
+        grid.add_row(job, status)
+        return Group(grid, verdict)  # the verdict may wrap: it matters most
