@@ -18,6 +18,7 @@ from trainwatch.probes.kernlog import kernel_fault
 from trainwatch.probes.phases import Classification, classify, stack_signature
 from trainwatch.probes.process import JobProcesses, RankProcess
 from trainwatch.probes.progress import ProgressTracker
+from trainwatch.probes.pyspy import find_pyspy
 from trainwatch.probes.sampler import StackSample, sample_all
 from trainwatch.probes.snapshot import ExitInfo, Job, Rank, Snapshot, Verdict, compact_ranks
 from trainwatch.probes.verdict import TEARDOWN_SIGNALS, judge
@@ -41,6 +42,7 @@ class LocalSource:
         self._exit_ranks: dict[int, int] = {}  # pid -> rank, for ranks the crash catcher saw die
         self._cpu: dict[int, tuple[float, float]] = {}
         self._polls = 0
+        self._pyspy_missing: ToolMissing | None = None
         self._family: frozenset[int] | None = None  # the job's descendant PIDs at the last discovery
         self._verdict: Verdict | None = None
         self._gpu = _gpu_probe() if gpu else None
@@ -106,6 +108,12 @@ class LocalSource:
         return self.job
 
     def _sample(self, job: JobProcesses, native_for: frozenset[int]) -> dict[int, StackSample]:
+        try:
+            find_pyspy()
+            self._pyspy_missing = None
+        except ToolMissing as exc:  # one clear line for the whole job, not one per rank
+            self._pyspy_missing = exc
+            return {}
         requests = []
         for proc in job.ranks:
             if procfs.state_letter(proc.pid) in (None, "Z", "X"):
@@ -151,8 +159,10 @@ class LocalSource:
         gpu_host, ranks = self._add_gpu(job, ranks, warnings, notes)
         self._restarts(ranks, notes)
         verdict = judge(ranks, job)
-        if all(r.state == "unknown" for r in ranks if r.state not in ("exited", "missing")) and verdict.kind in ("healthy", "unknown") and any(r.state == "unknown" for r in ranks):
-            verdict = Verdict("unknown", (), "progress not judged (single sample): the groups show where ranks are")
+        if self._pyspy_missing is not None:
+            warnings.append(str(self._pyspy_missing))
+        if verdict.kind in ("healthy", "unknown"):
+            verdict = _unjudged(verdict, ranks, self._pyspy_missing)
         verdict = self._with_since(verdict, now)
         warnings += _launch_warnings(job)
         if self._gpu is not None:
@@ -325,6 +335,16 @@ class _CrashThread:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def _unjudged(verdict: Verdict, ranks: list[Rank], pyspy_missing: ToolMissing | None) -> Verdict:
+    """Say why progress was not judged instead of calling unsampled ranks healthy."""
+    if pyspy_missing is not None:
+        return Verdict("unknown", (), f"no stacks: {pyspy_missing.message}")
+    live = [r for r in ranks if r.state not in ("exited", "missing")]
+    if live and all(r.state == "unknown" for r in live):
+        return Verdict("unknown", (), "progress not judged (single sample): the groups show where ranks are")
+    return verdict
 
 
 def _gpu_probe():

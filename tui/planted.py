@@ -50,10 +50,10 @@ def sync_metrics(loss, dist) -> None:
 
 
 class SlowDataset:
-    """A dataset whose item ``stall_at`` never arrives on the stalled rank."""
+    """A dataset whose 9th item never arrives on the stalled rank (until the job's deadline)."""
 
-    def __init__(self, size: int, stall: bool) -> None:
-        self.size, self.stall = size, stall
+    def __init__(self, size: int, stall: bool, stop_at: float) -> None:
+        self.size, self.stall, self.stop_at = size, stall, stop_at
 
     def __len__(self) -> int:
         return self.size
@@ -61,15 +61,18 @@ class SlowDataset:
     def __getitem__(self, index: int):
         import torch
         if self.stall and index >= 8:
-            time.sleep(3600)  # a worker stuck reading a shard
+            # A worker stuck reading a shard. Workers are forked without the deadline thread,
+            # so the worker keeps the deadline itself.
+            time.sleep(max(0.0, self.stop_at - time.time()))
+            os._exit(124)
         return torch.randn(16)
 
 
-def make_loader(rank: int, world: int, scenario: str):
+def make_loader(rank: int, world: int, scenario: str, stop_at: float):
     import torch
     from torch.utils.data import DataLoader
     if scenario == "dataloader":
-        dataset = SlowDataset(10_000, stall=(rank == world - 1))
+        dataset = SlowDataset(10_000, stall=(rank == world - 1), stop_at=stop_at)
         return DataLoader(dataset, batch_size=4, num_workers=1)
     batches = 3 if scenario == "uneven" and rank == world - 1 else 100_000
     return (torch.randn(4, 16) for _ in range(batches))  # uneven: this rank's shard is shorter
@@ -83,7 +86,9 @@ def take_lock_in_thread(lock: threading.Lock) -> None:
     time.sleep(0.2)
 
 
-def train(scenario: str, step_s: float) -> None:
+def train(scenario: str, step_s: float, stop_at: float) -> None:
+    import warnings
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # CPU torch without numpy
     import torch
     import torch.distributed as dist
 
@@ -99,7 +104,7 @@ def train(scenario: str, step_s: float) -> None:
     lock = threading.Lock()
     print(f"rank {rank}/{world} pid {os.getpid()} scenario {scenario}", flush=True)
     step = 0
-    for batch in make_loader(rank, world, scenario):
+    for batch in make_loader(rank, world, scenario, stop_at):
         step += 1
         loss = compute_step(model, batch)
         if step_s:
@@ -130,8 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deadline", type=float, default=120.0, help="exit after this many seconds")
     parser.add_argument("--step-s", type=float, default=0.05, help="extra seconds of work per step")
     args = parser.parse_args(argv)
+    stop_at = time.time() + args.deadline
     _arm_deadline(args.deadline)
-    train(args.scenario, args.step_s)
+    train(args.scenario, args.step_s, stop_at)
     return 0
 
 
