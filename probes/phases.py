@@ -91,6 +91,10 @@ def _phase_of(main: ThreadStack) -> tuple[str, str | None]:
     native = next((f for f in main.frames if f.native and NATIVE_COLLECTIVE.search(f.function)), None)
     if native is not None:
         return "collective", _native_op(native.function)
+    for frame in python:  # known heavy lifting: the thread may wait on C++ workers, it is still compute
+        op = _compute_op(frame)
+        if op:
+            return "compute", op
     innermost = python[0] if python else None
     if innermost is None:
         return ("compute" if main.active else "unknown"), None
@@ -102,6 +106,17 @@ def _phase_of(main: ThreadStack) -> tuple[str, str | None]:
     if main.active is False and LOCK_LINE.search(line):
         return "lock", "acquire"
     return ("compute" if main.active is not False else "unknown"), None
+
+
+def _compute_op(frame: Frame) -> str | None:
+    path = frame.file
+    if frame.function == "backward" and ("torch/autograd/" in path or path.endswith("torch/_tensor.py")):
+        return "backward"
+    if "torch/optim/" in path:
+        return "optimizer step"
+    if "torch/nn/modules/" in path and frame.function in ("_call_impl", "_wrapped_call_impl", "forward"):
+        return "forward"
+    return None
 
 
 def _canonical_op(func: str) -> str:

@@ -110,3 +110,15 @@ def test_groups_are_compact_and_biggest_first():
     ranks += [rank(4, "stuck", "dataloader", where="b")]
     groups = group_ranks(ranks, culprits=[4])
     assert [(g.label, g.culprit) for g in groups] == [("0-3,5-6", False), ("4", True)]
+
+
+def test_backward_and_forward_are_compute_even_when_the_thread_waits():
+    back = stack(("_engine_run_backward", f"{SITE}/torch/autograd/graph.py", 768),
+                 ("backward", f"{SITE}/torch/autograd/__init__.py", 347),
+                 ("backward", f"{SITE}/torch/_tensor.py", 581),
+                 ("compute_step", "/w/train.py", 35))
+    result = classify(back)
+    assert (result.phase, result.op, result.where) == ("compute", "backward", "train.py:35 compute_step")
+    fwd = stack(("forward", f"{SITE}/torch/nn/modules/linear.py", 125),
+                ("_call_impl", f"{SITE}/torch/nn/modules/module.py", 1747), ("step", "/w/train.py", 30))
+    assert classify(fwd).op == "forward"
