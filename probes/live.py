@@ -5,6 +5,8 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from dataclasses import replace
 
@@ -54,6 +56,17 @@ class LocalSource:
             self._catcher.stop()
         if self._gpu is not None:
             self._gpu.close()
+
+    @contextmanager
+    def paused_judgement(self) -> Iterator[None]:
+        """Hold polls while something else samples the ranks (an evidence dump): its py-spy
+        attaches wake every thread, which must not count as the ranks' progress."""
+        with self._lock:
+            try:
+                yield
+            finally:
+                for proc in self.job.ranks:
+                    self.tracker.rebaseline(proc.pid, procfs.thread_counters(proc.pid))
 
     # -- polling ---------------------------------------------------------------------------
     def poll(self, native_for: frozenset[int] = frozenset()) -> Snapshot:

@@ -58,6 +58,12 @@ class ProgressTracker:
             return True
         return phase not in WAITING_PHASES and before.cpu_ticks > track.after.cpu_ticks
 
+    def rebaseline(self, pid: int, counters: ThreadCounters | None) -> None:
+        """Forget counter changes someone else caused (an evidence dump's py-spy attaches)."""
+        track = self._tracks.get(pid)
+        if track is not None and counters is not None:
+            track.after = counters
+
     def idle_for(self, pid: int, now: float) -> float | None:
         """Seconds since the rank last showed progress; None if never sampled."""
         track = self._tracks.get(pid)

@@ -7,6 +7,7 @@ launcher tears the others down; the TUI can call its ``tick()`` between its own 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -338,8 +339,10 @@ class Watcher:
             self.emit(f"{_stamp()} note: evidence bundles are not available in this install "
                       "(trainwatch.probes.bundle missing); crash records are still saved")
             return
+        paused = getattr(self.source, "paused_judgement", None)  # the dump's py-spy is not progress
         try:
-            path = write_bundle(self.pid, snapshot, self.out_dir, reason=reason)
+            with paused() if paused else contextlib.nullcontext():
+                path = write_bundle(self.pid, snapshot, self.out_dir, reason=reason)
         except Exception as exc:
             self.emit(f"{_stamp()} note: bundle failed: {type(exc).__name__}: {exc}")
             return

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import psutil
 
+from trainwatch.tui.planted import stop_job_tree
+
 PLANTED = Path(__file__).resolve().parents[1] / "tui" / "planted.py"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
@@ -24,27 +26,12 @@ def free_port() -> int:
 
 
 def kill_tree(pid: int) -> None:
-    """SIGKILL ``pid``'s process group and all its descendants' groups."""
+    """Kill a test job, every descendant, and anything left in its process group."""
+    stop_job_tree(pid, grace=0.5)
     try:
-        family = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-    except psutil.Error:
-        family = []
-    groups = {pid}
-    for proc in family:
-        try:
-            groups.add(os.getpgid(proc.pid))
-        except OSError:
-            pass
-    for group in groups:
-        try:
-            os.killpg(group, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    for proc in family:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 class PlantedJob:

@@ -36,6 +36,25 @@ def test_healthy_job_is_not_a_false_alarm(planted):
     assert all(r["state"] == "running" for r in data["ranks"])
 
 
+def test_slow_steps_spent_in_one_collective_are_not_a_hang(planted):
+    # Rank 0 takes 1 s per step (a third of the window); ranks 1-2 wait in the same all_reduce
+    # line for most of every step. Still progress, so never stuck.
+    job = planted("slowstep", nproc=3)
+    rc, data, err = snapshot(job.pid, "--window", "3")
+    assert data["verdict"]["kind"] == "healthy", data["verdict"]
+    assert [r["state"] for r in data["ranks"]] == ["running"] * 3
+    from trainwatch.probes.live import LocalSource
+    source = LocalSource(job.pid, window=3.0, gpu=False)
+    try:
+        kinds = []
+        for _ in range(4):  # the live view: one sample per poll, judged across polls
+            kinds.append(source.poll().verdict.kind)
+            time.sleep(1.0)
+        assert set(kinds) == {"healthy"}, kinds
+    finally:
+        source.close()
+
+
 def test_straggler_names_the_rank_and_its_line(planted):
     job = planted("straggler", nproc=3)
     rc, data, err = snapshot(job.pid, "--window", "2")

@@ -6,6 +6,7 @@ one has been handled, so a slow or stuck probe never piles up work or freezes th
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -385,8 +386,10 @@ class TrainwatchApp(App[None]):
 
     @work(thread=True, group="dump", exclusive=True, exit_on_error=False)
     def _dump(self, write_bundle: Callable[..., Path], snapshot: Snapshot, out: Path) -> None:
+        paused = getattr(self.source, "paused_judgement", None)  # live sources: the dump's py-spy is not progress
         try:
-            path = write_bundle(snapshot.job.pid, snapshot, out)
+            with paused() if paused else contextlib.nullcontext():
+                path = write_bundle(snapshot.job.pid, snapshot, out)
         except TrainwatchError as exc:
             self.call_from_thread(self.notify, f"dump failed: {exc.message}", severity="error", timeout=10)
         except OSError as exc:

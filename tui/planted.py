@@ -22,6 +22,30 @@ SCENARIOS = (
 )
 
 
+def stop_job_tree(pid: int, grace: float = 3.0) -> None:
+    """Stop a planted job we started: SIGTERM the launcher (torchrun passes it on to its ranks),
+    then SIGKILL whatever of its tree is left. torchrun puts every rank in a session of its own,
+    so killing the launcher's process group alone would orphan the ranks."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        family = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return
+    try:
+        root.terminate()
+    except psutil.Error:
+        pass
+    _, alive = psutil.wait_procs(family, timeout=grace)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=grace)
+
+
 def _arm_deadline(seconds: float) -> None:
     """Hard stop: a rank blocked in C code still dies at the deadline."""
     def _expire() -> None:
@@ -109,6 +133,8 @@ def train(scenario: str, step_s: float, stop_at: float) -> None:
         loss = compute_step(model, batch)
         if step_s:
             time.sleep(step_s)
+        if scenario == "slowstep" and rank == 0:
+            time.sleep(1.0)  # slow but healthy: the others spend most of each step in all_reduce
         if scenario == "straggler" and rank == culprit and step == 3:
             time.sleep(3600)  # stuck in its own work while the others wait
         if scenario == "lock" and rank == culprit and step == 3:

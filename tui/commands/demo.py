@@ -6,7 +6,6 @@ import argparse
 import importlib.util
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -15,10 +14,9 @@ import time
 from pathlib import Path
 
 from trainwatch.probes.errors import TrainwatchError
+from trainwatch.tui.planted import SCENARIOS, stop_job_tree
 
-PLANTED = Path(__file__).resolve().parents[1] / "planted.py"
-SCENARIOS = ("healthy", "straggler", "mismatch", "uneven", "dataloader", "lock", "segfault", "assert",
-             "slowstep")
+PLANTED = Path(__file__).resolve().parents[1] / "planted.py"  # copied next to the job as train.py
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -74,10 +72,7 @@ class DemoJob:
     def stop(self) -> None:
         if self.proc is None:
             return
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        stop_job_tree(self.proc.pid)
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:

@@ -1,0 +1,39 @@
+"""The live source across polls, on a real job: stuck time grows, and outside dumps are not progress."""
+
+from __future__ import annotations
+
+import time
+
+from trainwatch.probes.live import LocalSource
+from trainwatch.probes.pyspy import dump_stacks
+
+
+def stuck_for(source: LocalSource, rank: int) -> float:
+    snapshot = source.poll()
+    assert snapshot.verdict.kind == "straggler", snapshot.verdict
+    return snapshot.rank(rank).stuck_for_s or 0.0
+
+
+def test_stuck_time_grows_and_a_dump_during_the_hang_is_not_progress(planted):
+    job = planted("straggler", nproc=2)
+    source = LocalSource(job.pid, window=1.0, gpu=False)
+    try:
+        first = stuck_for(source, 0)
+        time.sleep(1.5)
+        second = stuck_for(source, 0)
+        assert second >= first + 1.0  # the same hang, judged across polls
+        # An evidence dump samples every rank (py-spy attaches wake their threads) ...
+        with source.paused_judgement():
+            for pid in job.rank_pids():
+                dump_stacks(pid)
+                dump_stacks(pid, native=True)
+        third = stuck_for(source, 0)
+        assert third >= second, (second, third)  # ... and the hang keeps its age
+        # Control: the same dumps outside the pause do look like progress to the counters.
+        for pid in job.rank_pids():
+            dump_stacks(pid)
+            dump_stacks(pid, native=True)
+        snapshot = source.poll()
+        assert (snapshot.rank(0).stuck_for_s or 0.0) < third
+    finally:
+        source.close()
