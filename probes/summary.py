@@ -9,6 +9,7 @@ from importlib import metadata
 from trainwatch.probes import flightrec
 from trainwatch.probes.bundle_rank import RankEvidence
 from trainwatch.probes.snapshot import Snapshot, compact_ranks
+from trainwatch.probes.verdict import who
 
 
 def _trainwatch_version() -> str:
@@ -58,8 +59,9 @@ def render(snapshot: Snapshot, evidence: list[RankEvidence], host_notes: list[st
     out += ["", "## Stack groups", ""]
     for group in snapshot.groups:
         mark = " **(culprit)**" if group.culprit else ""
-        out.append(f"- ranks {group.label or compact_ranks(group.ranks)}: {group.phase}"
-                   f"{' ' + group.op if group.op else ''} at `{group.where or 'n/a'}`{mark}")
+        what = group.phase if group.op in (None, group.phase) else f"{group.phase} {group.op}"
+        where = f" at `{group.where}`" if group.where else ""
+        out.append(f"- {who(group.ranks)}: {what}{where}{mark}")
     if not snapshot.groups:
         out.append("n/a")
 
