@@ -173,6 +173,13 @@ def _faulthandler(plan: RankPlan, ev: RankEvidence) -> None:
     signal_no, out_file = None, None
     if plan.run_dir is not None:
         signal_no = hookclient.faulthandler_signal(plan.run_dir)
+        registered = _registered_by_hook(plan)
+        if registered is not None:  # this rank's own record wins over the run-wide setting
+            signal_no = registered or None
+            if not registered:
+                ev.faulthandler = ("not sent: this rank's hook did not register faulthandler "
+                                   "(the job handles that signal itself)")
+                return
         if signal_no is not None and plan.rank is not None:
             out_file = hookclient.faulthandler_file(plan.run_dir, plan.rank)
     if signal_no is None and plan.fault_signal is not None:
@@ -193,6 +200,18 @@ def _faulthandler(plan: RankPlan, ev: RankEvidence) -> None:
         ev.faulthandler = f"not sent: the rank does not catch {procfs.signal_name(signal_no)} (SigCgt)"
         return
     ev.faulthandler = _signal_and_read(plan.pid, signal_no, out_file, ev)
+
+
+def _registered_by_hook(plan: RankPlan) -> int | None:
+    """The signal this very process registered for faulthandler, per its hook.json: a number,
+    0 when its hook registered none, None when there is no record for this PID."""
+    from trainwatch.probes import rundir
+    if plan.rank is None:
+        return None
+    record = rundir.read_json(rundir.hook_json(plan.run_dir, plan.rank)) or {}
+    if record.get("pid") != plan.pid:
+        return None
+    return int(record.get("faulthandler_signal") or 0)
 
 
 def _signal_and_read(pid: int, signal_no: int, out_file: Path, ev: RankEvidence, wait_s: float = 3.0) -> str:
