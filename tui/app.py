@@ -17,6 +17,7 @@ from rich.text import Text
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.containers import Container
 from textual.message import Message
 from textual.timer import Timer
@@ -119,6 +120,7 @@ class TrainwatchApp(App[None]):
         self.polls = 0
         self._polling_since: float | None = None  # monotonic start of the poll in flight
         self._timer: Timer | None = None
+        self._clock_timer: Timer | None = None  # redraws durations (uptime, "for 12s") every second
         self._alerted: str | None = None  # problem verdict already announced
         self._closed = False
 
@@ -141,7 +143,7 @@ class TrainwatchApp(App[None]):
         self.query_one("#filter").display = False
         self.query_one(RanksTable).focus()
         self._redraw()
-        self.set_interval(1.0, self._tick)
+        self._clock_timer = self.set_interval(1.0, self._tick)
         self._begin_poll()
 
     # ----- polling
@@ -193,6 +195,8 @@ class TrainwatchApp(App[None]):
             self._timer = None
 
     def on_snapshot_ready(self, message: SnapshotReady) -> None:
+        if self._closed:  # a poll that finished while quitting
+            return
         self.polls += 1
         self.snapshot = message.snapshot
         self.log_tails = message.log_tails
@@ -203,6 +207,8 @@ class TrainwatchApp(App[None]):
         self._arm_next()
 
     def on_poll_failed(self, message: PollFailed) -> None:
+        if self._closed:
+            return
         self.polls += 1
         self.error = message.error
         self._redraw()
@@ -278,7 +284,13 @@ class TrainwatchApp(App[None]):
         self.query_one(DetailPane).show(rank, self.clock(), native, tail)
 
     def _tick(self) -> None:
-        self.query_one(JobHeader).show(self.snapshot, self.clock(), self.status_text(), layout=False)
+        if self._closed:
+            return
+        try:
+            header = self.query_one(JobHeader)
+        except NoMatches:  # the timer can still fire while the screen is being torn down
+            return
+        header.show(self.snapshot, self.clock(), self.status_text(), layout=False)
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         self._redraw_detail()
@@ -403,4 +415,6 @@ class TrainwatchApp(App[None]):
         # The source belongs to whoever opened it (and closes it); quitting only stops polling.
         self._closed = True
         self._cancel_timer()
+        if self._clock_timer is not None:
+            self._clock_timer.stop()
         self.workers.cancel_group(self, "poll")
