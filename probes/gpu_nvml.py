@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any
 
@@ -156,12 +156,8 @@ class NvmlSession:
         except _Lost:
             state.lost = True
             return self._device_from_static(index, state, lost=True)
-        return GpuDevice(
-            index=index,
-            name=state.static.get("name"),
-            uuid=state.static.get("uuid"),
-            bus_id=state.static.get("bus_id"),
-            compute_capability=state.static.get("cc"),
+        return replace(
+            self._device_from_static(index, state, lost=False),
             util_pct=_num(getattr(util, "gpu", None)),
             mem_util_pct=_num(getattr(util, "memory", None)),
             mem_used_bytes=getattr(memory, "used", None),
