@@ -67,3 +67,14 @@ def test_pyspy_missing():
 
 def test_no_pid_given():
     assert_clean_error(trainwatch("snapshot"), "give a PID")
+
+
+def test_job_id_from_a_login_node_whose_nodes_cannot_be_reached():
+    # No rank of job 4242 here: the named node is asked instead; it is down, and says so.
+    proc = trainwatch("snapshot", "--match-job-id", "4242", "--hosts", "127.0.0.1", "--ssh-option", "Port=1",
+                      "--remote-timeout", "5")
+    assert_clean_error(proc, "no node of the job could be read", "127.0.0.1: unreachable")
+
+
+def test_job_id_with_no_node_to_ask():
+    assert_clean_error(trainwatch("snapshot", "--match-job-id", "4242"), "no job with id 4242")

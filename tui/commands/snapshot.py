@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from types import SimpleNamespace
 
 from rich.console import Console
 
 from trainwatch.probes.discover import find_job_matching
-from trainwatch.probes.errors import TrainwatchError
+from trainwatch.probes.errors import NotAJob, TrainwatchError
 from trainwatch.probes.live import LocalSource
 from trainwatch.probes.pyspy import find_pyspy
 
@@ -26,6 +27,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
+def wants_remote(args: argparse.Namespace) -> bool:
+    from trainwatch.tui.remote_args import wants_remote as wanted
+    return wanted(args)
+
+
 def add_remote(parser: argparse.ArgumentParser) -> None:
     from trainwatch.tui.remote_args import add_remote_arguments
     add_remote_arguments(parser)
@@ -41,13 +47,20 @@ def resolve_pid(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    find_pyspy()  # fail early and clearly: without py-spy there is nothing to show
-    source = LocalSource(resolve_pid(args), window=args.window, samples=args.samples)
     try:
-        wrapped = wrap_remote(args, source)
-        snapshot = wrapped.poll(native_for=_all_ranks(source) if args.native else frozenset())
-    finally:
-        source.close()
+        pid = resolve_pid(args)
+    except NotAJob:
+        if not (args.match_job_id and wants_remote(args)):
+            raise
+        snapshot = _other_nodes_only(args)  # a login node: the job runs only on the nodes named
+    else:
+        find_pyspy()  # fail early and clearly: without py-spy there is nothing to show
+        source = LocalSource(pid, window=args.window, samples=args.samples)
+        try:
+            wrapped = wrap_remote(args, source)
+            snapshot = wrapped.poll(native_for=_all_ranks(source) if args.native else frozenset())
+        finally:
+            source.close()
     if args.json:
         sys.stdout.write(snapshot.to_json() + "\n")
     else:
@@ -55,6 +68,20 @@ def run(args: argparse.Namespace) -> int:
         Console().print(render_table(snapshot))
     partial = any(h.error for h in snapshot.hosts)
     return 2 if partial else 0
+
+
+def _other_nodes_only(args: argparse.Namespace):
+    """No rank of the job here: ask the named nodes for the job by its id, and merge."""
+    from trainwatch.tui.remote_args import wrap_source
+    job = SimpleNamespace(master_addr=None, master_port=None, job_id=args.match_job_id, world_size=None,
+                          ranks=(), launcher=None)
+    source = wrap_source(args, None, job)
+    if source is None:
+        raise NotAJob(f"no job with id {args.match_job_id} here, and no other node to ask")
+    try:
+        return source.poll(native_for=frozenset())
+    finally:
+        source.close()
 
 
 def _all_ranks(source: LocalSource) -> frozenset[int]:
