@@ -16,6 +16,10 @@ def who(ranks: Sequence[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {compact_ranks(ranks)}"
 
 
+def verb(ranks: Sequence, singular: str, plural: str) -> str:
+    return singular if len(ranks) == 1 else plural
+
+
 def place(rank: Rank) -> str:
     """Where a rank sits, in words: ``all_reduce at train.py:44 sync_gradients``."""
     what = rank.op if rank.phase == "collective" and rank.op else rank.phase
@@ -81,7 +85,7 @@ def _rendezvous(ranks: Sequence[Rank], job: Job | JobProcesses | None) -> Verdic
     live = [r for r in ranks if r.state in ("running", "stuck")]
     missing = [r for r in ranks if r.state == "missing"]
     if live and all(r.phase == "init" and r.state == "stuck" for r in live):
-        text = f"{who(_numbers(live))} wait in {place(live[0])}"
+        text = f"{who(_numbers(live))} {verb(live, 'waits', 'wait')} in {place(live[0])}"
         text += f"; {who(_numbers(missing))} never joined" if missing else "; waiting for ranks that have not joined"
         return Verdict("rendezvous", tuple(_numbers(missing)), text)
     return None
@@ -107,9 +111,9 @@ def _from_stacks(ranks: Sequence[Rank]) -> Verdict:
     if waiting and (elsewhere or missing):
         culprits = elsewhere or missing
         lead = culprits[0]
-        text = (f"{who(_numbers(culprits))} {'is' if len(culprits) == 1 else 'are'} "
+        text = (f"{who(_numbers(culprits))} {verb(culprits, 'is', 'are')} "
                 f"{'missing' if lead.state == 'missing' else 'in ' + place(lead)}"
-                f" while {who(_numbers(waiting))} wait in {place(waiting[0])}")
+                f" while {who(_numbers(waiting))} {verb(waiting, 'waits', 'wait')} in {place(waiting[0])}")
         return Verdict("straggler", tuple(_numbers(culprits)), text)
     if waiting and len(waiting) == len(live):
         return _mismatch_or_hang(waiting)
@@ -132,6 +136,6 @@ def _mismatch_or_hang(waiting: list[Rank]) -> Verdict:
     majority = [r for r in waiting if (r.op, r.where) == majority_key]
     minority = [r for r in waiting if (r.op, r.where) != majority_key]
     lead = minority[0]
-    verb = "is" if len(minority) == 1 else "are"
-    text = f"{who(_numbers(minority))} {verb} in {place(lead)} while {who(_numbers(majority))} are in {place(majority[0])}"
+    text = (f"{who(_numbers(minority))} {verb(minority, 'is', 'are')} in {place(lead)} while "
+            f"{who(_numbers(majority))} {verb(majority, 'is', 'are')} in {place(majority[0])}")
     return Verdict("mismatch", tuple(_numbers(minority)), text)

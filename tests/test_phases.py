@@ -122,3 +122,11 @@ def test_backward_and_forward_are_compute_even_when_the_thread_waits():
     fwd = stack(("forward", f"{SITE}/torch/nn/modules/linear.py", 125),
                 ("_call_impl", f"{SITE}/torch/nn/modules/module.py", 1747), ("step", "/w/train.py", 30))
     assert classify(fwd).op == "forward"
+
+
+def test_summaries_agree_in_number():
+    job = Job("torchrun", 1, "h")
+    two = [rank(0, "stuck", "collective", op="all_reduce", where="a"), rank(1, "stuck", "collective", op="all_gather", where="b")]
+    assert judge(two, job).summary == "rank 1 is in all_gather at b while rank 0 is in all_reduce at a"
+    lone = [rank(0, "stuck", "collective", op="all_reduce", where="a"), rank(1, "stuck", "sleep", where="c")]
+    assert judge(lone, job).summary == "rank 1 is in sleep at c while rank 0 waits in all_reduce at a"
