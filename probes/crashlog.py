@@ -6,6 +6,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainwatch.probes.logtail import read_tail
+
 # (reason shown to people, pattern) in priority order: the first match names the death.
 FATAL_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     (reason, re.compile(pattern, re.IGNORECASE)) for reason, pattern in (
@@ -104,16 +106,8 @@ def user_frame(trace: FaultTrace, skip: tuple[str, ...] = ("/site-packages/", "/
 
 
 def tail(path: Path, lines: int = 40, max_bytes: int = 256 * 1024) -> str:
-    """The last ``lines`` lines of a (possibly large, possibly missing) text file."""
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(0, 2)
-            size = handle.tell()
-            handle.seek(max(0, size - max_bytes))
-            data = handle.read()
-    except OSError:
-        return ""
-    return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
+    """The last ``lines`` lines of a (possibly large, possibly missing) text file, as one string."""
+    return "\n".join(read_tail(str(path), lines, max_bytes) or ())
 
 
 def _short(path: str) -> str:

@@ -215,7 +215,8 @@ def describe_job(root: psutil.Process, launcher: str) -> JobProcesses:
         world = local_world * layout["nnodes"]
     if launcher in LAUNCHERS and not known and ranks and local_world == len(ranks) and layout.get("nnodes", 1) == 1:
         # Every rank already gone (environ unreadable): torchrun starts local ranks in order.
-        ranks = [replace(r, rank=i, local_rank=i) for i, r in enumerate(sorted(ranks, key=lambda r: (r.create_time, r.pid)))]
+        by_start = sorted(ranks, key=lambda r: (r.create_time, r.pid))
+        ranks = [replace(r, rank=i, local_rank=i) for i, r in enumerate(by_start)]
         notes.append("rank numbers of exited processes inferred from their start order")
     return JobProcesses(
         launcher=launcher,
@@ -229,7 +230,8 @@ def describe_job(root: psutil.Process, launcher: str) -> JobProcesses:
         master_addr=first.get("MASTER_ADDR"),
         master_port=_int(first.get("MASTER_PORT")),
         job_id=first.get("TORCHELASTIC_RUN_ID") or first.get("SLURM_JOB_ID"),
-        run_dir=first.get("TRAINWATCH_RUN_DIR") or _import_armed_dir(ranks),
+        run_dir=(first.get("TRAINWATCH_RUN_DIR") or (job_env(root) or {}).get("TRAINWATCH_RUN_DIR")
+                 or _import_armed_dir(ranks)),  # the launcher carries it too, before any rank starts
         cmdline=tuple(_safe(root.cmdline, [])),
         started_at=_safe(root.create_time, None),
         waiting_rendezvous=launcher in LAUNCHERS and not ranks,
@@ -350,7 +352,3 @@ def expected_local_ranks(job: JobProcesses) -> dict[int, int]:
         return {local: node_rank * job.local_world_size + local for local in range(job.local_world_size)}
     base = known[0].rank - known[0].local_rank
     return {local: base + local for local in range(job.local_world_size)}
-
-
-def run_dir_of(job: JobProcesses) -> Path | None:
-    return Path(job.run_dir) if job.run_dir else None

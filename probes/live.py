@@ -134,7 +134,7 @@ class LocalSource:
             native = proc.rank in native_for
             counters = procfs.thread_counters(proc.pid)
             skip = self._polls % FULL_REFRESH_EVERY and not self.tracker.needs_dump(proc.pid, counters)
-            requests.append((proc.pid, native, self._stacks.get(proc.pid), bool(skip)))
+            requests.append((proc.pid, native, self._stacks.get(proc.pid), bool(skip), counters))
         samples = sample_all(requests)
         now = time.time()
         for pid, sample in samples.items():
@@ -287,7 +287,9 @@ class LocalSource:
 
     def _restarts(self, ranks: list[Rank], notes: list[str]) -> None:
         for rank in ranks:
-            old = [p for p, proc in self._seen.items() if proc.rank == rank.rank and p != rank.pid and rank.state != "exited"]
+            if rank.state == "exited":
+                continue
+            old = [p for p, proc in self._seen.items() if proc.rank == rank.rank and p != rank.pid]
             notes.extend(f"rank {rank.rank} restarted: PID {pid} -> {rank.pid}" for pid in old)
 
     def _with_since(self, verdict: Verdict, now: float) -> Verdict:

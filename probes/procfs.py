@@ -68,6 +68,10 @@ def decode_wait_status(status: int) -> tuple[int | None, str | None]:
 
 
 def signal_name(number: int) -> str:
+    """``SIGSEGV``; real-time signals as ``SIGRTMIN+3`` (Python has no names for them)."""
+    rtmin = int(signal.SIGRTMIN)
+    if rtmin < number <= int(signal.SIGRTMAX):
+        return f"SIGRTMIN+{number - rtmin}"
     try:
         return signal.Signals(number).name
     except ValueError:

@@ -119,7 +119,8 @@ def ptrace_remedy(pid: int) -> str:
                 "init or another container's process), so the kernel refuses access even to root; "
                 "run trainwatch in the job's own container or with the same privileges")
     if os.geteuid() == 0 and not eff & (1 << CAP_SYS_PTRACE):
-        return "this container lacks CAP_SYS_PTRACE: run it with --cap-add SYS_PTRACE (docker) or add SYS_PTRACE to the pod's securityContext"
+        return ("this container lacks CAP_SYS_PTRACE: run it with --cap-add SYS_PTRACE (docker) "
+                "or add SYS_PTRACE to the pod's securityContext")
     scope = (procfs.read_text("/proc/sys/kernel/yama/ptrace_scope") or "0").strip()
     if scope != "0" and os.geteuid() != 0:
         return (f"kernel.yama.ptrace_scope is {scope}: run trainwatch with sudo, or "

@@ -101,6 +101,7 @@ def armed_env(run_dir: Path, base: dict[str, str]) -> tuple[dict[str, str], dict
 
 
 def write_run_json(run_dir: Path, command: list[str], added: dict[str, str], pid: int | None) -> dict:
+    from trainwatch.probes import procfs  # here, not at the top: the hook loads this file on its own
     record = {
         "command": list(command),
         "started_at": time.time(),
@@ -108,7 +109,7 @@ def write_run_json(run_dir: Path, command: list[str], added: dict[str, str], pid
         "trainwatch_pid": os.getpid(),
         "pid": pid,
         "python": sys.executable,
-        "faulthandler": {"signal": FAULTHANDLER_SIGNAL, "signal_name": signal_name(FAULTHANDLER_SIGNAL),
+        "faulthandler": {"signal": FAULTHANDLER_SIGNAL, "signal_name": procfs.signal_name(FAULTHANDLER_SIGNAL),
                          "fatal": ["SIGSEGV", "SIGFPE", "SIGABRT", "SIGBUS", "SIGILL"]},
         "armed_env": added,
         "hook_dir": str(HOOK_DIR),
@@ -131,13 +132,3 @@ def write_json(path: Path, data: dict) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=2))
     os.replace(tmp, path)
-
-
-def signal_name(number: int) -> str:
-    rtmin = int(signal.SIGRTMIN)
-    if rtmin <= number <= int(signal.SIGRTMAX):
-        return f"SIGRTMIN+{number - rtmin}" if number > rtmin else "SIGRTMIN"
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"

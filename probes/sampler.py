@@ -25,8 +25,11 @@ class StackSample:
 
 
 def sample_one(pid: int, native: bool, previous: tuple[ThreadStack, ...] | None,
-               skip: bool, timeout: float = DEFAULT_TIMEOUT) -> StackSample:
-    before = procfs.thread_counters(pid)
+               skip: bool, before: procfs.ThreadCounters | None = None,
+               timeout: float = DEFAULT_TIMEOUT) -> StackSample:
+    """One rank: reuse ``previous`` when ``skip``, else a bounded py-spy dump between two counter
+    reads. ``before``: the counters if the caller has just read them."""
+    before = before or procfs.thread_counters(pid)
     if before is None:
         return StackSample(pid, None, None, None, gone=True)
     if skip and previous is not None and not native:
@@ -40,11 +43,13 @@ def sample_one(pid: int, native: bool, previous: tuple[ThreadStack, ...] | None,
     return StackSample(pid, threads, before, procfs.thread_counters(pid))
 
 
-def sample_all(requests: list[tuple[int, bool, tuple[ThreadStack, ...] | None, bool]],
-               timeout: float = DEFAULT_TIMEOUT) -> dict[int, StackSample]:
-    """requests: (pid, native, previous stacks, skip the py-spy call) per rank."""
+Request = tuple[int, bool, "tuple[ThreadStack, ...] | None", bool, "procfs.ThreadCounters | None"]
+
+
+def sample_all(requests: list[Request], timeout: float = DEFAULT_TIMEOUT) -> dict[int, StackSample]:
+    """requests: (pid, native, previous stacks, skip the py-spy call, counters just read) per rank."""
     if not requests:
         return {}
     with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(requests)), thread_name_prefix="tw-spy") as pool:
-        futures = {req[0]: pool.submit(sample_one, *req, timeout) for req in requests}
+        futures = {req[0]: pool.submit(sample_one, *req, timeout=timeout) for req in requests}
         return {pid: future.result() for pid, future in futures.items()}

@@ -118,10 +118,12 @@ def _from_stacks(ranks: Sequence[Rank]) -> Verdict:
     if waiting and len(waiting) == len(live):
         return _mismatch_or_hang(waiting)
     culprits = [r for r in stuck if r.phase != "collective"]
-    text = f"{who(_numbers(culprits))} stuck in {place(culprits[0])}"
+    text = f"{who(_numbers(culprits))} {verb(culprits, 'is', 'are')} stuck in {place(culprits[0])}"
     if len(culprits) == len(live):
         return Verdict("hang", tuple(_numbers(culprits)), text)
-    return Verdict("straggler", tuple(_numbers(culprits)), text + f" while {who(_numbers([r for r in live if r not in culprits]))} run on")
+    others = [r for r in live if r not in culprits]
+    text += f" while {who(_numbers(others))} {verb(others, 'runs', 'run')} on"
+    return Verdict("straggler", tuple(_numbers(culprits)), text)
 
 
 def _mismatch_or_hang(waiting: list[Rank]) -> Verdict:
@@ -131,8 +133,10 @@ def _mismatch_or_hang(waiting: list[Rank]) -> Verdict:
         return Verdict("hang", (), f"all {len(waiting)} ranks stuck in {place(waiting[0])} for {secs:.0f}s+: "
                        "no local culprit (a peer on another node, or the network)")
     # The majority place is where healthy ranks went; ties go to the place that holds the lowest rank.
-    ranked = sorted(by_place.items(), key=lambda kv: (-kv[1], min(_numbers([r for r in waiting if (r.op, r.where) == kv[0]]))))
-    majority_key = ranked[0][0]
+    def lowest_rank(place_key: tuple) -> int:
+        return min(_numbers([r for r in waiting if (r.op, r.where) == place_key]))
+
+    majority_key = min(by_place, key=lambda key: (-by_place[key], lowest_rank(key)))
     majority = [r for r in waiting if (r.op, r.where) == majority_key]
     minority = [r for r in waiting if (r.op, r.where) != majority_key]
     lead = minority[0]

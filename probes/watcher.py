@@ -20,11 +20,11 @@ from typing import Callable
 
 import psutil
 
+from trainwatch.probes import crashlog, procfs, rundir
 from trainwatch.probes.groups import group_ranks
 from trainwatch.probes.kernlog import kernel_fault
-from trainwatch.probes.verdict import judge
-from trainwatch.probes import crashlog, procfs, rundir
 from trainwatch.probes.snapshot import ExitInfo, Job, Rank, Snapshot, Verdict
+from trainwatch.probes.verdict import judge
 
 HANG_KINDS = frozenset({"hang", "straggler", "mismatch", "rendezvous"})
 
@@ -355,32 +355,6 @@ def _start_time(proc: psutil.Process) -> float:
         return proc.create_time()
     except psutil.Error:
         return 0.0
-
-
-def open_live_source(pid: int, window: float):
-    """``LocalSource`` from the core, or None when this install has no live sampling."""
-    try:
-        from trainwatch.probes.live import open_source
-    except ImportError:
-        return None
-    return open_source(pid, window, catch_crashes=False)  # the watcher runs its own catcher
-
-
-def find_run_dir(pid: int) -> Path | None:
-    """The run directory of an armed job, from the environment of ``pid`` or a descendant."""
-    try:
-        root = psutil.Process(pid)
-        procs = [root] + root.children(recursive=True)
-    except psutil.Error:
-        return None
-    for proc in procs:
-        try:
-            value = proc.environ().get("TRAINWATCH_RUN_DIR")
-        except psutil.Error:
-            continue
-        if value:
-            return Path(value)
-    return None
 
 
 def _bare_snapshot(pid: int) -> Snapshot:

@@ -25,6 +25,7 @@ from textual.widgets import DataTable, Footer, Input
 from textual.worker import get_current_worker
 
 from trainwatch.probes.errors import TrainwatchError
+from trainwatch.probes.logtail import read_tail
 from trainwatch.probes.snapshot import PROBLEM_VERDICTS, Rank, Snapshot, compact_ranks
 
 from .widgets.alerts import AlertBar
@@ -33,7 +34,6 @@ from .widgets.groups import GroupsPane
 from .widgets.header import JobHeader
 from .widgets.help import HelpScreen
 from .widgets.history import History
-from .widgets.logtail import read_tail
 from .widgets.rankfilter import matches
 from .widgets.ranks import RanksTable
 

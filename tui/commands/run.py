@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainwatch.probes import rundir
+from trainwatch.probes import procfs, rundir
 from trainwatch.probes.errors import OutputError, TrainwatchError
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -74,7 +74,7 @@ def _supervise(command: list[str], env: dict[str, str], added: dict[str, str], r
             log.close()
     rundir.write_run_json(run_dir, command, added, child.pid)
     print(f"trainwatch: armed run {run_dir} (pid {child.pid}; on-demand traces: "
-          f"kill -{rundir.signal_name(rundir.FAULTHANDLER_SIGNAL)} <rank pid>)", file=sys.stderr, flush=True)
+          f"kill -{procfs.signal_name(rundir.FAULTHANDLER_SIGNAL)} <rank pid>)", file=sys.stderr, flush=True)
     previous = {sig: signal.signal(sig, lambda n, _f: _forward(child.pid, n)) for sig in FORWARDED}
     foreground = _give_terminal(tty_fd, child.pid)
     try:

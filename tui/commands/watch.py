@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
+from trainwatch.probes import watcher
+from trainwatch.probes.errors import OutputError, TrainwatchError
+from trainwatch.probes.live import open_source
 from trainwatch.tui.commands.snapshot import add_remote, wrap_remote
-
-import psutil
-
-from trainwatch.probes import rundir, watcher
-from trainwatch.probes.errors import NoSuchProcess, OutputError, TrainwatchError
 
 EPILOG = """\
 One line per event on stdout. Exit status:
@@ -47,34 +44,19 @@ def run(args: argparse.Namespace) -> int:
         raise TrainwatchError(f"unknown --dump-on value: {', '.join(sorted(unknown))}", "use hang, crash or both")
     if args.interval <= 0 or args.hang_after < 0:
         raise TrainwatchError("--interval must be positive and --hang-after not negative")
-    if not psutil.pid_exists(args.pid):
-        raise NoSuchProcess(f"no process with PID {args.pid}", "check the PID with `ps -ef | grep python`")
-    run_dir = watcher.find_run_dir(args.pid)
-    pid = _job_pid(args.pid, run_dir)
-    source = watcher.open_live_source(pid, args.window)
-    if source is not None:
-        source = wrap_remote(args, source, wait_s=args.interval)
-    if source is None:
-        print("trainwatch: live sampling is not available in this install; watching for crashes only",
-              file=sys.stderr)
-    out = args.out or (run_dir / "watch" if run_dir else Path.cwd() / f"trainwatch-watch-{args.pid}")
+    local = open_source(args.pid, args.window, catch_crashes=False)  # the watcher runs its own catcher
+    job = local.job  # found from any PID, `trainwatch run`'s own included
+    run_dir = Path(job.run_dir) if job.run_dir else None
+    source = wrap_remote(args, local, wait_s=args.interval)
     try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OutputError(f"cannot write {out}: {exc.strerror or exc}", "pass a writable --out DIR") from None
-
-    def emit(line: str) -> None:
-        print(line, flush=True)
-
-    emit(f"watching pid {args.pid}; evidence goes to {out}")
-    return watcher.Watcher(pid, out, dump_on=dump_on, hang_after=args.hang_after,
-                           interval=args.interval, window=args.window, emit=emit, source=source,
-                           run_dir=run_dir).run()
-
-
-def _job_pid(pid: int, run_dir: Path | None) -> int:
-    """Given `trainwatch run`'s own PID, sample the command it started instead."""
-    record = rundir.read_json(rundir.run_json(run_dir)) if run_dir else None
-    if record and record.get("trainwatch_pid") == pid and isinstance(record.get("pid"), int):
-        return record["pid"]
-    return pid
+        out = args.out or (run_dir / "watch" if run_dir else Path.cwd() / f"trainwatch-watch-{args.pid}")
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OutputError(f"cannot write {out}: {exc.strerror or exc}", "pass a writable --out DIR") from None
+        print(f"watching pid {args.pid}; evidence goes to {out}", flush=True)
+        return watcher.Watcher(job.root_pid, out, dump_on=dump_on, hang_after=args.hang_after,
+                               interval=args.interval, window=args.window,
+                               emit=lambda line: print(line, flush=True), source=source, run_dir=run_dir).run()
+    finally:
+        source.close()

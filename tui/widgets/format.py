@@ -71,6 +71,13 @@ def sparkline(values: Sequence[float | None], top: float = 100.0) -> str:
     return "".join(out)
 
 
+def state_label(rank) -> str:
+    """``running``, ``stuck``, or how an exited rank ended: ``SIGSEGV``, ``exit 1``, ``exited``."""
+    if rank.exit is not None:
+        return rank.exit.signal or (f"exit {rank.exit.code}" if rank.exit.code is not None else "exited")
+    return rank.state
+
+
 def rank_noun(count: int) -> str:
     return "rank" if count == 1 else "ranks"
 

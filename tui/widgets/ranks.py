@@ -51,10 +51,8 @@ def rank_cell(rank: Rank, culprit: bool) -> RankCell:
 
 
 def state_cell(rank: Rank) -> Text:
-    if rank.exit is not None:
-        label = rank.exit.signal or (f"exit {rank.exit.code}" if rank.exit.code is not None else "exited")
-        return Text(label, style=fmt.STATE_STYLES["exited"])
-    return Text(rank.state, style=fmt.STATE_STYLES.get(rank.state, ""))
+    style = fmt.STATE_STYLES["exited"] if rank.exit is not None else fmt.STATE_STYLES.get(rank.state, "")
+    return Text(fmt.state_label(rank), style=style)
 
 
 def gpu_cells(rank: Rank, history: History) -> tuple[Text, Text]:

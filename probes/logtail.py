@@ -1,4 +1,4 @@
-"""Bounded reads of a rank's log tail (run in the poll worker, never on the UI thread)."""
+"""Bounded reads of a log's tail: the live view, crash records and bundles share this."""
 
 from __future__ import annotations
 
