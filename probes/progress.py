@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainwatch.probes.procfs import ThreadCounters
+from trainwatch.probes.snapshot import WAITING_PHASES
 
 MIN_WAKEUPS = 2
-WAITING_PHASES = frozenset({"collective", "dataloader", "init", "lock", "sleep"})
 
 
 @dataclass

@@ -16,7 +16,12 @@ from typing import Any
 
 SCHEMA_VERSION = 1
 
-PHASES = ("collective", "dataloader", "init", "checkpoint", "lock", "sleep", "compute", "unknown")
+# gpu_wait: the host blocks on its GPU (stream/context/event synchronize, .item(), device-to-host copy).
+# exiting: the main thread is in interpreter shutdown (threading._shutdown, atexit).
+PHASES = ("collective", "gpu_wait", "dataloader", "init", "checkpoint", "lock", "sleep", "compute", "exiting",
+          "unknown")
+# A rank in one of these waits for something else: CPU it burns there is never progress.
+WAITING_PHASES = frozenset({"collective", "gpu_wait", "dataloader", "init", "lock", "sleep", "exiting"})
 STATES = ("running", "stuck", "exited", "missing", "unknown")
 VERDICTS = ("healthy", "straggler", "mismatch", "hang", "rendezvous", "crashed", "unknown")
 PROBLEM_VERDICTS = frozenset({"straggler", "mismatch", "hang", "rendezvous", "crashed"})
@@ -53,6 +58,7 @@ class ExitInfo:
     first: bool = False  # the first rank of the job to die
     reason: str | None = None  # classified fatal message, e.g. "CUDA device-side assert"
     frame: str | None = None  # Python frame it died in (faulthandler), when known
+    message: str | None = None  # the fatal line from the rank's log, e.g. "torch.AcceleratorError: CUDA error: ..."
 
 
 @dataclass(frozen=True)
@@ -126,6 +132,9 @@ class Rank:
     children: tuple[int, ...] = ()  # DataLoader workers and other helpers of this rank
     log_path: str | None = None
     detail: str | None = None  # one line that explains the phase, e.g. which thread holds it
+    step: int | None = None  # training step the rank is at (Flight Recorder, loop locals, HF Trainer)
+    step_period_s: float | None = None  # the rank's observed time per step
+    native: bool = False  # phase decided from a native (C/C++) sample
 
     @property
     def key(self) -> str:
@@ -160,6 +169,9 @@ class RankCollective:
     op: str | None = None  # op of the last enqueued collective
     sizes: str | None = None
     dtype: str | None = None
+    pending_seq: int | None = None  # oldest collective enqueued but not completed
+    pending_op: str | None = None
+    pending_since: float | None = None  # unix time it was enqueued (Flight Recorder time_created_ns)
 
 
 @dataclass(frozen=True)
