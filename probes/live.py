@@ -17,7 +17,9 @@ from trainwatch.probes.discover import describe_job, expected_local_ranks, find_
 from trainwatch.probes.errors import AccessDenied, ToolMissing
 from trainwatch.probes.groups import group_ranks
 from trainwatch.probes.kernlog import kernel_fault
-from trainwatch.probes.phases import Classification, classify, stack_signature
+from trainwatch.probes.native import MAX_PER_POLL as MAX_NATIVE_PER_POLL, NativeCache, resolve_natively
+from trainwatch.probes.phases import (Classification, classify, is_stdlib, is_user, main_thread, stack_signature,
+                                      where_frame)
 from trainwatch.probes.process import JobProcesses, RankProcess
 from trainwatch.probes.progress import ProgressTracker
 from trainwatch.probes.pyspy import find_pyspy
@@ -32,11 +34,15 @@ class LocalSource:
     """Samples the job found from ``pid``. Not thread-safe: one poll at a time (the app ensures it)."""
 
     def __init__(self, pid: int, window: float = 3.0, samples: int = 3, gpu: bool = True,
-                 catch_crashes: bool = False) -> None:
+                 catch_crashes: bool = False, stuck_after: float | None = None) -> None:
         self.job = find_job(pid)
         self.window = max(0.0, window)
         self.samples = max(1, samples) if self.window > 0 else 1
         self.tracker = ProgressTracker()
+        self._native = NativeCache()
+        self._familiar: dict[int, frozenset[str]] = {}
+        self._workers: dict[tuple[int, tuple], str | None] = {}  # (pid, stack) -> stuck DataLoader worker
+        self.stuck_after = stuck_after  # fixed threshold in seconds; None: each rank's own rhythm
         self._stacks: dict[int, tuple] = {}
         self._class: dict[int, Classification] = {}
         self._seen: dict[int, RankProcess] = {}  # pid -> rank process, everything ever seen
@@ -137,15 +143,16 @@ class LocalSource:
             requests.append((proc.pid, native, self._stacks.get(proc.pid), bool(skip), counters))
         samples = sample_all(requests)
         now = time.time()
-        for pid, sample in samples.items():
-            if sample.threads is None:
-                continue
+        classified = {pid: classify(sample.threads) for pid, sample in samples.items() if sample.threads is not None}
+        take = lambda pids: sample_all([(pid, True, None, False, None) for pid in pids],  # noqa: E731
+                                       parallel=MAX_NATIVE_PER_POLL)
+        samples, classified = resolve_natively(samples, classified, self._native, self.tracker, now, take)
+        for pid, cls in classified.items():
+            sample = samples[pid]
             self._stacks[pid] = sample.threads
-            cls = classify(sample.threads)
             self._class[pid] = cls
-            main = next((t for t in sample.threads if t.is_main), None)
-            self.tracker.observe(pid, stack_signature(main), cls.phase, sample.before, sample.after, now,
-                                 dumped=not sample.reused)
+            self.tracker.observe(pid, stack_signature(main_thread(sample.threads)), cls.phase, sample.before,
+                                 sample.after, now, dumped=not sample.reused)
         return samples
 
     # -- building the snapshot -----------------------------------------------------------------
@@ -171,7 +178,11 @@ class LocalSource:
         ranks += self._missing(job, ranks)
         gpu_host, ranks = self._add_gpu(job, ranks, warnings, notes)
         self._restarts(ranks, notes)
-        verdict = judge(ranks, job)
+        for rank in ranks:  # where each rank goes while it makes progress: breaks ties between waiting ranks
+            if rank.state == "running" and rank.where and rank.rank is not None:
+                self._familiar[rank.rank] = self._familiar.get(rank.rank, frozenset()) | {rank.where}
+        ranks = [self._with_worker(rank) for rank in ranks]
+        verdict = judge(ranks, job, familiar=self._familiar, now=now)
         if self._pyspy_missing is not None:
             warnings.append(str(self._pyspy_missing))
         if verdict.kind in ("healthy", "unknown"):
@@ -203,7 +214,8 @@ class LocalSource:
             if isinstance(sample.error, (AccessDenied, ToolMissing)) and sample.error.remedy:
                 notes.append(f"  hint: {sample.error.remedy}")
         elif idle is not None and self.window > 0 and self.tracker.observed_for(proc.pid, now) >= self.window * 0.95:
-            state = "stuck" if idle >= self.window * 0.95 else "running"
+            threshold = self.stuck_after or self.tracker.threshold(proc.pid, self.window)
+            state = "stuck" if idle >= threshold * 0.95 else "running"
         cpu, rss = self._usage(proc.pid, now)
         return Rank(
             rank=proc.rank, pid=proc.pid, host=socket.gethostname(), local_rank=proc.local_rank,
@@ -216,7 +228,18 @@ class LocalSource:
             cpu_pct=cpu, rss_bytes=rss, threads=threads,
             children=proc.children, log_path=proc.log_path,
             detail=cls.detail if cls else None,
+            native=bool(threads) and any(f.native for t in threads[:1] for f in t.frames),
         )
+
+    def _with_worker(self, rank: Rank) -> Rank:
+        """A rank stuck waiting for its DataLoader: name the worker that holds it up (sampled once per stack)."""
+        if rank.state != "stuck" or rank.phase != "dataloader" or not rank.children or rank.pid is None:
+            return rank
+        key = (rank.pid, stack_signature(main_thread(rank.threads)))
+        if key not in self._workers:
+            self._workers[key] = busy_worker(rank.children)
+        found = self._workers[key]
+        return replace(rank, detail=found) if found else rank
 
     def _usage(self, pid: int, now: float) -> tuple[float | None, int | None]:
         try:
@@ -350,6 +373,18 @@ class _CrashThread:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def busy_worker(children: tuple[int, ...]) -> str | None:
+    """``DataLoader worker PID 812 is in dataset.py:40 __getitem__``: the first worker busy outside the
+    worker loop's queue wait (in user code, else in any library), from one bounded plain dump each."""
+    samples = sample_all([(pid, False, None, False, None) for pid in children[:8]], parallel=4)
+    for pid in sorted(samples):
+        main = main_thread(samples[pid].threads)
+        frame = next((f for f in main.frames if is_user(f)), None) or where_frame(main.frames) if main else None
+        if frame is not None and not is_stdlib(frame) and "torch/utils/data/" not in frame.file:
+            return f"DataLoader worker PID {pid} is in {frame.label()}"
+    return None
 
 
 def _unjudged(verdict: Verdict, ranks: list[Rank], pyspy_missing: ToolMissing | None) -> Verdict:

@@ -21,11 +21,24 @@ INIT_FUNCTIONS = frozenset({
 })
 # Native (C++) names that reveal a collective when Python frames cannot, e.g. DDP's reducer.
 NATIVE_COLLECTIVE = re.compile(r"c10d::|ProcessGroup(NCCL|Gloo)|gloo::|ncclKernel|nccl[A-Z]")
-# Layers that only pass a call through: `where` skips them to land on the caller's line.
-PLUMBING = (
-    "/torch/", "/accelerate/", "/deepspeed/comm/", "/deepspeed/utils/", "/torch_xla/", "/apex/",
-    "/megatron/core/parallel_state", "/functorch/", "/_pytest/",
+NATIVE_DDP = re.compile(r"c10d::Reducer::")
+# Native names of the host blocking on its GPU, most telling first: (pattern, op shown).
+NATIVE_GPU_WAIT: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(p), op) for p, op in (
+    (r"_local_scalar_dense_cuda", "item()"),
+    (r"cuMemcpyDtoH|cudaMemcpy(?!Async)|cuMemcpy(?!Async)", "copy to host"),
+    (r"cuEventSynchronize|cudaEventSynchronize", "event synchronize"),
+    (r"cuStreamSynchronize|cudaStreamSynchronize", "stream synchronize"),
+    (r"cuCtxSynchronize|cudaDeviceSynchronize|device_synchronize", "device synchronize"),
+))
+# Python frames of a host waiting on its GPU: (path part, function names).
+PYTHON_GPU_WAIT = (("torch/cuda/", frozenset({"synchronize"})), ("torch/accelerator/", frozenset({"synchronize"})))
+# Layers that only pass a call through: `where` skips them to land on the caller's line. Anchored on
+# the package directory, so a venv under /opt/torch/ does not make every frame plumbing.
+PLUMBING = re.compile(
+    r"(?:(?:site|dist)-packages/|^|/)(?:torch|accelerate|deepspeed/comm|deepspeed/utils|torch_xla|apex|"
+    r"megatron/core/parallel_state|functorch|_pytest)/(?!\.)"
 )
+_SOURCE_TORCH = re.compile(r"/torch/(?:distributed|nn|autograd|utils|cuda|optim|_tensor\.py|_dynamo|amp)")
 SITE_DIRS = ("/site-packages/", "/dist-packages/")
 STDLIB_RE = re.compile(r"/lib/python3\.\d+/(?!site-packages|dist-packages)|^<frozen |^<string>")
 LOCK_LINE = re.compile(r"\bwith\b.*\b(lock|mutex|cond|_lock|rlock)\b|\.acquire\(|\.wait\(", re.I)
@@ -41,12 +54,20 @@ class Classification:
     detail: str | None = None
 
 
+def bare_name(function: str) -> str:
+    """``Module._call_impl`` -> ``_call_impl`` (py-spy qualifies methods by class on Python 3.11+)."""
+    return function.rsplit(".", 1)[-1]
+
+
 def is_stdlib(frame: Frame) -> bool:
     return bool(STDLIB_RE.search(frame.file))
 
 
 def is_plumbing(frame: Frame) -> bool:
-    return any(part in frame.file for part in PLUMBING)
+    path = frame.file
+    if "-packages/" in path:
+        return bool(PLUMBING.search(path[path.index("-packages/") - 4:]))
+    return bool(_SOURCE_TORCH.search(path)) or bool(PLUMBING.match(path.lstrip("/")))
 
 
 def is_user(frame: Frame) -> bool:
@@ -63,9 +84,16 @@ def where_frame(frames: tuple[Frame, ...]) -> Frame | None:
     return python[0] if python else None
 
 
+def main_thread(threads: tuple[ThreadStack, ...] | list[ThreadStack] | None) -> ThreadStack | None:
+    """The main thread (py-spy's thread whose id is the PID), else the first listed."""
+    if not threads:
+        return None
+    return next((t for t in threads if t.is_main), threads[0])
+
+
 def classify(threads: list[ThreadStack] | tuple[ThreadStack, ...]) -> Classification:
     """Phase of the main thread, its op, the telling frame, and the user's frame."""
-    main = next((t for t in threads if t.is_main), threads[0] if threads else None)
+    main = main_thread(threads)
     if main is None or not main.frames:
         return Classification("unknown", None, None, None, "no Python stack (not a Python process, or exiting)")
     frames = main.frames
@@ -78,8 +106,12 @@ def classify(threads: list[ThreadStack] | tuple[ThreadStack, ...]) -> Classifica
 
 def _phase_of(main: ThreadStack) -> tuple[str, str | None]:
     python = [f for f in main.frames if not f.native]
+    if python and python[-1].function == "_shutdown" and python[-1].file.endswith("threading.py"):
+        return "exiting", "interpreter shutdown"  # the script has ended; non-daemon threads keep it alive
     for frame in python:  # innermost first: the deepest known call decides
-        path, func = frame.file, frame.function
+        path, func = frame.file, bare_name(frame.function)
+        if any(part in path and func in names for part, names in PYTHON_GPU_WAIT):
+            return "gpu_wait", _native_gpu_op(main.frames) or func
         if "torch/distributed/" in path and func in INIT_FUNCTIONS or "/rendezvous" in path:
             return "init", func
         if func in COLLECTIVE_OPS and ("torch/distributed/" in path or "deepspeed/comm/" in path):
@@ -88,9 +120,15 @@ def _phase_of(main: ThreadStack) -> tuple[str, str | None]:
             return "dataloader", "next batch"
         if path.endswith("torch/serialization.py") or "safetensors/" in path or "distributed/checkpoint/" in path:
             return "checkpoint", func
-    native = next((f for f in main.frames if f.native and NATIVE_COLLECTIVE.search(f.function)), None)
-    if native is not None:
-        return "collective", _native_op(native.function)
+    native = [f.function for f in main.frames if f.native]
+    if any(NATIVE_DDP.search(name) for name in native):
+        return "collective", "all_reduce (DDP gradients)"
+    collective = next((name for name in native if NATIVE_COLLECTIVE.search(name)), None)
+    if collective is not None:
+        return "collective", _native_op(collective)
+    gpu_op = _native_gpu_op(main.frames)
+    if gpu_op is not None:
+        return "gpu_wait", gpu_op
     for frame in python:  # known heavy lifting: the thread may wait on C++ workers, it is still compute
         op = _compute_op(frame)
         if op:
@@ -109,13 +147,22 @@ def _phase_of(main: ThreadStack) -> tuple[str, str | None]:
 
 
 def _compute_op(frame: Frame) -> str | None:
-    path = frame.file
-    if frame.function == "backward" and ("torch/autograd/" in path or path.endswith("torch/_tensor.py")):
+    path, func = frame.file, bare_name(frame.function)
+    if func == "backward" and ("torch/autograd/" in path or path.endswith("torch/_tensor.py")):
         return "backward"
     if "torch/optim/" in path:
         return "optimizer step"
-    if "torch/nn/modules/" in path and frame.function in ("_call_impl", "_wrapped_call_impl", "forward"):
+    if "torch/nn/modules/" in path and func in ("_call_impl", "_wrapped_call_impl", "forward"):
         return "forward"
+    return None
+
+
+def _native_gpu_op(frames: tuple[Frame, ...]) -> str | None:
+    """What the host waits on its GPU for, from native frames (None: no such frame)."""
+    names = [f.function for f in frames if f.native]
+    for pattern, op in NATIVE_GPU_WAIT:
+        if any(pattern.search(name) for name in names):
+            return op
     return None
 
 

@@ -8,17 +8,27 @@ progress. Signs of progress between two samples:
   our dumps (py-spy's own attach adds two, so only the gaps between dumps are counted; a single
   wake-up is what a signal such as faulthandler's does to a thread that stays blocked);
 * it burnt CPU while not in a waiting phase (a long compute line is still work; a thread
-  spinning inside a collective or a lock is not).
+  spinning inside a collective, a lock or a CUDA synchronize is not: the phase comes from a
+  native sample when the Python stack alone is ambiguous, see :mod:`trainwatch.probes.native`);
+* something outside the stacks saw it advance (its Flight Recorder's completed collectives).
+
+A rank is judged against its own rhythm: the threshold for "stuck" is the window, or twice the
+longest quiet stretch it recently went through before progressing, or three of its step periods,
+whichever is longest. A job with 30-second steps is not called hung after 3 s; one with 50 ms
+steps is flagged after the window.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from trainwatch.probes.procfs import ThreadCounters
 from trainwatch.probes.snapshot import WAITING_PHASES
 
 MIN_WAKEUPS = 2
+GAPS_KEPT = 16  # recent quiet stretches that set a rank's rhythm
+GAP_FACTOR = 2.0
+STEP_FACTOR = 3.0
 
 
 @dataclass
@@ -28,6 +38,7 @@ class _Track:
     progress_at: float  # last time progress was seen (or first seen)
     first_seen: float
     dumped_after: ThreadCounters | None = None  # counters right after the last real py-spy dump
+    gaps: list[float] = field(default_factory=list)  # recent quiet stretches that ended in progress
 
 
 class ProgressTracker:
@@ -43,7 +54,7 @@ class ProgressTracker:
             self._tracks[pid] = _Track(signature, after, now, now, dumped_after=after if dumped else None)
             return
         if self._progressed(track, signature, phase, before):
-            track.progress_at = now
+            self.mark_progress(pid, now)
         track.signature, track.after = signature, after
         if dumped:
             track.dumped_after = after
@@ -57,6 +68,33 @@ class ProgressTracker:
         if before.voluntary - track.after.voluntary >= MIN_WAKEUPS:
             return True
         return phase not in WAITING_PHASES and before.cpu_ticks > track.after.cpu_ticks
+
+    def mark_progress(self, pid: int, now: float) -> None:
+        """Record progress seen now (by the stacks, or by another source such as Flight Recorder)."""
+        track = self._tracks.get(pid)
+        if track is None or now <= track.progress_at:
+            return
+        track.gaps = (track.gaps + [now - track.progress_at])[-GAPS_KEPT:]
+        track.progress_at = now
+
+    def signature(self, pid: int) -> tuple | None:
+        """The Python stack signature last observed for ``pid``."""
+        track = self._tracks.get(pid)
+        return None if track is None else track.signature
+
+    def woke(self, pid: int, before: ThreadCounters | None) -> bool:
+        """Whether the main thread blocked and woke up repeatedly since the last observation."""
+        track = self._tracks.get(pid)
+        if track is None or track.after is None or before is None:
+            return False
+        return before.voluntary - track.after.voluntary >= MIN_WAKEUPS
+
+    def threshold(self, pid: int, window: float, step_period: float | None = None) -> float:
+        """Seconds without progress after which this rank counts as stuck (see the module doc)."""
+        track = self._tracks.get(pid)
+        rhythm = GAP_FACTOR * max(track.gaps) if track is not None and track.gaps else 0.0
+        steps = STEP_FACTOR * step_period if step_period else 0.0
+        return max(window, rhythm, steps)
 
     def rebaseline(self, pid: int, counters: ThreadCounters | None) -> None:
         """Forget counter changes someone else caused (an evidence dump's py-spy attaches)."""

@@ -46,10 +46,11 @@ def sample_one(pid: int, native: bool, previous: tuple[ThreadStack, ...] | None,
 Request = tuple[int, bool, "tuple[ThreadStack, ...] | None", bool, "procfs.ThreadCounters | None"]
 
 
-def sample_all(requests: list[Request], timeout: float = DEFAULT_TIMEOUT) -> dict[int, StackSample]:
+def sample_all(requests: list[Request], timeout: float = DEFAULT_TIMEOUT,
+               parallel: int = MAX_PARALLEL) -> dict[int, StackSample]:
     """requests: (pid, native, previous stacks, skip the py-spy call, counters just read) per rank."""
     if not requests:
         return {}
-    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(requests)), thread_name_prefix="tw-spy") as pool:
+    with ThreadPoolExecutor(max_workers=min(parallel, len(requests)), thread_name_prefix="tw-spy") as pool:
         futures = {req[0]: pool.submit(sample_one, *req, timeout=timeout) for req in requests}
         return {pid: future.result() for pid, future in futures.items()}

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections import Counter
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from trainwatch.probes.process import JobProcesses
 from trainwatch.probes.snapshot import CollectiveState, Job, Rank, Verdict, compact_ranks
@@ -20,12 +19,63 @@ def verb(ranks: Sequence, singular: str, plural: str) -> str:
     return singular if len(ranks) == 1 else plural
 
 
+# Phases in which a rank waits for its peers: in a collective, or (NCCL) blocked on its GPU behind one.
+PEER_WAITS = frozenset({"collective", "gpu_wait"})
+
+
 def place(rank: Rank) -> str:
     """Where a rank sits, in words: ``all_reduce at train.py:44 sync_gradients``."""
     what = rank.op if rank.phase == "collective" and rank.op else rank.phase
     if rank.phase == "dataloader":
         what = "the DataLoader"
+    elif rank.phase == "gpu_wait":
+        what = f"a GPU wait ({rank.op})" if rank.op else "a GPU wait"
     return f"{what} at {rank.where}" if rank.where else what
+
+
+def behind(rank: Rank, collectives: CollectiveState | None, now: float | None = None) -> str | None:
+    """``behind all_reduce #544 (pending 27 s)`` for a rank with a collective enqueued and not completed."""
+    if collectives is None or rank.rank is None:
+        return None
+    rows = [c for c in collectives.ranks if c.rank == rank.rank and c.pending_seq is not None]
+    if not rows:
+        return None
+    row = min(rows, key=lambda c: c.pending_since or float("inf"))
+    text = f"behind {row.pending_op or 'a collective'} #{row.pending_seq}"
+    if row.pending_since is not None and now is not None and now >= row.pending_since:
+        text += f" (pending {now - row.pending_since:.0f} s)"
+    return text
+
+
+def waits(ranks: Sequence[Rank], collectives: CollectiveState | None = None, now: float | None = None) -> str:
+    """What waiting ranks do, in words: ``waits on its GPU (item()) at train.py:100 behind all_reduce #5``."""
+    lead = ranks[0]
+    if lead.phase == "gpu_wait":
+        own = "its" if len(ranks) == 1 else "their"
+        text = f"{verb(ranks, 'waits', 'wait')} on {own} GPU" + (f" ({lead.op})" if lead.op else "")
+        text += f" at {lead.where}" if lead.where else ""
+    else:
+        text = f"{verb(ranks, 'waits', 'wait')} in {place(lead)}"
+    extra = behind(lead, collectives, now)
+    return f"{text} {extra}" if extra else text
+
+
+def by_place(ranks: Sequence[Rank]) -> list[list[Rank]]:
+    """Ranks grouped by where they are (phase, op, where), biggest group first, then lowest rank."""
+    groups: dict[tuple, list[Rank]] = {}
+    for rank in ranks:
+        groups.setdefault((rank.state == "missing", rank.phase, rank.op, rank.where), []).append(rank)
+    return sorted(groups.values(), key=lambda g: (-len(g), min(_numbers(g), default=0)))
+
+
+def each_at(ranks: Sequence[Rank]) -> str:
+    """Each group of ranks by its own place: ``rank 2 is in sleep at cb.py:9; rank 3 is missing``."""
+    parts = []
+    for group in by_place(ranks):
+        lead = group[0]
+        where = "missing" if lead.state == "missing" else f"in {place(lead)}"
+        parts.append(f"{who(_numbers(group))} {verb(group, 'is', 'are')} {where}")
+    return "; ".join(parts)
 
 
 def _numbers(ranks: Sequence[Rank]) -> list[int]:
@@ -37,10 +87,16 @@ def abnormal(rank: Rank) -> bool:
 
 
 def judge(ranks: Sequence[Rank], job: Job | JobProcesses | None = None,
-          collectives: CollectiveState | None = None) -> Verdict:
-    """The verdict and its culprits; pure, so merged multi-node rank lists judge the same way."""
+          collectives: CollectiveState | None = None, familiar: Mapping[int, frozenset[str]] | None = None,
+          now: float | None = None) -> Verdict:
+    """The verdict and its culprits; pure, so merged multi-node rank lists judge the same way.
+
+    ``familiar``: per rank, the places (``where``) it was seen at while making progress; it breaks
+    ties between ranks that wait in different places (a place nobody else ever visited is the odd one).
+    ``now``: the time the ranks were observed, for the age of pending collectives.
+    """
     return (_crashed(ranks) or _rendezvous(ranks, job) or _from_collectives(ranks, collectives)
-            or _from_stacks(ranks))
+            or _from_stacks(ranks, collectives, familiar or {}, now))
 
 
 def _crashed(ranks: Sequence[Rank]) -> Verdict | None:
@@ -97,7 +153,8 @@ def _from_collectives(ranks: Sequence[Rank], state: CollectiveState | None) -> V
     return Verdict("mismatch", tuple(state.culprits), f"{state.divergence} (Flight Recorder, {state.source})")
 
 
-def _from_stacks(ranks: Sequence[Rank]) -> Verdict:
+def _from_stacks(ranks: Sequence[Rank], collectives: CollectiveState | None,
+                 familiar: Mapping[int, frozenset[str]], now: float | None) -> Verdict:
     live = [r for r in ranks if r.state in ("running", "stuck")]
     missing = [r for r in ranks if r.state == "missing"]
     stuck = [r for r in live if r.state == "stuck"]
@@ -106,19 +163,21 @@ def _from_stacks(ranks: Sequence[Rank]) -> Verdict:
     if not stuck:
         text = f"{len(live)} rank{'s' if len(live) != 1 else ''} making progress"
         return Verdict("healthy", (), text + (f"; {who(_numbers(missing))} missing" if missing else ""))
-    waiting = [r for r in stuck if r.phase == "collective"]
-    elsewhere = [r for r in live if r.phase != "collective"]
+    waiting = [r for r in stuck if r.phase in PEER_WAITS]
+    # A rank still moving between collectives is not the one holding the others up; any other
+    # rank (stuck elsewhere, or running on, on the GPU too) is.
+    elsewhere = [r for r in live if r not in waiting and r.phase != "collective"]
     if waiting and (elsewhere or missing):
-        culprits = elsewhere or missing
-        lead = culprits[0]
-        text = (f"{who(_numbers(culprits))} {verb(culprits, 'is', 'are')} "
-                f"{'missing' if lead.state == 'missing' else 'in ' + place(lead)}"
-                f" while {who(_numbers(waiting))} {verb(waiting, 'waits', 'wait')} in {place(waiting[0])}")
+        culprits = elsewhere + missing
+        text = (f"{each_at(culprits)} while {who(_numbers(waiting))} "
+                f"{waits(by_place(waiting)[0], collectives, now)}")
         return Verdict("straggler", tuple(_numbers(culprits)), text)
     if waiting and len(waiting) == len(live):
-        return _mismatch_or_hang(waiting)
-    culprits = [r for r in stuck if r.phase != "collective"]
+        return _mismatch_or_hang(waiting, collectives, familiar, now)
+    culprits = [r for r in stuck if r.phase not in PEER_WAITS]
     text = f"{who(_numbers(culprits))} {verb(culprits, 'is', 'are')} stuck in {place(culprits[0])}"
+    if len(by_place(culprits)) > 1:
+        text = each_at(culprits).replace(" is in ", " is stuck in ").replace(" are in ", " are stuck in ")
     if len(culprits) == len(live):
         return Verdict("hang", tuple(_numbers(culprits)), text)
     others = [r for r in live if r not in culprits]
@@ -126,20 +185,36 @@ def _from_stacks(ranks: Sequence[Rank]) -> Verdict:
     return Verdict("straggler", tuple(_numbers(culprits)), text)
 
 
-def _mismatch_or_hang(waiting: list[Rank]) -> Verdict:
-    by_place = Counter((r.op, r.where) for r in waiting)
-    if len(by_place) == 1:
+def _mismatch_or_hang(waiting: list[Rank], collectives: CollectiveState | None,
+                      familiar: Mapping[int, frozenset[str]], now: float | None) -> Verdict:
+    groups = by_place(waiting)
+    if len(groups) == 1:
         secs = min((r.stuck_for_s or 0.0) for r in waiting)
-        return Verdict("hang", (), f"all {len(waiting)} ranks stuck in {place(waiting[0])} for {secs:.0f}s+: "
-                       "no local culprit (a peer on another node, or the network)")
-    # The majority place is where healthy ranks went; ties go to the place that holds the lowest rank.
-    def lowest_rank(place_key: tuple) -> int:
-        return min(_numbers([r for r in waiting if (r.op, r.where) == place_key]))
+        subject = who(_numbers(waiting)) if len(waiting) == 1 else f"all {len(waiting)} ranks"
+        text = f"{subject} {waits(waiting, collectives, now)} for {secs:.0f}s+"
+        if waiting[0].phase == "gpu_wait" and behind(waiting[0], collectives, now) is None:
+            text += " (no collective state: a GPU step longer than that would look the same)"
+        return Verdict("hang", (), text + ": no local culprit (a peer on another node, or the network)")
+    odd = _odd_group(groups, familiar)
+    if odd is None:  # no majority and nothing else to go by: say so, blame nobody
+        return Verdict("mismatch", (), f"ranks disagree, and nothing tells which side is wrong: {each_at(waiting)}")
+    rest = [r for r in waiting if r not in odd]
+    text = f"{each_at(odd)} while {who(_numbers(rest))} {waits(by_place(rest)[0], collectives, now)}"
+    return Verdict("mismatch", tuple(_numbers(odd)), text)
 
-    majority_key = min(by_place, key=lambda key: (-by_place[key], lowest_rank(key)))
-    majority = [r for r in waiting if (r.op, r.where) == majority_key]
-    minority = [r for r in waiting if (r.op, r.where) != majority_key]
-    lead = minority[0]
-    text = (f"{who(_numbers(minority))} {verb(minority, 'is', 'are')} in {place(lead)} while "
-            f"{who(_numbers(majority))} {verb(majority, 'is', 'are')} in {place(majority[0])}")
-    return Verdict("mismatch", tuple(_numbers(minority)), text)
+
+def _odd_group(groups: list[list[Rank]], familiar: Mapping[int, frozenset[str]]) -> list[Rank] | None:
+    """The ranks out of step: everyone outside the one biggest group; on a tie for biggest, the one
+    group whose place no rank of another group ever visited while making progress; else None."""
+    if len(groups[0]) > len(groups[1]):
+        return [r for group in groups[1:] for r in group]
+    strange = []
+    for group in groups:
+        spot = group[0].where
+        others = [r.rank for g in groups if g is not group for r in g if r.rank is not None]
+        if spot and others and not any(spot in familiar.get(n, frozenset()) for n in others):
+            strange.append(group)
+    visited = [g for g in groups if g not in strange]
+    if len(strange) == 1 and visited:
+        return strange[0]
+    return None

@@ -89,7 +89,7 @@ def test_verdicts():
     mismatch = [rank(i, "stuck", "collective", **ar) for i in range(7)] + [rank(7, "stuck", "collective", op="all_gather", where="train.py:88 m")]
     v = judge(mismatch, job)
     assert (v.kind, v.culprits) == ("mismatch", (7,))
-    assert "rank 7 is in all_gather at train.py:88 m while ranks 0-6 are in all_reduce" in v.summary
+    assert "rank 7 is in all_gather at train.py:88 m while ranks 0-6 wait in all_reduce" in v.summary
     hang = [rank(i, "stuck", "collective", stuck_for_s=30.0, **ar) for i in range(4)]
     v = judge(hang, job)
     assert (v.kind, v.culprits) == ("hang", ()) and "no local culprit" in v.summary
@@ -127,6 +127,13 @@ def test_backward_and_forward_are_compute_even_when_the_thread_waits():
 def test_summaries_agree_in_number():
     job = Job("torchrun", 1, "h")
     two = [rank(0, "stuck", "collective", op="all_reduce", where="a"), rank(1, "stuck", "collective", op="all_gather", where="b")]
-    assert judge(two, job).summary == "rank 1 is in all_gather at b while rank 0 is in all_reduce at a"
+    tie = judge(two, job)
+    assert (tie.kind, tie.culprits) == ("mismatch", ())  # one against one: no coin toss
+    assert tie.summary == ("ranks disagree, and nothing tells which side is wrong: "
+                           "rank 0 is in all_reduce at a; rank 1 is in all_gather at b")
+    # A place no other rank ever visited while healthy breaks the tie: both went through 'a' every step.
+    known = judge(two, job, familiar={0: frozenset({"a"}), 1: frozenset({"a"})})
+    assert (known.kind, known.culprits) == ("mismatch", (1,))
+    assert known.summary == "rank 1 is in all_gather at b while rank 0 waits in all_reduce at a"
     lone = [rank(0, "stuck", "collective", op="all_reduce", where="a"), rank(1, "stuck", "sleep", where="c")]
     assert judge(lone, job).summary == "rank 1 is in sleep at c while rank 0 waits in all_reduce at a"

@@ -1,0 +1,108 @@
+"""Real GPU recordings (one H100, NCCL 2.28, torch 2.11; see ../shared/recordings/h100/README.md)
+replayed through the same steps the live view takes: classify each plain sample, decide ambiguous
+ranks from a native sample, judge progress from the main thread's counters, then the verdict.
+
+Measured during the recorded hangs: main thread voluntary context switches +0 and CPU at 100%
+(``fixtures/h100/pyspy/*-counters.txt`` and the README). The healthy ``gpubound`` ranks do a gloo
+all_reduce every step (about 1 step/s), so their main threads block and wake each second: that is
+what tells them from a hang, since their Python stack is the same in every sample.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trainwatch.probes.native import NativeCache, resolve_natively
+from trainwatch.probes.phases import classify, main_thread, stack_signature
+from trainwatch.probes.procfs import ThreadCounters
+from trainwatch.probes.progress import ProgressTracker
+from trainwatch.probes.pyspy import parse_dump
+from trainwatch.probes.sampler import StackSample
+from trainwatch.probes.snapshot import Job, Rank
+from trainwatch.probes.verdict import judge
+
+PYSPY = Path(__file__).parent / "fixtures" / "h100" / "pyspy"
+WINDOW = 3.0
+SPACING = WINDOW / 2  # three samples over the window, as `snapshot` takes them
+
+
+def load(name: str, pid: int) -> tuple:
+    return tuple(parse_dump(json.loads((PYSPY / f"{name}.json").read_text()), pid))
+
+
+def replay(prefix: str, pid: int, wakeups_per_sample: int, native: bool = True) -> Rank:
+    """One rank through three plain samples (+ the recorded native one when asked for)."""
+    tracker, cache = ProgressTracker(), NativeCache()
+    native_threads = load(f"{prefix}-native", pid)
+    now = 1000.0
+    for i in (1, 2, 3):
+        now += SPACING
+        counters = ThreadCounters(cpu_ticks=150 * i, voluntary=40 + wakeups_per_sample * i, involuntary=3)
+        sample = StackSample(pid, load(f"{prefix}-{i}", pid), counters, counters)
+
+        def take(pids: list[int]) -> dict[int, StackSample]:
+            return {p: StackSample(p, native_threads if native else None, counters, counters) for p in pids}
+
+        samples, classes = resolve_natively({pid: sample}, {pid: classify(sample.threads)}, cache, tracker, now, take)
+        tracker.observe(pid, stack_signature(main_thread(samples[pid].threads)), classes[pid].phase,
+                        samples[pid].before, samples[pid].after, now)
+    cls = classes[pid]
+    idle = tracker.idle_for(pid, now)
+    stuck = idle >= tracker.threshold(pid, WINDOW) * 0.95 and tracker.observed_for(pid, now) >= WINDOW * 0.95
+    return Rank(rank=0, pid=pid, state="stuck" if stuck else "running", phase=cls.phase, op=cls.op,
+                where=cls.where, user_frame=cls.user_frame, stuck_for_s=round(idle, 1) if stuck else None,
+                threads=samples[pid].threads)
+
+
+HANGS = [  # (recording, pid, op shown, where)
+    ("nccl_item-pid557", 557, "item()", "gpujob.py:100 main"),
+    ("nccl_sync-pid564", 564, "synchronize", "gpujob.py:97 main"),
+    ("nccl_wait-pid554", 554, "synchronize", "gpujob.py:95 main"),
+    ("nccl_ddp", 485, "item()", "ddpjob.py:27 main"),
+    ("nccl_trainer", 484, "item()", "masking_utils.py:755 find_packed_sequence_indices"),
+]
+
+
+@pytest.mark.parametrize("prefix,pid,op,where", HANGS, ids=[h[0] for h in HANGS])
+def test_nccl_hangs_judged_hang_with_rank_in_gpu_wait(prefix, pid, op, where):
+    rank = replay(prefix, pid, wakeups_per_sample=0)
+    assert (rank.state, rank.phase, rank.op, rank.where) == ("stuck", "gpu_wait", op, where)
+    verdict = judge([rank], Job("torchrun", 1, "h"))
+    assert verdict.kind == "hang"
+    assert verdict.summary.startswith(f"rank 0 waits on its GPU ({op}) at {where} for")
+
+
+def test_trainer_hang_keeps_the_users_own_frame():
+    rank = replay("nccl_trainer", 484, wakeups_per_sample=0)
+    assert rank.user_frame == "ddpjob.py:42 main"  # the user's trainer.train() call, under transformers
+
+
+@pytest.mark.parametrize("prefix,pid", [("nccl_item-pid557", 557), ("nccl_ddp", 485), ("nccl_trainer", 484)])
+def test_without_native_frames_the_spin_looks_like_work(prefix, pid):
+    # What trainwatch 0.1.0 said: without the native sample the 100% CPU counts as compute.
+    rank = replay(prefix, pid, wakeups_per_sample=0, native=False)
+    assert (rank.state, rank.phase) == ("running", "compute")
+
+
+def test_nccl_barrier_stays_a_collective_hang_without_native_sample():
+    rank = replay("nccl_barrier-pid555", 555, wakeups_per_sample=0)
+    assert (rank.state, rank.phase, rank.op, rank.native) == ("stuck", "collective", "barrier", False)
+    assert not any(f.native for t in rank.threads for f in t.frames)  # clear from Python: no native sample
+    assert judge([rank], Job("torchrun", 1, "h")).kind == "hang"
+
+
+def test_gpubound_job_stays_healthy():
+    ranks = [replay(f"gpubound-pid{pid}", pid, wakeups_per_sample=4) for pid in (558, 559)]
+    ranks = [Rank(**{**r.__dict__, "rank": i}) for i, r in enumerate(ranks)]
+    assert [r.phase for r in ranks] == ["gpu_wait", "gpu_wait"]  # a sync point, seen each time...
+    assert [r.state for r in ranks] == ["running", "running"]  # ...but it blocks and wakes every step
+    assert judge(ranks, Job("torchrun", 1, "h")).kind == "healthy"
+
+
+def test_counters_in_the_recordings_are_a_spin():
+    for name in ("nccl_ddp", "nccl_trainer"):
+        text = (PYSPY / f"{name}-counters.txt").read_text()
+        assert "voluntary +0" in text and "cpu ticks +20" in text
