@@ -34,12 +34,13 @@ class LocalSource:
     """Samples the job found from ``pid``. Not thread-safe: one poll at a time (the app ensures it)."""
 
     def __init__(self, pid: int, window: float = 3.0, samples: int = 3, gpu: bool = True,
-                 catch_crashes: bool = False, stuck_after: float | None = None) -> None:
+                 catch_crashes: bool = False, stuck_after: float | None = None, auto_native: bool = True) -> None:
         self.job = find_job(pid)
         self.window = max(0.0, window)
         self.samples = max(1, samples) if self.window > 0 else 1
         self.tracker = ProgressTracker()
         self._native = NativeCache()
+        self.auto_native = auto_native  # off: judge from Python stacks alone (for comparison)
         self._familiar: dict[int, frozenset[str]] = {}
         self._workers: dict[tuple[int, tuple], str | None] = {}  # (pid, stack) -> stuck DataLoader worker
         self.stuck_after = stuck_after  # fixed threshold in seconds; None: each rank's own rhythm
@@ -146,7 +147,8 @@ class LocalSource:
         classified = {pid: classify(sample.threads) for pid, sample in samples.items() if sample.threads is not None}
         take = lambda pids: sample_all([(pid, True, None, False, None) for pid in pids],  # noqa: E731
                                        parallel=MAX_NATIVE_PER_POLL)
-        samples, classified = resolve_natively(samples, classified, self._native, self.tracker, now, take)
+        if self.auto_native:
+            samples, classified = resolve_natively(samples, classified, self._native, self.tracker, now, take)
         for pid, cls in classified.items():
             sample = samples[pid]
             self._stacks[pid] = sample.threads

@@ -31,6 +31,18 @@ def test_replay(path):
         for got, want in zip(reading.host.gpus, host["gpus"]):
             for key in STABLE:
                 assert getattr(got, key) == want[key], key
+            # Per-process GPU memory: the real probe's figures matched nvidia-smi on the recording machine.
+            assert sorted((p.pid, p.mem_used_bytes) for p in got.processes) == \
+                sorted((p["pid"], p["mem_used_bytes"]) for p in want["processes"])
+
+
+def test_real_h100_recording_reads_as_recorded():
+    path = Path(__file__).parent / "fixtures" / "nvml" / "h100-80gb-driver580.json"
+    reading = GpuProbe(FakeNvml.from_json(path), kmsg_path="/dev/null", in_initial_pid_ns=True).read([], "torchrun")
+    (gpu,) = reading.host.gpus
+    assert (gpu.name, gpu.compute_capability, gpu.mem_total_bytes) == ("NVIDIA H100 80GB HBM3", "9.0", 85520809984)
+    assert gpu.util_pct == 100.0 and gpu.sm_clock_mhz == 1980 and not gpu.lost
+    assert len(gpu.processes) == 7 and all(p.rank is None for p in gpu.processes)  # none of them is our job
 
 
 def test_synthetic_example_replays_unsupported_fields():

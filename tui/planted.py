@@ -110,7 +110,7 @@ def take_lock_in_thread(lock: threading.Lock) -> None:
     time.sleep(0.2)
 
 
-def train(scenario: str, step_s: float, stop_at: float) -> None:
+def train(scenario: str, step_s: float, stop_at: float, ddp: bool = False) -> None:
     import warnings
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # CPU torch without numpy
     import torch
@@ -125,6 +125,9 @@ def train(scenario: str, step_s: float, stop_at: float) -> None:
     culprit = world - 1
     torch.manual_seed(rank)
     model = torch.nn.Linear(16, 16)
+    if ddp:  # as real jobs do: DDP's reducer all-reduces the gradients inside backward()
+        from torch.nn.parallel import DistributedDataParallel
+        model = DistributedDataParallel(model)
     lock = threading.Lock()
     print(f"rank {rank}/{world} pid {os.getpid()} scenario {scenario}", flush=True)
     step = 0
@@ -148,7 +151,8 @@ def train(scenario: str, step_s: float, stop_at: float) -> None:
             raise RuntimeError("CUDA error: device-side assert triggered")
         if scenario == "mismatch" and rank == culprit and step == 3:
             sync_metrics(loss, dist)  # only this rank takes this code path
-        sync_gradients(model, dist)
+        if not ddp:
+            sync_gradients(model, dist)
         if step % 20 == 0 and rank == 0:
             print(f"step {step} loss {loss.item():.4f}", flush=True)
     dist.barrier()
@@ -160,10 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenario", choices=SCENARIOS, default="healthy")
     parser.add_argument("--deadline", type=float, default=120.0, help="exit after this many seconds")
     parser.add_argument("--step-s", type=float, default=0.05, help="extra seconds of work per step")
+    parser.add_argument("--ddp", action="store_true", help="wrap the model in DistributedDataParallel")
     args = parser.parse_args(argv)
     stop_at = time.time() + args.deadline
     _arm_deadline(args.deadline)
-    train(args.scenario, args.step_s, stop_at)
+    train(args.scenario, args.step_s, stop_at, ddp=args.ddp)
     return 0
 
 
