@@ -17,7 +17,7 @@ from trainwatch.probes.discover import describe_job, expected_local_ranks, find_
 from trainwatch.probes.errors import AccessDenied, ToolMissing
 from trainwatch.probes.groups import group_ranks
 from trainwatch.probes.kernlog import kernel_fault
-from trainwatch.probes.native import MAX_PER_POLL as MAX_NATIVE_PER_POLL, NativeCache, resolve_natively
+from trainwatch.probes.native import PARALLEL as NATIVE_PARALLEL, NativeCache, resolve_natively
 from trainwatch.probes.phases import (Classification, classify, is_stdlib, is_user, main_thread, stack_signature,
                                       where_frame)
 from trainwatch.probes.process import JobProcesses, RankProcess
@@ -90,7 +90,7 @@ class LocalSource:
             for i in range(rounds):
                 if i:
                     time.sleep(pause)
-                samples = self._sample(job, native_for)
+                samples = self._sample(job, native_for, resolve=i == rounds - 1)
             self._polls += 1
             self._take_crash_records()
             return self._build(job, samples, notes)
@@ -127,7 +127,9 @@ class LocalSource:
                            run_dir=job.run_dir or old.run_dir)
         return self.job
 
-    def _sample(self, job: JobProcesses, native_for: frozenset[int]) -> dict[int, StackSample]:
+    def _sample(self, job: JobProcesses, native_for: frozenset[int], resolve: bool = True) -> dict[int, StackSample]:
+        """One sampling round. ``resolve``: take native samples where needed (the last round of a poll
+        only, so they cost one pass of native dumps, not one per round)."""
         try:
             find_pyspy()
             self._pyspy_missing = None
@@ -146,8 +148,8 @@ class LocalSource:
         now = time.time()
         classified = {pid: classify(sample.threads) for pid, sample in samples.items() if sample.threads is not None}
         take = lambda pids: sample_all([(pid, True, None, False, None) for pid in pids],  # noqa: E731
-                                       parallel=MAX_NATIVE_PER_POLL)
-        if self.auto_native:
+                                       parallel=NATIVE_PARALLEL)
+        if self.auto_native and resolve:
             samples, classified = resolve_natively(samples, classified, self._native, self.tracker, now, take)
         for pid, cls in classified.items():
             sample = samples[pid]

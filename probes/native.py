@@ -13,7 +13,8 @@ decides the judgement:
 * no native sample exists yet for this exact Python stack. A cached result that said "compute"
   is retaken after ``RECHECK_COMPUTE_S`` (the line may have moved on to a sync point since).
 
-At most ``MAX_PER_POLL`` ranks get one per poll, so a stuck 8-rank job is covered in a poll or two.
+At most ``MAX_PER_POLL`` ranks get one per poll (a whole 8-GPU node in one poll), ``PARALLEL`` at a
+time, so py-spy's memory stays bounded.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from trainwatch.probes.snapshot import ThreadStack
 
 AMBIGUOUS_PHASES = frozenset({"compute", "unknown"})
 RECHECK_COMPUTE_S = 15.0
-MAX_PER_POLL = 4
+MAX_PER_POLL = 8
+PARALLEL = 4
 
 
 @dataclass(frozen=True)
