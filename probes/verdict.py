@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Sequence
 
+from trainwatch.probes.flightrec import age_text
 from trainwatch.probes.process import JobProcesses
 from trainwatch.probes.snapshot import CollectiveState, Job, Rank, Verdict, compact_ranks
 
@@ -92,9 +93,56 @@ def _rendezvous(ranks: Sequence[Rank], job: Job | JobProcesses | None) -> Verdic
 
 
 def _from_collectives(ranks: Sequence[Rank], state: CollectiveState | None) -> Verdict | None:
+    """Flight Recorder order beats stacks: the first sequence number where the ranks disagree.
+
+    Different collectives under one sequence number are a ``mismatch``. Ranks that never
+    reached a collective the others enqueued are elsewhere: a ``straggler``, and only while
+    some rank is stuck (in a running job ranks are a step apart all the time); when the stacks
+    blame the same ranks, their wording (where the culprits are) is kept.
+    """
     if state is None or not state.divergence:
         return None
-    return Verdict("mismatch", tuple(state.culprits), f"{state.divergence} (Flight Recorder, {state.source})")
+    text = f"{state.divergence} (Flight Recorder, {state.source})"
+    if not _trailing(state):
+        return Verdict("mismatch", tuple(state.culprits), text)
+    if not any(r.state == "stuck" for r in ranks):
+        return None
+    stacks = _from_stacks(ranks)
+    if stacks.kind == "straggler" and set(stacks.culprits) == set(state.culprits):
+        return stacks
+    return Verdict("straggler", tuple(state.culprits), text)
+
+
+def _trailing(state: CollectiveState) -> bool:
+    """True when every culprit's last enqueued collective trails another rank's in some group."""
+    culprits = set(state.culprits)
+
+    def trails(rank: int) -> bool:
+        for row in state.ranks:
+            if row.rank == rank:
+                ahead = [o.last_enqueued or 0 for o in state.ranks if o.pg == row.pg and o.rank not in culprits]
+                if ahead and (row.last_enqueued or 0) < max(ahead):
+                    return True
+        return False
+
+    return bool(culprits) and all(trails(r) for r in culprits)
+
+
+def behind(rank: int, collectives: CollectiveState | None, now: float) -> str | None:
+    """What a rank waits behind, from the Flight Recorder: ``behind all_reduce #544 (pending 27 s)``;
+    None when it has no pending collective. With several groups pending, the oldest is named."""
+    if collectives is None:
+        return None
+    rows = [r for r in collectives.ranks if r.rank == rank and r.pending_seq is not None]
+    if not rows:
+        return None
+    row = min(rows, key=lambda r: (r.pending_since is None, r.pending_since or 0.0, r.pg))
+    text = f"behind {row.pending_op or 'collective'} #{row.pending_seq}"
+    if len({r.pg for r in collectives.ranks}) > 1:
+        text += f" in process group {row.pg}"
+    if row.pending_since is not None and now >= row.pending_since:
+        text += f" (pending {age_text(now - row.pending_since)})"
+    return text
 
 
 def _from_stacks(ranks: Sequence[Rank]) -> Verdict:
@@ -132,14 +180,22 @@ def _mismatch_or_hang(waiting: list[Rank]) -> Verdict:
         secs = min((r.stuck_for_s or 0.0) for r in waiting)
         return Verdict("hang", (), f"all {len(waiting)} ranks stuck in {place(waiting[0])} for {secs:.0f}s+: "
                        "no local culprit (a peer on another node, or the network)")
-    # The majority place is where healthy ranks went; ties go to the place that holds the lowest rank.
-    def lowest_rank(place_key: tuple) -> int:
-        return min(_numbers([r for r in waiting if (r.op, r.where) == place_key]))
-
-    majority_key = min(by_place, key=lambda key: (-by_place[key], lowest_rank(key)))
-    majority = [r for r in waiting if (r.op, r.where) == majority_key]
-    minority = [r for r in waiting if (r.op, r.where) != majority_key]
+    # The majority place is where healthy ranks went. With no single biggest place there is no
+    # reason to blame either side: say that the ranks disagree, and where each one is.
+    places = sorted(by_place, key=lambda key: (-by_place[key], _lowest(waiting, key)))
+    if len(places) > 1 and by_place[places[0]] == by_place[places[1]]:
+        sides = [[r for r in waiting if (r.op, r.where) == key] for key in places]
+        text = "ranks disagree: " + "; ".join(
+            f"{who(_numbers(side))} {verb(side, 'is', 'are')} in {place(side[0])}" for side in sides)
+        return Verdict("mismatch", (), text)
+    majority = [r for r in waiting if (r.op, r.where) == places[0]]
+    minority = [r for r in waiting if (r.op, r.where) != places[0]]
     lead = minority[0]
     text = (f"{who(_numbers(minority))} {verb(minority, 'is', 'are')} in {place(lead)} while "
             f"{who(_numbers(majority))} {verb(majority, 'is', 'are')} in {place(majority[0])}")
     return Verdict("mismatch", tuple(_numbers(minority)), text)
+
+
+def _lowest(waiting: list[Rank], key: tuple) -> int:
+    """The lowest rank at a place: only to list places in a stable order, never to blame one."""
+    return min(_numbers([r for r in waiting if (r.op, r.where) == key]) or [0])
