@@ -163,3 +163,35 @@ def test_fr_trace_without_a_recorder_is_an_error_not_a_crash(setup, error):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     reply = json.loads(out.stdout)
     assert not reply["ok"] and error in reply["error"], reply
+
+
+@pytest.mark.job
+def test_live_source_judges_an_armed_mismatch_by_its_flight_recorder(planted, tmp_path):
+    """`trainwatch run` arms the job; the live source's poll carries the hooks' Flight Recorder
+    and its verdict names the first sequence number where the two ranks disagree."""
+    from trainwatch.probes.live import LocalSource
+
+    prefix = [sys.executable, "-m", "trainwatch.tui.cli", "run", "--out", str(tmp_path / "run"), "--"]
+    job = planted("mismatch", nproc=2, deadline=60, prefix=prefix)
+    source = LocalSource(job.pid, window=0.5, samples=2, gpu=False)
+    try:
+        deadline = time.monotonic() + 30
+        snap = source.poll()
+        while time.monotonic() < deadline and (snap.collectives is None or not snap.collectives.divergence):
+            time.sleep(0.5)  # the planted fault comes at step 3, and the feed fetches in the background
+            snap = source.poll()
+        state = snap.collectives
+        assert state is not None and state.source == "hook", snap.notes
+        assert state.divergence.startswith("ranks disagree at #"), state.divergence
+        assert "rank 0 enqueued all_reduce" in state.divergence and "rank 1 enqueued all_gather" in state.divergence
+        assert {(r.rank, r.pending_op) for r in state.ranks} == {(0, "all_reduce"), (1, "all_gather")}
+        assert snap.verdict.kind == "mismatch" and snap.verdict.culprits == ()  # one against one: no coin toss
+        assert snap.verdict.summary == f"{state.divergence} (Flight Recorder, hook)"
+        for _ in range(2):  # two more fetches, both during the hang (each poll starts one, a second apart)
+            time.sleep(1.1)
+            source.poll()
+            source._feed.wait(10)
+        assert source._feed.progressed(0) is False  # hung: its completed collectives do not advance
+        assert job.alive()
+    finally:
+        source.close()
