@@ -127,6 +127,9 @@ def test_backward_and_forward_are_compute_even_when_the_thread_waits():
 def test_summaries_agree_in_number():
     job = Job("torchrun", 1, "h")
     two = [rank(0, "stuck", "collective", op="all_reduce", where="a"), rank(1, "stuck", "collective", op="all_gather", where="b")]
-    assert judge(two, job).summary == "rank 1 is in all_gather at b while rank 0 is in all_reduce at a"
+    # one against one: no culprit, both places named (never a coin toss)
+    assert judge(two, job).summary == "ranks disagree: rank 0 is in all_reduce at a; rank 1 is in all_gather at b"
+    three = two + [rank(2, "stuck", "collective", op="all_gather", where="b")]
+    assert judge(three, job).summary == "rank 0 is in all_reduce at a while ranks 1-2 are in all_gather at b"
     lone = [rank(0, "stuck", "collective", op="all_reduce", where="a"), rank(1, "stuck", "sleep", where="c")]
     assert judge(lone, job).summary == "rank 1 is in sleep at c while rank 0 waits in all_reduce at a"
