@@ -31,8 +31,10 @@ import psutil
 from trainwatch.probes import flightrec, nccl_state
 from trainwatch.probes.bundle_rank import RankEvidence, RankPlan, bounded, collect_rank
 from trainwatch.probes.errors import OutputError, TrainwatchError
+from trainwatch.probes.groups import group_ranks
 from trainwatch.probes.redact import Redactor
 from trainwatch.probes.snapshot import Snapshot
+from trainwatch.probes.verdict import judge
 
 BUNDLE_FORMAT = "trainwatch-bundle"
 BUNDLE_VERSION = 1
@@ -167,7 +169,17 @@ def _with_collectives(snapshot: Snapshot, evidence: list[RankEvidence], redactor
     state = flightrec.analyze(traces, source="+".join(sources) or "flight-recorder") if traces else None
     job = dataclasses.replace(snapshot.job, cmdline=redactor.cmdline(snapshot.job.cmdline))
     notes = tuple(dict.fromkeys([*snapshot.notes, *extra_notes]))
-    return dataclasses.replace(snapshot, job=job, collectives=state or snapshot.collectives, notes=notes)
+    return _rejudged(dataclasses.replace(snapshot, job=job, collectives=state or snapshot.collectives, notes=notes))
+
+
+def _rejudged(snapshot: Snapshot) -> Snapshot:
+    """Verdict and groups judged again with the bundle's own collective state, so the summary's
+    verdict and its Collective state section tell one story."""
+    verdict = judge(snapshot.ranks, snapshot.job, snapshot.collectives)
+    same = (verdict.kind, verdict.culprits) == (snapshot.verdict.kind, snapshot.verdict.culprits)
+    if same or verdict.kind in ("healthy", "unknown"):
+        return snapshot  # nothing new from the collectives: keep the sampled verdict and its wording
+    return dataclasses.replace(snapshot, verdict=verdict, groups=group_ranks(snapshot.ranks, verdict.culprits))
 
 
 def _manifest(source_pid: int, reason: str | None, redacted: bool, evidence: list[RankEvidence],

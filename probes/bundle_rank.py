@@ -5,6 +5,7 @@ The bundle writes (and redacts) the files later, once every rank's environment i
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -94,16 +95,19 @@ class RankPlan:
     debug_url: str | None = None
     step_timeout: float = 6.0
     native_timeout: float = 12.0
+    pipe_wait: float = nccl_state.PIPE_WAIT_S
 
 
 def collect_rank(plan: RankPlan) -> RankEvidence:
     ev = RankEvidence(rank=plan.rank, pid=plan.pid)
     _proc(plan, ev)
+    pipe = _start_pipe(plan, ev)  # the dump takes seconds: wait for it while the rest is collected
     _stacks(plan, ev)
     _hook(plan, ev)
     _faulthandler(plan, ev)
     _flight_recorder(plan, ev)
     _settings_and_logs(plan, ev)
+    _finish_pipe(pipe, ev)
     return ev
 
 
@@ -159,11 +163,19 @@ def _hook(plan: RankPlan, ev: RankEvidence) -> None:
         ev.note(f"Flight Recorder from the hook: {reply.error}")
         return
     try:
-        ev.trace, ev.trace_source = flightrec.load_trace(reply.text.encode()), "hook"
-        ev.files["flight-recorder/hook-fr_trace.json"] = reply.text
-        ev.worked.append("hook flight recorder")
+        traces, notes = flightrec.hook_reply_traces(reply.text)
     except flightrec.TraceError as exc:
         ev.note(f"Flight Recorder from the hook: {exc}")
+        return
+    for name, trace in traces:  # each recorder's trace, as torch dumped it
+        ev.files[f"flight-recorder/hook-{'nccl_trace' if name == 'nccl' else 'fr_trace'}.json"] = json.dumps(trace)
+    merged = flightrec.merge_traces([trace for _, trace in traces])
+    if merged is None:
+        ev.note("Flight Recorder from the hook: no collective recorded"
+                + (f" ({'; '.join(notes)})" if notes else ""))
+        return
+    ev.trace, ev.trace_source = merged, "hook"
+    ev.worked.append("hook flight recorder (" + "+".join(name for name, _ in traces) + ")")
 
 
 def _faulthandler(plan: RankPlan, ev: RankEvidence) -> None:
@@ -243,14 +255,35 @@ def _signal_and_read(pid: int, signal_no: int, out_file: Path, ev: RankEvidence,
     return "collected"
 
 
+def _start_pipe(plan: RankPlan, ev: RankEvidence) -> tuple[threading.Thread, dict] | None:
+    """Ask for a dump through the debug-info pipe in a thread of its own (NCCL ranks only)."""
+    env = ev.env or {}
+    if plan.rank is None or not nccl_state.pipe_path(plan.rank, env):
+        return None
+    box: dict = {}
+
+    def run() -> None:
+        box["found"] = nccl_state.dump_through_pipe(plan.rank, env, wait_s=plan.pipe_wait, accept=flightrec.is_trace)
+
+    thread = threading.Thread(target=run, name="trainwatch-bundle-pipe", daemon=True)
+    thread.start()
+    return thread, box
+
+
+def _finish_pipe(pipe: tuple[threading.Thread, dict] | None, ev: RankEvidence) -> None:
+    if pipe is None:
+        return
+    thread, box = pipe
+    thread.join()  # bounded: dump_through_pipe gives up after plan.pipe_wait seconds
+    if "found" in box:
+        _keep_trace(ev, box["found"])
+
+
 def _flight_recorder(plan: RankPlan, ev: RankEvidence) -> None:
     if plan.rank is None:
         return
     env = ev.env or {}
     for found in nccl_state.fr_files_on_disk(plan.rank, env):
-        _keep_trace(ev, found)
-    found = nccl_state.dump_through_pipe(plan.rank, env) if env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE") else None
-    if found is not None:
         _keep_trace(ev, found)
     if plan.debug_url:
         for handler, name in (("fr_trace_json", "debug-server-fr_trace.json"), ("dump_traceback", None)):
@@ -276,7 +309,10 @@ def _keep_trace(ev: RankEvidence, found: nccl_state.Found, name: str | None = No
     except flightrec.TraceError as exc:
         ev.note(f"{found.origin}: {exc}")
         return
-    if ev.trace is None:  # the hook's on-demand trace is the freshest; files only fill in
+    if not flightrec.has_entries(trace):
+        return
+    # On-demand traces (hook, pipe, debug server) are fresh; a file on disk may be an old dump.
+    if ev.trace is None or (ev.trace_source == "flight-recorder-file" and found.source != ev.trace_source):
         ev.trace, ev.trace_source = trace, found.source
 
 

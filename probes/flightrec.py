@@ -6,7 +6,18 @@ Pure and torch-free. A trace is the dict torch's Flight Recorder dumps (JSON fro
 ``input_sizes``, ``input_dtypes``, ``process_group``, ``retired``, ``state``, ...) and, since
 2.x, ``pg_status`` with each group's last enqueued / completed sequence number. Gloo dumps
 from torch 2.13 carry an empty ``pg_config`` and never mark entries ``completed``; their
-``pg_status`` and ``retired`` flags are used instead.
+``pg_status`` and ``retired`` flags are used instead. ``pg_status`` values are strings in
+the JSON dumps (``"543"``) and ints in the pickles; both are read.
+
+``time_created_ns`` is wall-clock time, nanoseconds since the Unix epoch (torch stamps it with
+``c10::getTime()``, the system clock): in the H100 recordings (torch 2.11) the pending
+``all_reduce`` #544 was created 25 s after its launcher started, matching the job's
+``--hang-after``, and 57 s before the snapshot taken during the hang. A rank's oldest
+collective that is enqueued but not completed is its *pending* one; its age is how long the
+rank has waited on it.
+
+On NCCL jobs the generic ``_dump_fr_trace_json`` is empty: NCCL keeps its own recorder
+(``_dump_nccl_trace_json``). The armed hook returns both (:func:`hook_reply_traces`).
 """
 
 from __future__ import annotations
@@ -45,6 +56,71 @@ def load_trace(data: bytes) -> dict:
     return trace
 
 
+HOOK_FORMAT = "trainwatch-fr/2"  # the hook's fr_trace reply: {"format", "nccl", "generic", "errors"}
+_EPOCH_2001_S = 1e9  # a creation time before this is not wall-clock time: no age is derived from it
+
+
+def hook_reply_traces(text: str) -> tuple[list[tuple[str, dict]], list[str]]:
+    """The traces in a hook's ``fr_trace`` reply, ``[("nccl", trace), ("generic", trace)]``, and
+    notes for the parts that failed or were empty. Hooks before ``HOOK_FORMAT`` replied with the
+    generic trace alone; that is read too. Raises :class:`TraceError` on an unreadable reply."""
+    try:
+        outer = json.loads(text)
+    except ValueError as exc:
+        raise TraceError(f"not a Flight Recorder reply: {exc}") from None
+    if not isinstance(outer, dict):
+        raise TraceError("not a Flight Recorder reply (not a JSON object)")
+    if outer.get("format") != HOOK_FORMAT:
+        return ([("generic", outer)] if has_entries(outer) else []), []  # a hook before HOOK_FORMAT
+    found, notes = [], []
+    for name in ("nccl", "generic"):
+        part = outer.get(name)
+        error = (outer.get("errors") or {}).get(name)
+        if not isinstance(part, str):
+            if error:
+                notes.append(f"{name} Flight Recorder: {error}")
+            continue
+        try:
+            trace = load_trace(part.encode())
+        except TraceError as exc:
+            notes.append(f"{name} Flight Recorder: {exc}")
+            continue
+        if has_entries(trace):
+            found.append((name, trace))
+    return found, notes
+
+
+def is_trace(data: bytes) -> bool:
+    """Whether the bytes are a whole trace (a dump file still being written is not)."""
+    try:
+        load_trace(data)
+    except TraceError:
+        return False
+    return True
+
+
+def has_entries(trace: object) -> bool:
+    return isinstance(trace, dict) and isinstance(trace.get("entries"), list) and bool(trace["entries"])
+
+
+def merge_traces(traces: list[dict]) -> dict | None:
+    """One trace from several recorders of one rank (NCCL and generic): each process group is
+    taken from the first trace that holds it. None when none has entries."""
+    merged: dict = {"entries": [], "pg_status": {}, "pg_config": {}}
+    for trace in traces:
+        if not has_entries(trace):
+            continue
+        groups = {_pg_key(e) for e in trace["entries"] if isinstance(e, dict)}
+        new = groups - {_pg_key(e) for e in merged["entries"]}
+        merged["entries"] += [e for e in trace["entries"] if isinstance(e, dict) and _pg_key(e) in new]
+        for key in ("pg_status", "pg_config"):
+            value = trace.get(key)
+            if isinstance(value, dict):
+                merged[key].update({k: v for k, v in value.items() if k in new and k not in merged[key]})
+        merged.setdefault("version", trace.get("version"))
+    return merged if merged["entries"] else None
+
+
 @dataclass(frozen=True)
 class _Call:
     seq: int
@@ -52,6 +128,7 @@ class _Call:
     sizes: str
     dtype: str
     done: bool
+    created: float | None = None  # unix seconds (time_created_ns)
 
 
 def _int(value: object) -> int | None:
@@ -75,6 +152,12 @@ def _sizes(value: object) -> str:
                     for s in value)
 
 
+def _dtypes(value: object) -> str:
+    if not isinstance(value, (list, tuple)) or not value:
+        return "?"
+    return ",".join(str(d) for d in value)
+
+
 def _pg_key(entry: dict) -> str:
     group = entry.get("process_group")
     if isinstance(group, (list, tuple)) and group:
@@ -94,13 +177,37 @@ def _collectives(trace: dict) -> dict[str, dict[int, _Call]]:
         done = entry.get("state") == "completed" or bool(entry.get("retired"))
         groups.setdefault(_pg_key(entry), {})[seq] = _Call(
             seq, _op_name(entry.get("profiling_name")), _sizes(entry.get("input_sizes")),
-            ",".join(str(d) for d in entry.get("input_dtypes") or []) or "?", done)
+            _dtypes(entry.get("input_dtypes")), done,
+            _created(entry.get("time_created_ns")))
     return groups
+
+
+def _created(value: object) -> float | None:
+    """``time_created_ns`` as unix seconds; None when absent or not wall-clock time."""
+    ns = _int(value)
+    return ns / 1e9 if ns and ns / 1e9 > _EPOCH_2001_S else None
+
+
+def _pending(calls: dict[int, _Call], enqueued: int | None, completed: int | None) -> tuple[int | None, _Call | None]:
+    """The oldest collective enqueued but not completed: (its seq, its entry when still held)."""
+    waiting = [c for s, c in calls.items() if s > (completed or 0) and not c.done]
+    if waiting:
+        oldest = min(waiting, key=lambda c: c.seq)
+        return oldest.seq, oldest
+    if enqueued is not None and enqueued > (completed or 0):
+        return (completed or 0) + 1, calls.get((completed or 0) + 1)
+    return None, None
+
+
+def completed_by_group(trace: dict) -> dict[str, int | None]:
+    """Process group -> last completed sequence number, for telling progress between two fetches."""
+    return {pg: _status(trace, pg, calls)[1] for pg, calls in _collectives(trace).items()}
 
 
 def _status(trace: dict, pg: str, calls: dict[int, _Call]) -> tuple[int | None, int | None]:
     """(last enqueued, last completed) for one group: pg_status when present, else the entries."""
-    status = (trace.get("pg_status") or {}).get(pg)
+    statuses = trace.get("pg_status")
+    status = statuses.get(pg) if isinstance(statuses, dict) else None
     if isinstance(status, dict):
         enqueued = _int(status.get("last_enqueued_collective"))
         completed = _int(status.get("last_completed_collective"))
@@ -115,15 +222,26 @@ def _plural(ranks: list[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {compact_ranks(ranks)}"
 
 
-def _culprit_side(sides: list[list[int]]) -> list[int]:
-    """The minority; on a tie, the side without the lowest rank (rank 0 is the usual reference)."""
-    lowest = min(r for side in sides for r in side)
-    ordered = sorted(sides, key=lambda side: (len(side), lowest in side))
-    return ordered[0]
+def _culprit_side(sides: list[list[int]], completed: dict[int, int | None]) -> tuple[list[list[int]], str]:
+    """The sides at fault, and why; none without a reason (never a coin toss).
+
+    A reason is a minority (one side holds more ranks than any other: the rest are at fault),
+    or Flight Recorder order (one side's last completed collective lags every other rank's).
+    """
+    biggest = max(len(side) for side in sides)
+    majority = [side for side in sides if len(side) == biggest]
+    if len(majority) == 1:
+        return [side for side in sides if side is not majority[0]], "minority"
+    done = {r: completed.get(r) if completed.get(r) is not None else -1 for side in sides for r in side}
+    for side in sides:
+        others = [done[r] for other in sides if other is not side for r in other]
+        if max(done[r] for r in side) < min(others):
+            return [side], "lags"
+    return [], "tie"
 
 
 def _divergence(pg: str, calls: dict[int, dict[int, _Call]], enqueued: dict[int, int | None],
-                multi_pg: bool) -> tuple[str, list[int]] | None:
+                completed: dict[int, int | None], multi_pg: bool) -> tuple[str, list[int]] | None:
     """The first sequence number where the ranks of one group disagree, in words, and its culprits."""
     where = f" in process group {pg}" if multi_pg else ""
     ranks = sorted(calls)
@@ -136,13 +254,7 @@ def _divergence(pg: str, calls: dict[int, dict[int, _Call]], enqueued: dict[int,
         for rank, call in seen.items():
             kinds.setdefault((call.op, call.sizes, call.dtype), []).append(rank)
         if len(kinds) > 1:
-            sides = sorted(kinds.values())
-            culprits = _culprit_side(sides)
-            odd = seen[culprits[0]]
-            others = [side for side in sides if side is not culprits]
-            rest = "; ".join(f"{_plural(side)} enqueued {_describe(seen[side[0]], odd)} #{seq}" for side in others)
-            return (f"{_plural(culprits)} enqueued {_describe(odd, seen[others[0][0]])} #{seq}{where} "
-                    f"while {rest}", culprits)
+            return _disagreement(seq, where, seen, sorted(kinds.values()), completed)
         if never and seen:
             call = next(iter(seen.values()))
             last = ", ".join(f"rank {r} at #{enqueued[r]}" if enqueued[r] else f"rank {r} at none"
@@ -150,6 +262,29 @@ def _divergence(pg: str, calls: dict[int, dict[int, _Call]], enqueued: dict[int,
             return (f"{_plural(sorted(seen))} enqueued {call.op} #{seq}{where}; "
                     f"{_plural(never)} never reached it ({last})", never)
     return None
+
+
+def _disagreement(seq: int, where: str, seen: dict[int, _Call], sides: list[list[int]],
+                  completed: dict[int, int | None]) -> tuple[str, list[int]]:
+    """Ranks that enqueued different collectives under one sequence number, in words."""
+    bad, why = _culprit_side(sides, completed)
+    if not bad:
+        first = seen[sides[0][0]]
+        second = seen[sides[1][0]]
+        parts = [f"{_plural(side)} enqueued {_describe(seen[side[0]], second if side is sides[0] else first)}"
+                 for side in sides]
+        return f"ranks disagree at #{seq}{where}: " + "; ".join(parts), []
+    good = [side for side in sides if not any(side is b for b in bad)]
+    ref = seen[good[0][0]]
+    odd = "; ".join(f"{_plural(side)} enqueued {_describe(seen[side[0]], ref)} #{seq}" for side in bad)
+    rest = "; ".join(f"{_plural(side)} enqueued {_describe(seen[side[0]], seen[bad[0][0]])} #{seq}"
+                     for side in good)
+    text = f"{odd}{where} while {rest}"
+    if why == "lags":
+        lag = max(completed.get(r) or 0 for r in bad[0])
+        ahead = min(completed.get(r) or 0 for side in good for r in side)
+        text += f" ({_plural(bad[0])} {'lags' if len(bad[0]) == 1 else 'lag'}: last completed #{lag} vs #{ahead})"
+    return text, sorted(r for side in bad for r in side)
 
 
 def _describe(call: _Call, other: _Call) -> str:
@@ -176,15 +311,19 @@ def analyze(traces: dict[int, dict], source: str = "flight-recorder") -> Collect
     for pg in pgs:
         calls = {rank: groups[pg] for rank, groups in per_rank.items() if pg in groups}
         enqueued: dict[int, int | None] = {}
+        completed: dict[int, int | None] = {}
         for rank in sorted(calls):
             last_enq, last_done = _status(traces[rank], pg, calls[rank])
-            enqueued[rank] = last_enq
+            enqueued[rank], completed[rank] = last_enq, last_done
             last = calls[rank].get(last_enq) if last_enq else None
+            pending_seq, pending = _pending(calls[rank], last_enq, last_done)
             rows.append(RankCollective(rank=rank, pg=pg, last_enqueued=last_enq, last_completed=last_done,
                                        op=last.op if last else None, sizes=last.sizes if last else None,
-                                       dtype=last.dtype if last else None))
+                                       dtype=last.dtype if last else None, pending_seq=pending_seq,
+                                       pending_op=pending.op if pending else None,
+                                       pending_since=pending.created if pending else None))
         if len(calls) > 1:
-            found = _divergence(pg, calls, enqueued, multi_pg=len(pgs) > 1)
+            found = _divergence(pg, calls, enqueued, completed, multi_pg=len(pgs) > 1)
             if found:
                 findings.append(found)
     culprits: list[int] = []
@@ -195,12 +334,27 @@ def analyze(traces: dict[int, dict], source: str = "flight-recorder") -> Collect
                            culprits=tuple(sorted(culprits)))
 
 
-def describe(state: CollectiveState) -> list[str]:
-    """One line per rank and group, for the summary: ``rank 2 pg 0: enqueued #42 all_gather, completed #41``."""
+def describe(state: CollectiveState, now: float | None = None) -> list[str]:
+    """One line per rank and group, for the summary:
+    ``rank 2 pg 0: last enqueued #42 all_gather, last completed #41, pending #42 all_gather for 27 s``."""
     lines = []
     for row in state.ranks:
         enq = f"#{row.last_enqueued}" if row.last_enqueued is not None else "none"
         done = f"#{row.last_completed}" if row.last_completed is not None else "none"
         what = "".join(f" {part}" for part in (row.op, row.sizes, row.dtype) if part and part != "?")
-        lines.append(f"rank {row.rank} pg {row.pg}: last enqueued {enq}{what}, last completed {done}")
+        line = f"rank {row.rank} pg {row.pg}: last enqueued {enq}{what}, last completed {done}"
+        if row.pending_seq is not None:
+            line += f", pending #{row.pending_seq}{' ' + row.pending_op if row.pending_op else ''}"
+            if row.pending_since is not None and now is not None and now >= row.pending_since:
+                line += f" for {age_text(now - row.pending_since)}"
+        lines.append(line)
     return lines
+
+
+def age_text(seconds: float) -> str:
+    """``27 s``, ``4 min``, ``2.5 h``."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

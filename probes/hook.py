@@ -13,7 +13,8 @@ workers and other helpers inherit ``RANK``) and then:
   of the output survives the rank dying (a thread would die with it);
 * records an uncaught exception in ``ranks/<rank>/exit.json``;
 * serves ``ping``, ``stacks`` and ``fr_trace`` on ``ranks/<rank>/control.sock`` from a
-  daemon thread. It never imports torch: ``fr_trace`` works only when the job already did.
+  daemon thread. It never imports torch: ``fr_trace`` works only when the job already did, and
+  returns both the NCCL Flight Recorder and the generic one (gloo).
 
 Standard library only, nothing done while idle: the job's behaviour does not change.
 """
@@ -270,17 +271,38 @@ def all_stacks() -> str:
     return "\n".join(parts)
 
 
+FR_FORMAT = "trainwatch-fr/2"  # read by trainwatch.probes.flightrec.hook_reply_traces
+# NCCL keeps its own recorder; the generic one (gloo and other backends) is empty on NCCL jobs.
+FR_DUMPS = (("nccl", "_dump_nccl_trace_json", {"includeCollectives": True, "onlyActive": False}),
+            ("generic", "_dump_fr_trace_json", {}))
+
+
 def fr_trace() -> dict:
-    """The Flight Recorder as JSON text, from torch's own dump; never imports torch."""
+    """Both Flight Recorders (NCCL's and the generic one) as JSON text, from torch's own dumps.
+
+    The reply text is ``{"format", "nccl": <JSON text or null>, "generic": <JSON text or null>,
+    "errors": {...}}``; each part is torch's dump unchanged. Never imports torch.
+    """
     if "torch" not in sys.modules:
         return _err("torch is not imported in this process: no Flight Recorder to dump")
     c10d = sys.modules.get("torch._C._distributed_c10d")
-    dump = getattr(c10d, "_dump_fr_trace_json", None)
-    if dump is None:
-        return _err("this torch has no torch._C._distributed_c10d._dump_fr_trace_json "
-                    "(built without distributed, or the private API changed)")
-    raw = dump()
-    return _ok(raw.decode() if isinstance(raw, bytes) else str(raw))
+    parts: dict[str, str | None] = {"nccl": None, "generic": None}
+    errors: dict[str, str] = {}
+    for name, function, kwargs in FR_DUMPS:
+        dump = getattr(c10d, function, None)
+        if dump is None:
+            errors[name] = (f"this torch has no torch._C._distributed_c10d.{function} "
+                            "(built without it, or the private API changed)")
+            continue
+        try:
+            raw = dump(**kwargs)
+        except Exception as exc:  # e.g. no process group of that backend
+            errors[name] = f"{function} failed: {type(exc).__name__}: {exc}"
+            continue
+        parts[name] = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+    if not any(parts.values()):
+        return _err("; ".join(errors.values()))
+    return _ok(json.dumps({"format": FR_FORMAT, **parts, "errors": errors}))
 
 
 def _ok(text: str) -> dict:

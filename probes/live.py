@@ -13,6 +13,7 @@ from dataclasses import replace
 import psutil
 
 from trainwatch.probes import procfs
+from trainwatch.probes.collective_feed import CollectiveFeed
 from trainwatch.probes.discover import describe_job, expected_local_ranks, find_job
 from trainwatch.probes.errors import AccessDenied, ToolMissing
 from trainwatch.probes.groups import group_ranks
@@ -34,7 +35,12 @@ class LocalSource:
     """Samples the job found from ``pid``. Not thread-safe: one poll at a time (the app ensures it)."""
 
     def __init__(self, pid: int, window: float = 3.0, samples: int = 3, gpu: bool = True,
-                 catch_crashes: bool = False, stuck_after: float | None = None, auto_native: bool = True) -> None:
+                 catch_crashes: bool = False, stuck_after: float | None = None, auto_native: bool = True,
+                 collective_wait: float = 0.0) -> None:
+        """``collective_wait``: one-shot callers (``snapshot``) wait up to this long in each poll
+        for the ranks' Flight Recorder; 0 (live views): never wait, use what was fetched.
+        ``stuck_after``: a fixed stuck threshold in seconds instead of each rank's own rhythm.
+        ``auto_native``: off judges from Python stacks alone (for comparison)."""
         self.job = find_job(pid)
         self.window = max(0.0, window)
         self.samples = max(1, samples) if self.window > 0 else 1
@@ -57,8 +63,11 @@ class LocalSource:
         self._gpu = _gpu_probe() if gpu else None
         self._lock = threading.Lock()
         self._catcher = _CrashThread(self.job) if catch_crashes else None
+        self._collective_wait = collective_wait
+        self._feed = CollectiveFeed(lambda: self.job)  # fetches while the first window is sampled
 
     def close(self) -> None:
+        self._feed.close()
         if self._catcher is not None:
             self._catcher.stop()
         if self._gpu is not None:
@@ -186,7 +195,9 @@ class LocalSource:
             if rank.state == "running" and rank.where and rank.rank is not None:
                 self._familiar[rank.rank] = self._familiar.get(rank.rank, frozenset()) | {rank.where}
         ranks = [self._with_worker(rank) for rank in ranks]
-        verdict = judge(ranks, job, familiar=self._familiar, now=now)
+        collectives = (self._feed.wait(self._collective_wait) if self._collective_wait
+                       else self._feed.latest(stuck=any(r.state == "stuck" for r in ranks)))
+        verdict = judge(ranks, job, collectives, familiar=self._familiar, now=now)
         if self._pyspy_missing is not None:
             warnings.append(str(self._pyspy_missing))
         if verdict.kind in ("healthy", "unknown"):
@@ -201,6 +212,7 @@ class LocalSource:
             groups=group_ranks(ranks, verdict.culprits),
             verdict=verdict,
             hosts=(gpu_host,) if gpu_host else (),
+            collectives=collectives,
             warnings=tuple(dict.fromkeys(warnings)),
             notes=tuple(dict.fromkeys(notes)),
             taken_at=now,

@@ -6,7 +6,8 @@ Sources, in the order the bundle tries them:
    ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE`` + rank (torch's default prefix is
    ``$XDG_CACHE_HOME/torch/comm_lib_trace_rank_``, i.e. ``~/.cache/torch/...``);
 2. an on-demand dump through ``TORCH_NCCL_DEBUG_INFO_PIPE_FILE`` + rank + ``.pipe`` (NCCL
-   process groups only): one write to the FIFO, opened non-blocking;
+   process groups only): one write to the FIFO, opened non-blocking, then up to
+   ``PIPE_WAIT_S`` for the file (the dump symbolizes C++ stacks first: 5.7 s on an H100);
 3. ``torch.distributed.debug`` worker servers, found under ``debug_server/rank<N>`` in the
    job's TCPStore (read in a subprocess, only when this interpreter has torch);
 4. NCCL RAS (NCCL >= 2.24) on ``NCCL_RAS_ADDR`` (default ``localhost:28028``): ``STATUS``;
@@ -28,11 +29,13 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 DEFAULT_FR_NAME = "comm_lib_trace_rank_"
 RAS_DEFAULT_PORT = 28028
@@ -40,6 +43,8 @@ RAS_CLIENT_PROTOCOL = 2
 SETTING_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_FR_", "CUDA_", "TORCH_DISTRIBUTED_DEBUG", "TORCH_CPP_LOG")
 MAX_FILE_BYTES = 64 * 1024 * 1024
 LOG_TAIL_BYTES = 1024 * 1024
+# The debug-info pipe's dump took 5.7 s on an H100 (torch 2.11 symbolizes C++ stacks first).
+PIPE_WAIT_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -114,7 +119,9 @@ def trigger_pipe(path: Path) -> str | None:
     return None
 
 
-def dump_through_pipe(rank: int, env: dict[str, str], wait_s: float = 3.0) -> Found:
+def dump_through_pipe(rank: int, env: dict[str, str], wait_s: float = PIPE_WAIT_S,
+                      stop: threading.Event | None = None,
+                      accept: Callable[[bytes], bool] = bool) -> Found:
     """Trigger a dump through the pipe and collect the file it writes (bounded wait)."""
     path = pipe_path(rank, env)
     if path is None:
@@ -123,13 +130,25 @@ def dump_through_pipe(rank: int, env: dict[str, str], wait_s: float = 3.0) -> Fo
     why = trigger_pipe(path)
     if why:
         return Found("pipe", note=why)
+    return await_dump(rank, env, started, wait_s, stop, accept, origin=str(path))
+
+
+def await_dump(rank: int, env: dict[str, str], since: float, wait_s: float,
+               stop: threading.Event | None = None, accept: Callable[[bytes], bool] = bool,
+               origin: str = "the pipe") -> Found:
+    """Wait up to ``wait_s`` for a dump file newer than ``since`` that has stopped changing and
+    that ``accept`` takes (torch writes it in place, not atomically); ``stop`` ends the wait."""
+    stop = stop or threading.Event()
     deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        fresh = [f for f in fr_files_on_disk(rank, env, since=started - 0.5) if f.data is not None]
-        if fresh:
+    last: bytes | None = None
+    while time.monotonic() < deadline and not stop.is_set():
+        fresh = [f for f in fr_files_on_disk(rank, env, since=since - 0.5) if f.data]
+        if fresh and fresh[0].data == last and accept(last):
             return Found("pipe", fresh[0].data, fresh[0].origin)
-        time.sleep(0.1)
-    return Found("pipe", note=f"wrote to {path} but no dump appeared within {wait_s:g}s")
+        last = fresh[0].data if fresh else None
+        stop.wait(0.2)
+    why = "stopped waiting" if stop.is_set() else f"no complete dump appeared within {wait_s:g}s"
+    return Found("pipe", note=f"wrote to {origin} but {why}")
 
 
 _STORE_SCRIPT = r"""

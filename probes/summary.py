@@ -51,7 +51,7 @@ def render(snapshot: Snapshot, evidence: list[RankEvidence], host_notes: list[st
             out.append(f"Culprit rank(s) by collectives: {compact_ranks(state.culprits)}")
         else:
             out.append("The ranks' collectives agree.")
-        out += ["", f"Source: {state.source}", "", "```", *flightrec.describe(state), "```"]
+        out += ["", f"Source: {state.source}", "", "```", *flightrec.describe(state, now=time.time()), "```"]
     if sources:
         out += ["", "Sources that worked:"]
         out += [f"- {name}: {', '.join(where)}" for name, where in sorted(sources.items())]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+from trainwatch.probes.flightrec import age_text
 from trainwatch.probes.process import JobProcesses
 from trainwatch.probes.snapshot import CollectiveState, Job, Rank, Verdict, compact_ranks
 
@@ -33,20 +34,6 @@ def place(rank: Rank) -> str:
     return f"{what} at {rank.where}" if rank.where else what
 
 
-def behind(rank: Rank, collectives: CollectiveState | None, now: float | None = None) -> str | None:
-    """``behind all_reduce #544 (pending 27 s)`` for a rank with a collective enqueued and not completed."""
-    if collectives is None or rank.rank is None:
-        return None
-    rows = [c for c in collectives.ranks if c.rank == rank.rank and c.pending_seq is not None]
-    if not rows:
-        return None
-    row = min(rows, key=lambda c: c.pending_since or float("inf"))
-    text = f"behind {row.pending_op or 'a collective'} #{row.pending_seq}"
-    if row.pending_since is not None and now is not None and now >= row.pending_since:
-        text += f" (pending {now - row.pending_since:.0f} s)"
-    return text
-
-
 def waits(ranks: Sequence[Rank], collectives: CollectiveState | None = None, now: float | None = None) -> str:
     """What waiting ranks do, in words: ``waits on its GPU (item()) at train.py:100 behind all_reduce #5``."""
     lead = ranks[0]
@@ -56,7 +43,7 @@ def waits(ranks: Sequence[Rank], collectives: CollectiveState | None = None, now
         text += f" at {lead.where}" if lead.where else ""
     else:
         text = f"{verb(ranks, 'waits', 'wait')} in {place(lead)}"
-    extra = behind(lead, collectives, now)
+    extra = behind(lead.rank, collectives, now) if lead.rank is not None and now is not None else None
     return f"{text} {extra}" if extra else text
 
 
@@ -95,7 +82,7 @@ def judge(ranks: Sequence[Rank], job: Job | JobProcesses | None = None,
     ties between ranks that wait in different places (a place nobody else ever visited is the odd one).
     ``now``: the time the ranks were observed, for the age of pending collectives.
     """
-    return (_crashed(ranks) or _rendezvous(ranks, job) or _from_collectives(ranks, collectives)
+    return (_crashed(ranks) or _rendezvous(ranks, job) or _from_collectives(ranks, collectives, familiar or {}, now)
             or _from_stacks(ranks, collectives, familiar or {}, now))
 
 
@@ -147,10 +134,58 @@ def _rendezvous(ranks: Sequence[Rank], job: Job | JobProcesses | None) -> Verdic
     return None
 
 
-def _from_collectives(ranks: Sequence[Rank], state: CollectiveState | None) -> Verdict | None:
+def _from_collectives(ranks: Sequence[Rank], state: CollectiveState | None,
+                      familiar: Mapping[int, frozenset[str]], now: float | None) -> Verdict | None:
+    """Flight Recorder order beats stacks: the first sequence number where the ranks disagree.
+
+    Different collectives under one sequence number are a ``mismatch``. Ranks that never
+    reached a collective the others enqueued are elsewhere: a ``straggler``, and only while
+    some rank is stuck (in a running job ranks are a step apart all the time); when the stacks
+    blame the same ranks, their wording (where the culprits are) is kept.
+    """
     if state is None or not state.divergence:
         return None
-    return Verdict("mismatch", tuple(state.culprits), f"{state.divergence} (Flight Recorder, {state.source})")
+    text = f"{state.divergence} (Flight Recorder, {state.source})"
+    if not _trailing(state):
+        return Verdict("mismatch", tuple(state.culprits), text)
+    if not any(r.state == "stuck" for r in ranks):
+        return None
+    stacks = _from_stacks(ranks, state, familiar, now)
+    if stacks.kind == "straggler" and set(stacks.culprits) == set(state.culprits):
+        return stacks
+    return Verdict("straggler", tuple(state.culprits), text)
+
+
+def _trailing(state: CollectiveState) -> bool:
+    """True when every culprit's last enqueued collective trails another rank's in some group."""
+    culprits = set(state.culprits)
+
+    def trails(rank: int) -> bool:
+        for row in state.ranks:
+            if row.rank == rank:
+                ahead = [o.last_enqueued or 0 for o in state.ranks if o.pg == row.pg and o.rank not in culprits]
+                if ahead and (row.last_enqueued or 0) < max(ahead):
+                    return True
+        return False
+
+    return bool(culprits) and all(trails(r) for r in culprits)
+
+
+def behind(rank: int, collectives: CollectiveState | None, now: float) -> str | None:
+    """What a rank waits behind, from the Flight Recorder: ``behind all_reduce #544 (pending 27 s)``;
+    None when it has no pending collective. With several groups pending, the oldest is named."""
+    if collectives is None:
+        return None
+    rows = [r for r in collectives.ranks if r.rank == rank and r.pending_seq is not None]
+    if not rows:
+        return None
+    row = min(rows, key=lambda r: (r.pending_since is None, r.pending_since or 0.0, r.pg))
+    text = f"behind {row.pending_op or 'collective'} #{row.pending_seq}"
+    if len({r.pg for r in collectives.ranks}) > 1:
+        text += f" in process group {row.pg}"
+    if row.pending_since is not None and now >= row.pending_since:
+        text += f" (pending {age_text(now - row.pending_since)})"
+    return text
 
 
 def _from_stacks(ranks: Sequence[Rank], collectives: CollectiveState | None,
@@ -192,12 +227,12 @@ def _mismatch_or_hang(waiting: list[Rank], collectives: CollectiveState | None,
         secs = min((r.stuck_for_s or 0.0) for r in waiting)
         subject = who(_numbers(waiting)) if len(waiting) == 1 else f"all {len(waiting)} ranks"
         text = f"{subject} {waits(waiting, collectives, now)} for {secs:.0f}s+"
-        if waiting[0].phase == "gpu_wait" and behind(waiting[0], collectives, now) is None:
+        if waiting[0].phase == "gpu_wait" and "behind" not in text:
             text += " (no collective state: a GPU step longer than that would look the same)"
         return Verdict("hang", (), text + ": no local culprit (a peer on another node, or the network)")
     odd = _odd_group(groups, familiar)
     if odd is None:  # no majority and nothing else to go by: say so, blame nobody
-        return Verdict("mismatch", (), f"ranks disagree, and nothing tells which side is wrong: {each_at(waiting)}")
+        return Verdict("mismatch", (), f"ranks disagree: {each_at(waiting)}")
     rest = [r for r in waiting if r not in odd]
     text = f"{each_at(odd)} while {who(_numbers(rest))} {waits(by_place(rest)[0], collectives, now)}"
     return Verdict("mismatch", tuple(_numbers(odd)), text)

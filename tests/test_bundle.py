@@ -129,6 +129,38 @@ def test_mismatch_bundle_has_every_flight_recorder_trace_and_names_the_culprit(t
         _stop(job)
 
 
+def test_bundle_verdict_is_judged_again_with_its_collective_state(tmp_path):
+    """The verdict handed to the bundle came from stacks alone and blamed the wrong ranks (as a
+    real bundle once did: "straggler, culprits 0-1" over a Collective state section naming rank 2).
+    The bundle judges again with the Flight Recorder traces it collected: one story throughout."""
+    import dataclasses
+    import json as _json
+    from trainwatch.probes.snapshot import Verdict
+
+    job = _start(tmp_path, "mismatch", nproc=3, armed=True)
+    try:
+        pids = _wait(job, 3)
+        time.sleep(1.0)
+        sampled = _snapshot(pids[0])
+        wrong = Verdict("straggler", (0, 1), "ranks 0-1 are in compute while rank 2 waits in all_gather")
+        given = dataclasses.replace(sampled, verdict=wrong, collectives=None)
+        bundle = write_bundle(pids[0], given, tmp_path / "out", native=False)
+        summary = (bundle / "summary.md").read_text()
+        verdict_section = summary.split("## Verdict")[1].split("## Collective state")[0]
+        collective_section = summary.split("## Collective state")[1].split("## Stack groups")[0]
+        assert "rank 2 enqueued all_gather #" in collective_section
+        assert "Culprit rank(s) by collectives: 2" in collective_section
+        assert "**mismatch**: rank 2 enqueued all_gather #" in verdict_section, verdict_section
+        assert "Culprit rank(s): 2\n" in verdict_section and "straggler" not in verdict_section
+        data = _json.loads((bundle / "snapshot.json").read_text())
+        assert (data["verdict"]["kind"], data["verdict"]["culprits"]) == ("mismatch", [2])
+        assert [g["ranks"] for g in data["groups"] if g["culprit"]] == [[2]]
+        reopened = BundleSource(bundle).poll()
+        assert reopened.verdict.culprits == reopened.collectives.culprits == (2,)
+    finally:
+        _stop(job)
+
+
 def test_straggler_bundle_has_faulthandler_traces_of_all_threads(tmp_path):
     job = _start(tmp_path, "straggler", nproc=2, armed=True)
     try:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trainwatch.probes import hookclient, rundir
+from trainwatch.probes import flightrec, hook, hookclient, rundir
 
 PROBE = """
 import json, os, sys, threading
@@ -90,12 +90,108 @@ def test_hook_answers_while_rank_is_blocked_in_gloo(planted, tmp_path):
         assert oct(sock.stat().st_mode & 0o777) == "0o600"
         trace = hookclient.request(sock, "fr_trace", timeout=10)
         assert trace.ok, trace.error
-        entries = json.loads(trace.text)["entries"]
-        assert entries and entries[-1]["profiling_name"].startswith("gloo:")
+        [(recorder, parsed)], _ = flightrec.hook_reply_traces(trace.text)  # gloo: the generic recorder only
+        entries = parsed["entries"]
+        assert recorder == "generic" and entries and entries[-1]["profiling_name"].startswith("gloo:")
         stacks = hookclient.request(sock, "stacks", timeout=10)
         assert stacks.ok and '"MainThread"' in stacks.text
         blocked = "sync_metrics" if rank == 1 else "sync_gradients"
         assert blocked in stacks.text
-    assert json.loads(trace.text)["entries"][-1]["profiling_name"] == "gloo:all_gather"
+    assert entries[-1]["profiling_name"] == "gloo:all_gather"
     assert hookclient.request(ranks[0], "bogus").error.startswith("unknown command")
     assert job.alive()
+
+
+FAKE_C10D = """
+import json, sys, types
+nccl_json, generic_json, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+calls = []
+c10d = types.ModuleType("torch._C._distributed_c10d")
+def _dump_nccl_trace_json(includeCollectives=None, onlyActive=None):
+    calls.append({"includeCollectives": includeCollectives, "onlyActive": onlyActive})
+    if mode == "nccl-fails":
+        raise RuntimeError("no NCCL process group")
+    return open(nccl_json, "rb").read()
+def _dump_fr_trace_json():
+    return open(generic_json, "rb").read()
+c10d._dump_fr_trace_json = _dump_fr_trace_json
+if mode != "no-nccl":
+    c10d._dump_nccl_trace_json = _dump_nccl_trace_json
+sys.modules["torch"] = types.ModuleType("torch")
+sys.modules["torch._C._distributed_c10d"] = c10d
+from trainwatch.probes import hook
+print(json.dumps({"reply": hook.fr_trace(), "calls": calls}))
+"""
+
+
+@pytest.mark.parametrize("mode", ["both", "no-nccl", "nccl-fails"])
+def test_fr_trace_asks_both_recorders(tmp_path, mode):
+    """torch's private c10d module is replaced (no GPU here); the dumps it returns are the real
+    H100 recordings: NCCL's own recorder, and the generic one that is empty on NCCL jobs."""
+    h100 = Path(__file__).parent / "fixtures" / "fr" / "h100"
+    nccl = h100 / "hook-dump_nccl_trace_json-hung.json"
+    gloo = Path(__file__).parent / "fixtures" / "fr" / "gloo-2.13" / "mismatch" / "rank0.json"
+    generic = h100 / "hook-dump_fr_trace_json-nccl-job-EMPTY.json" if mode == "both" else gloo
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "TRAINWATCH_ARMED_PID")}
+    out = subprocess.run([sys.executable, "-c", FAKE_C10D, str(nccl), str(generic), mode], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    reply = result["reply"]
+    assert reply["ok"], reply
+    traces, notes = flightrec.hook_reply_traces(reply["text"])
+    if mode == "both":
+        assert result["calls"] == [{"includeCollectives": True, "onlyActive": False}]
+        assert [name for name, _ in traces] == ["nccl"]
+        [row] = flightrec.analyze({0: flightrec.merge_traces([t for _, t in traces])}).ranks
+        assert (row.pending_seq, row.pending_op, row.last_completed) == (544, "all_reduce", 543)
+    else:
+        assert [name for name, _ in traces] == ["generic"]
+        assert ("no torch._C._distributed_c10d._dump_nccl_trace_json" if mode == "no-nccl"
+                else "RuntimeError: no NCCL process group") in notes[0]
+    assert hook.FR_FORMAT == flightrec.HOOK_FORMAT
+
+
+@pytest.mark.parametrize("setup, error", [
+    ("", "torch is not imported in this process"),
+    ("import sys, types; sys.modules['torch'] = types.ModuleType('torch')\n",  # no torch.distributed
+     "no torch._C._distributed_c10d._dump_nccl_trace_json"),
+])
+def test_fr_trace_without_a_recorder_is_an_error_not_a_crash(setup, error):
+    code = setup + "import json\nfrom trainwatch.probes import hook\nprint(json.dumps(hook.fr_trace()))"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "TRAINWATCH_ARMED_PID")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    reply = json.loads(out.stdout)
+    assert not reply["ok"] and error in reply["error"], reply
+
+
+@pytest.mark.job
+def test_live_source_judges_an_armed_mismatch_by_its_flight_recorder(planted, tmp_path):
+    """`trainwatch run` arms the job; the live source's poll carries the hooks' Flight Recorder
+    and its verdict names the first sequence number where the two ranks disagree."""
+    from trainwatch.probes.live import LocalSource
+
+    prefix = [sys.executable, "-m", "trainwatch.tui.cli", "run", "--out", str(tmp_path / "run"), "--"]
+    job = planted("mismatch", nproc=2, deadline=60, prefix=prefix)
+    source = LocalSource(job.pid, window=0.5, samples=2, gpu=False)
+    try:
+        deadline = time.monotonic() + 30
+        snap = source.poll()
+        while time.monotonic() < deadline and (snap.collectives is None or not snap.collectives.divergence):
+            time.sleep(0.5)  # the planted fault comes at step 3, and the feed fetches in the background
+            snap = source.poll()
+        state = snap.collectives
+        assert state is not None and state.source == "hook", snap.notes
+        assert state.divergence.startswith("ranks disagree at #"), state.divergence
+        assert "rank 0 enqueued all_reduce" in state.divergence and "rank 1 enqueued all_gather" in state.divergence
+        assert {(r.rank, r.pending_op) for r in state.ranks} == {(0, "all_reduce"), (1, "all_gather")}
+        assert snap.verdict.kind == "mismatch" and snap.verdict.culprits == ()  # one against one: no coin toss
+        assert snap.verdict.summary == f"{state.divergence} (Flight Recorder, hook)"
+        for _ in range(2):  # two more fetches, both during the hang (each poll starts one, a second apart)
+            time.sleep(1.1)
+            source.poll()
+            source._feed.wait(10)
+        assert source._feed.progressed(0) is False  # hung: its completed collectives do not advance
+        assert job.alive()
+    finally:
+        source.close()

@@ -152,3 +152,37 @@ def test_debug_server_handler_unreachable_is_a_note():
         port = probe.getsockname()[1]
     found = nccl_state.fetch_debug_handler(f"http://127.0.0.1:{port}", "fr_trace_json", timeout=1)
     assert found.data is None and "fr_trace_json" in found.note
+
+
+def test_a_dump_written_in_halves_is_read_whole(tmp_path):
+    """torch writes the dump in place: a half-written pickle is waited out, not taken."""
+    from pathlib import Path
+
+    from trainwatch.probes import flightrec
+
+    whole = (Path(__file__).parent / "fixtures" / "fr" / "h100" / "pipe-dump-rank0.pickle").read_bytes()
+    env = {"TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(tmp_path / "trace_")}
+    started = time.time()
+
+    def writer():
+        with open(tmp_path / "trace_0", "wb") as out:
+            out.write(whole[: len(whole) // 2])
+            out.flush()
+            time.sleep(1.0)  # longer than the settle check: the size alone would look final
+            out.write(whole[len(whole) // 2:])
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    found = nccl_state.await_dump(0, env, started, wait_s=5, accept=flightrec.is_trace)
+    thread.join()
+    assert found.data == whole, found.note
+    assert nccl_state.PIPE_WAIT_S == 15.0  # 5.7 s measured on an H100: 3 s was too short
+
+
+def test_pipe_wait_can_be_stopped(tmp_path):
+    env = {"TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(tmp_path / "trace_")}
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()
+    started = time.monotonic()
+    found = nccl_state.await_dump(0, env, time.time(), wait_s=10, stop=stop)
+    assert time.monotonic() - started < 2 and found.data is None and "stopped" in found.note

@@ -129,11 +129,12 @@ def test_summaries_agree_in_number():
     two = [rank(0, "stuck", "collective", op="all_reduce", where="a"), rank(1, "stuck", "collective", op="all_gather", where="b")]
     tie = judge(two, job)
     assert (tie.kind, tie.culprits) == ("mismatch", ())  # one against one: no coin toss
-    assert tie.summary == ("ranks disagree, and nothing tells which side is wrong: "
-                           "rank 0 is in all_reduce at a; rank 1 is in all_gather at b")
+    assert tie.summary == "ranks disagree: rank 0 is in all_reduce at a; rank 1 is in all_gather at b"
     # A place no other rank ever visited while healthy breaks the tie: both went through 'a' every step.
     known = judge(two, job, familiar={0: frozenset({"a"}), 1: frozenset({"a"})})
     assert (known.kind, known.culprits) == ("mismatch", (1,))
     assert known.summary == "rank 1 is in all_gather at b while rank 0 waits in all_reduce at a"
+    three = two + [rank(2, "stuck", "collective", op="all_gather", where="b")]
+    assert judge(three, job).summary == "rank 0 is in all_reduce at a while ranks 1-2 wait in all_gather at b"
     lone = [rank(0, "stuck", "collective", op="all_reduce", where="a"), rank(1, "stuck", "sleep", where="c")]
     assert judge(lone, job).summary == "rank 1 is in sleep at c while rank 0 waits in all_reduce at a"

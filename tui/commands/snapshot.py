@@ -13,6 +13,8 @@ from trainwatch.probes.errors import NotAJob, TrainwatchError
 from trainwatch.probes.live import LocalSource
 from trainwatch.probes.pyspy import find_pyspy
 
+COLLECTIVE_WAIT_S = 2.0  # the ranks' Flight Recorder, fetched while the window is sampled
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("snapshot", help="sample every rank once over a window and print the verdict")
@@ -55,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         snapshot = _other_nodes_only(args)  # a login node: the job runs only on the nodes named
     else:
         find_pyspy()  # fail early and clearly: without py-spy there is nothing to show
-        source = LocalSource(pid, window=args.window, samples=args.samples)
+        source = LocalSource(pid, window=args.window, samples=args.samples, collective_wait=COLLECTIVE_WAIT_S)
         try:
             wrapped = wrap_remote(args, source)
             snapshot = wrapped.poll(native_for=_all_ranks(source) if args.native else frozenset())
