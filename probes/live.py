@@ -25,7 +25,7 @@ from trainwatch.probes.process import JobProcesses, RankProcess
 from trainwatch.probes.progress import ProgressTracker
 from trainwatch.probes.pyspy import find_pyspy
 from trainwatch.probes.sampler import StackSample, sample_all
-from trainwatch.probes.snapshot import ExitInfo, Job, Rank, Snapshot, Verdict, compact_ranks
+from trainwatch.probes.snapshot import CollectiveState, ExitInfo, Job, Rank, Snapshot, Verdict, compact_ranks
 from trainwatch.probes.verdict import TEARDOWN_SIGNALS, judge
 
 FULL_REFRESH_EVERY = 5  # every few polls, dump every rank anyway (other threads, stale lines)
@@ -48,6 +48,7 @@ class LocalSource:
         self._native = NativeCache()
         self.auto_native = auto_native  # off: judge from Python stacks alone (for comparison)
         self._familiar: dict[int, frozenset[str]] = {}
+        self._completed: dict[tuple[int, str], int] = {}  # (rank, process group) -> last completed collective
         self._workers: dict[tuple[int, tuple], str | None] = {}  # (pid, stack) -> stuck DataLoader worker
         self.stuck_after = stuck_after  # fixed threshold in seconds; None: each rank's own rhythm
         self._stacks: dict[int, tuple] = {}
@@ -197,6 +198,9 @@ class LocalSource:
         ranks = [self._with_worker(rank) for rank in ranks]
         collectives = (self._feed.wait(self._collective_wait) if self._collective_wait
                        else self._feed.latest(stuck=any(r.state == "stuck" for r in ranks)))
+        if self._collectives_advanced(collectives, job, now):
+            ranks = [replace(r, state="running", stuck_for_s=None) if r.state == "stuck" and r.pid is not None
+                     and (self.tracker.idle_for(r.pid, now) or 0.0) < 1.0 else r for r in ranks]
         verdict = judge(ranks, job, collectives, familiar=self._familiar, now=now)
         if self._pyspy_missing is not None:
             warnings.append(str(self._pyspy_missing))
@@ -246,6 +250,24 @@ class LocalSource:
             detail=cls.detail if cls else None,
             native=bool(threads) and any(f.native for t in threads[:1] for f in t.frames),
         )
+
+    def _collectives_advanced(self, state: CollectiveState | None, job: JobProcesses, now: float) -> bool:
+        """Completed collectives that advanced since the last poll are progress, whatever the stacks
+        showed (a rank may sit at the same sync point every time it is sampled). True if any did."""
+        if state is None:
+            return False
+        pids = {proc.rank: proc.pid for proc in job.ranks if proc.rank is not None}
+        advanced = False
+        for row in state.ranks:
+            key = (row.rank, row.pg)
+            done = row.last_completed
+            if done is None:
+                continue
+            if key in self._completed and done > self._completed[key] and row.rank in pids:
+                self.tracker.mark_progress(pids[row.rank], now)
+                advanced = True
+            self._completed[key] = max(done, self._completed.get(key, done))
+        return advanced
 
     def _with_worker(self, rank: Rank) -> Rank:
         """A rank stuck waiting for its DataLoader: name the worker that holds it up (sampled once per stack)."""
