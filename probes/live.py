@@ -22,7 +22,8 @@ from trainwatch.probes.process import JobProcesses, RankProcess
 from trainwatch.probes.progress import ProgressTracker
 from trainwatch.probes.pyspy import find_pyspy
 from trainwatch.probes.sampler import StackSample, sample_all
-from trainwatch.probes.snapshot import ExitInfo, Job, Rank, Snapshot, Verdict, compact_ranks
+from trainwatch.probes.snapshot import PROBLEM_VERDICTS, ExitInfo, Job, Rank, Snapshot, Verdict, compact_ranks
+from trainwatch.probes.steps import StepReader, slow_step_warnings, step_note
 from trainwatch.probes.verdict import TEARDOWN_SIGNALS, judge
 
 FULL_REFRESH_EVERY = 5  # every few polls, dump every rank anyway (other threads, stale lines)
@@ -37,6 +38,7 @@ class LocalSource:
         self.window = max(0.0, window)
         self.samples = max(1, samples) if self.window > 0 else 1
         self.tracker = ProgressTracker()
+        self._steps = StepReader()
         self._stacks: dict[int, tuple] = {}
         self._class: dict[int, Classification] = {}
         self._seen: dict[int, RankProcess] = {}  # pid -> rank process, everything ever seen
@@ -135,8 +137,9 @@ class LocalSource:
             counters = procfs.thread_counters(proc.pid)
             skip = self._polls % FULL_REFRESH_EVERY and not self.tracker.needs_dump(proc.pid, counters)
             requests.append((proc.pid, native, self._stacks.get(proc.pid), bool(skip), counters))
-        samples = sample_all(requests)
+        samples = sample_all(requests, locals_for=self._steps_due(requests))
         now = time.time()
+        self._read_steps(samples, now)
         for pid, sample in samples.items():
             if sample.threads is None:
                 continue
@@ -171,7 +174,7 @@ class LocalSource:
         ranks += self._missing(job, ranks)
         gpu_host, ranks = self._add_gpu(job, ranks, warnings, notes)
         self._restarts(ranks, notes)
-        verdict = judge(ranks, job)
+        verdict = _with_step_note(judge(ranks, job), ranks)
         if self._pyspy_missing is not None:
             warnings.append(str(self._pyspy_missing))
         if verdict.kind in ("healthy", "unknown"):
@@ -180,6 +183,7 @@ class LocalSource:
         warnings += _launch_warnings(job)
         if self._gpu is not None:
             warnings += list(self._gpu_phase_warnings(ranks))
+        warnings += slow_step_warnings(ranks, self._steps.clock, self.window)
         return Snapshot(
             job=_job_record(job),
             ranks=tuple(ranks),
@@ -205,6 +209,7 @@ class LocalSource:
         elif idle is not None and self.window > 0 and self.tracker.observed_for(proc.pid, now) >= self.window * 0.95:
             state = "stuck" if idle >= self.window * 0.95 else "running"
         cpu, rss = self._usage(proc.pid, now)
+        step, period = self._steps.fields(proc.pid)
         return Rank(
             rank=proc.rank, pid=proc.pid, host=socket.gethostname(), local_rank=proc.local_rank,
             state=state,
@@ -215,8 +220,23 @@ class LocalSource:
             stuck_for_s=round(idle, 1) if state == "stuck" and idle is not None else None,
             cpu_pct=cpu, rss_bytes=rss, threads=threads,
             children=proc.children, log_path=proc.log_path,
-            detail=cls.detail if cls else None,
+            detail=cls.detail if cls else None, step=step, step_period_s=period,
         )
+
+    # -- steps (probes/steps.py) ---------------------------------------------------------------
+    def _steps_due(self, requests: list) -> frozenset[int]:
+        """Ranks whose step-like locals this sampling round reads (a --locals dump in the same pass)."""
+        self._steps.next_round()
+        urgent = self._verdict is not None and self._verdict.kind in PROBLEM_VERDICTS
+        first, now = self._polls == 0, time.time()
+        return frozenset(pid for pid, native, _prev, _skip, counters in requests
+                         if not native and self._steps.due(pid, counters, now, first=first, urgent=urgent))
+
+    def _read_steps(self, samples: dict[int, StackSample], now: float) -> None:
+        for pid, sample in samples.items():
+            if sample.ints is not None and sample.threads:
+                main = next((t for t in sample.threads if t.is_main), sample.threads[0])
+                self._steps.observe(pid, main.frames, sample.ints, sample.after, now)
 
     def _usage(self, pid: int, now: float) -> tuple[float | None, int | None]:
         try:
@@ -276,6 +296,7 @@ class LocalSource:
                 state="exited", phase=cls.phase if cls else "unknown", op=cls.op if cls else None,
                 where=cls.where if cls else None, user_frame=cls.user_frame if cls else None,
                 threads=self._stacks.get(pid, ()), exit=info, log_path=proc.log_path if proc else None,
+                step=self._steps.clock.step(pid),
             ))
             live_numbers.add(number)
         return sorted(ranks, key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0, r.pid or 0))
@@ -350,6 +371,13 @@ class _CrashThread:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def _with_step_note(verdict: Verdict, ranks: list[Rank]) -> Verdict:
+    """A problem verdict says which ranks are at another step (healthy ranks read a few ms apart
+    can straddle a step boundary, so it is not said of a healthy job)."""
+    note = step_note(ranks) if verdict.kind in PROBLEM_VERDICTS else None
+    return replace(verdict, summary=f"{verdict.summary}; {note}") if note else verdict
 
 
 def _unjudged(verdict: Verdict, ranks: list[Rank], pyspy_missing: ToolMissing | None) -> Verdict:
