@@ -38,7 +38,7 @@ class LocalSource:
         self.window = max(0.0, window)
         self.samples = max(1, samples) if self.window > 0 else 1
         self.tracker = ProgressTracker()
-        self._steps = StepReader()
+        self._steps = StepReader(every=FULL_REFRESH_EVERY)
         self._stacks: dict[int, tuple] = {}
         self._class: dict[int, Classification] = {}
         self._seen: dict[int, RankProcess] = {}  # pid -> rank process, everything ever seen
@@ -225,18 +225,20 @@ class LocalSource:
 
     # -- steps (probes/steps.py) ---------------------------------------------------------------
     def _steps_due(self, requests: list) -> frozenset[int]:
-        """Ranks whose step-like locals this sampling round reads (a --locals dump in the same pass)."""
+        """Ranks whose step-like locals this sampling round reads, with --locals in the same pass:
+        every round of the first window and of the full refreshes (every rank is dumped then
+        anyway), every poll while the verdict is a problem; see StepReader.due."""
         self._steps.next_round()
-        urgent = self._verdict is not None and self._verdict.kind in PROBLEM_VERDICTS
-        first, now = self._polls == 0, time.time()
+        problem = self._verdict is not None and self._verdict.kind in PROBLEM_VERDICTS
+        force, now = self._polls % FULL_REFRESH_EVERY == 0 or problem, time.time()
         return frozenset(pid for pid, native, _prev, _skip, counters in requests
-                         if not native and self._steps.due(pid, counters, now, first=first, urgent=urgent))
+                         if not native and self._steps.due(pid, counters, now, force=force))
 
     def _read_steps(self, samples: dict[int, StackSample], now: float) -> None:
         for pid, sample in samples.items():
             if sample.ints is not None and sample.threads:
                 main = next((t for t in sample.threads if t.is_main), sample.threads[0])
-                self._steps.observe(pid, main.frames, sample.ints, sample.after, now)
+                self._steps.observe(pid, main.frames, sample.ints, sample.after, sample.at or now)
 
     def _usage(self, pid: int, now: float) -> tuple[float | None, int | None]:
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ class StackSample:
     reused: bool = False  # no py-spy call: the previous stacks were kept (see ProgressTracker.needs_dump)
     gone: bool = False
     ints: FrameInts | None = None  # step-like integer locals when read with --locals (see probes/steps.py)
+    at: float | None = None  # unix time of the py-spy call (the middle of it)
 
 
 def sample_one(pid: int, native: bool, previous: tuple[ThreadStack, ...] | None,
@@ -38,7 +40,7 @@ def sample_one(pid: int, native: bool, previous: tuple[ThreadStack, ...] | None,
     locals = locals and not native
     if skip and previous is not None and not native and not locals:
         return StackSample(pid, previous, before, before, reused=True)
-    ints = None
+    ints, started = None, time.time()
     try:
         if locals:
             stacks, ints = dump_stacks(pid, timeout=timeout, locals=True)
@@ -48,7 +50,8 @@ def sample_one(pid: int, native: bool, previous: tuple[ThreadStack, ...] | None,
         return StackSample(pid, None, before, None, error=exc, gone=True)
     except TrainwatchError as exc:
         return StackSample(pid, None, before, procfs.thread_counters(pid), error=exc)
-    return StackSample(pid, tuple(stacks), before, procfs.thread_counters(pid), ints=ints)
+    at = (started + time.time()) / 2
+    return StackSample(pid, tuple(stacks), before, procfs.thread_counters(pid), ints=ints, at=at)
 
 
 Request = tuple[int, bool, "tuple[ThreadStack, ...] | None", bool, "procfs.ThreadCounters | None"]

@@ -181,12 +181,12 @@ class StepClock:
 
 
 class StepReader:
-    """When to pay for a ``--locals`` dump, and the clock fed by them. A rank is read on every
-    sampling round of a first multi-sample poll, then every ``every`` polls, or every poll while
-    something is wrong, and never while its main thread has not run since the last read (its step
+    """When to pay for a ``--locals`` dump, and the clock fed by them. A rank is read when the
+    caller forces it (rounds where every rank is dumped anyway, or something is wrong) or every
+    ``every`` rounds, and never while its main thread has not run since the last read (its step
     cannot have changed)."""
 
-    def __init__(self, every: int = 3) -> None:
+    def __init__(self, every: int = 5) -> None:
         self.every = max(1, every)
         self.clock = StepClock()
         self._read: dict[int, tuple[int, ThreadCounters | None]] = {}  # pid -> (round, counters after)
@@ -195,8 +195,7 @@ class StepReader:
     def next_round(self) -> None:
         self._round += 1
 
-    def due(self, pid: int, counters: ThreadCounters | None, now: float, first: bool = False,
-            urgent: bool = False) -> bool:
+    def due(self, pid: int, counters: ThreadCounters | None, now: float, force: bool = False) -> bool:
         """Whether this round should read ``pid``'s locals. A main thread that has not run since the
         last read counts as a read that saw the same step."""
         last = self._read.get(pid)
@@ -205,7 +204,7 @@ class StepReader:
         if counters is not None and counters == last[1]:
             self.clock.still(pid, now)
             return False
-        return first or urgent or self._round - last[0] >= self.every
+        return force or self._round - last[0] >= self.every
 
     def observe(self, pid: int, frames: Sequence[Frame], ints: FrameInts, after: ThreadCounters | None,
                 now: float) -> None:

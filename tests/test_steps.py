@@ -98,10 +98,10 @@ def test_reader_reads_only_when_the_step_can_have_changed():
     reader.next_round()
     reader.observe(1, (Frame("train", "/work/train.py"),), {0: {"step": 3}}, idle, 0.0)
     reader.next_round()
-    assert not reader.due(1, idle, 1.0, urgent=True)  # has not run since: same step, no dump
+    assert not reader.due(1, idle, 1.0, force=True)  # has not run since: same step, no dump
     busy = ThreadCounters(6, 9, 5)
     assert not reader.due(1, busy, 1.0)
-    assert reader.due(1, busy, 1.0, first=True) and reader.due(1, busy, 1.0, urgent=True)
+    assert reader.due(1, busy, 1.0, force=True)
     reader.next_round()
     reader.next_round()
     assert reader.due(1, busy, 2.0)

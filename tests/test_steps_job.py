@@ -45,10 +45,12 @@ def test_steps_period_and_the_rank_left_behind(planted):
         ranks = {r.rank: r for r in snap.ranks}
         assert [ranks[n].step for n in (0, 1, 2)] == [STALL_STEP + 1, STALL_STEP + 1, STALL_STEP], snap.ranks
         assert snap.verdict.culprits == (2,) and NOTE in snap.verdict.summary, snap.verdict
-        # Time per step while the job ran: the planted sleep plus a little work and all_reduce.
+        # Time per step while the job ran: the planted sleep plus a little work and all_reduce (the
+        # band allows for reads timed to a few tens of ms; not dividing by the steps between reads
+        # would give 2x and more).
         assert periods, "no step period was measured before the stall"
-        assert all(STEP_S * 0.8 <= p <= STEP_S * 2.5 for p in periods), periods
-        assert all(0.8 * STEP_S <= ranks[n].step_period_s <= 2.5 * STEP_S for n in (0, 1, 2))
+        assert all(0.6 * STEP_S <= p <= 1.6 * STEP_S for p in periods), periods
+        assert all(0.6 * STEP_S <= ranks[n].step_period_s <= 1.6 * STEP_S for n in (0, 1, 2))
         slow = [w for w in snap.warnings if w.startswith(f"rank 2: step {STALL_STEP} has taken ")]
         assert slow and "its usual" in slow[0], snap.warnings
         assert not any(w.startswith(("rank 0:", "rank 1:")) for w in snap.warnings), snap.warnings
