@@ -25,7 +25,9 @@ from trainwatch.probes.process import JobProcesses, RankProcess
 from trainwatch.probes.progress import ProgressTracker
 from trainwatch.probes.pyspy import find_pyspy
 from trainwatch.probes.sampler import StackSample, sample_all
-from trainwatch.probes.snapshot import CollectiveState, ExitInfo, Job, Rank, Snapshot, Verdict, compact_ranks
+from trainwatch.probes.snapshot import (PROBLEM_VERDICTS, CollectiveState, ExitInfo, Job, Rank, Snapshot, Verdict,
+                                        compact_ranks)
+from trainwatch.probes.steps import StepReader, slow_step_warnings, step_note
 from trainwatch.probes.verdict import TEARDOWN_SIGNALS, judge
 
 FULL_REFRESH_EVERY = 5  # every few polls, dump every rank anyway (other threads, stale lines)
@@ -51,6 +53,7 @@ class LocalSource:
         self._completed: dict[tuple[int, str], int] = {}  # (rank, process group) -> last completed collective
         self._workers: dict[tuple[int, tuple], str | None] = {}  # (pid, stack) -> stuck DataLoader worker
         self.stuck_after = stuck_after  # fixed threshold in seconds; None: each rank's own rhythm
+        self._steps = StepReader(every=FULL_REFRESH_EVERY)
         self._stacks: dict[int, tuple] = {}
         self._class: dict[int, Classification] = {}
         self._seen: dict[int, RankProcess] = {}  # pid -> rank process, everything ever seen
@@ -154,8 +157,9 @@ class LocalSource:
             counters = procfs.thread_counters(proc.pid)
             skip = self._polls % FULL_REFRESH_EVERY and not self.tracker.needs_dump(proc.pid, counters)
             requests.append((proc.pid, native, self._stacks.get(proc.pid), bool(skip), counters))
-        samples = sample_all(requests)
+        samples = sample_all(requests, locals_for=self._steps_due(requests))
         now = time.time()
+        self._read_steps(samples, now)
         classified = {pid: classify(sample.threads) for pid, sample in samples.items() if sample.threads is not None}
         take = lambda pids: sample_all([(pid, True, None, False, None) for pid in pids],  # noqa: E731
                                        parallel=NATIVE_PARALLEL)
@@ -201,7 +205,7 @@ class LocalSource:
         if self._collectives_advanced(collectives, job, now):
             ranks = [replace(r, state="running", stuck_for_s=None) if r.state == "stuck" and r.pid is not None
                      and (self.tracker.idle_for(r.pid, now) or 0.0) < 1.0 else r for r in ranks]
-        verdict = judge(ranks, job, collectives, familiar=self._familiar, now=now)
+        verdict = _with_step_note(judge(ranks, job, collectives, familiar=self._familiar, now=now), ranks)
         if self._pyspy_missing is not None:
             warnings.append(str(self._pyspy_missing))
         if verdict.kind in ("healthy", "unknown"):
@@ -210,6 +214,7 @@ class LocalSource:
         warnings += _launch_warnings(job)
         if self._gpu is not None:
             warnings += list(self._gpu_phase_warnings(ranks))
+        warnings += slow_step_warnings(ranks, self._steps.clock, self.window)
         return Snapshot(
             job=_job_record(job),
             ranks=tuple(ranks),
@@ -229,12 +234,13 @@ class LocalSource:
         cls = self._class.get(proc.pid)
         state = "unknown"
         idle = self.tracker.idle_for(proc.pid, now)
+        step, period = self._steps.fields(proc.pid)
         if sample is not None and sample.error is not None:
             notes.append(f"rank {proc.rank}: {sample.error.message}")
             if isinstance(sample.error, (AccessDenied, ToolMissing)) and sample.error.remedy:
                 notes.append(f"  hint: {sample.error.remedy}")
         elif idle is not None and self.window > 0 and self.tracker.observed_for(proc.pid, now) >= self.window * 0.95:
-            threshold = self.stuck_after or self.tracker.threshold(proc.pid, self.window)
+            threshold = self.stuck_after or self.tracker.threshold(proc.pid, self.window, period)
             state = "stuck" if idle >= threshold * 0.95 else "running"
         cpu, rss = self._usage(proc.pid, now)
         return Rank(
@@ -247,7 +253,7 @@ class LocalSource:
             stuck_for_s=round(idle, 1) if state == "stuck" and idle is not None else None,
             cpu_pct=cpu, rss_bytes=rss, threads=threads,
             children=proc.children, log_path=proc.log_path,
-            detail=cls.detail if cls else None,
+            detail=cls.detail if cls else None, step=step, step_period_s=period,
             native=bool(threads) and any(f.native for t in threads[:1] for f in t.frames),
         )
 
@@ -278,6 +284,23 @@ class LocalSource:
             self._workers[key] = busy_worker(rank.children)
         found = self._workers[key]
         return replace(rank, detail=found) if found else rank
+
+    # -- steps (probes/steps.py) ---------------------------------------------------------------
+    def _steps_due(self, requests: list) -> frozenset[int]:
+        """Ranks whose step-like locals this sampling round reads, with --locals in the same pass:
+        every round of the first window and of the full refreshes (every rank is dumped then
+        anyway), every poll while the verdict is a problem; see StepReader.due."""
+        self._steps.next_round()
+        problem = self._verdict is not None and self._verdict.kind in PROBLEM_VERDICTS
+        force, now = self._polls % FULL_REFRESH_EVERY == 0 or problem, time.time()
+        return frozenset(pid for pid, native, _prev, _skip, counters in requests
+                         if not native and self._steps.due(pid, counters, now, force=force))
+
+    def _read_steps(self, samples: dict[int, StackSample], now: float) -> None:
+        for pid, sample in samples.items():
+            if sample.ints is not None and sample.threads:
+                main = next((t for t in sample.threads if t.is_main), sample.threads[0])
+                self._steps.observe(pid, main.frames, sample.ints, sample.after, sample.at or now)
 
     def _usage(self, pid: int, now: float) -> tuple[float | None, int | None]:
         try:
@@ -337,6 +360,7 @@ class LocalSource:
                 state="exited", phase=cls.phase if cls else "unknown", op=cls.op if cls else None,
                 where=cls.where if cls else None, user_frame=cls.user_frame if cls else None,
                 threads=self._stacks.get(pid, ()), exit=info, log_path=proc.log_path if proc else None,
+                step=self._steps.clock.step(pid),
             ))
             live_numbers.add(number)
         return sorted(ranks, key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0, r.pid or 0))
@@ -423,6 +447,13 @@ def busy_worker(children: tuple[int, ...]) -> str | None:
         if frame is not None and not is_stdlib(frame) and "torch/utils/data/" not in frame.file:
             return f"DataLoader worker PID {pid} is in {frame.label()}"
     return None
+
+
+def _with_step_note(verdict: Verdict, ranks: list[Rank]) -> Verdict:
+    """A problem verdict says which ranks are at another step (healthy ranks read a few ms apart
+    can straddle a step boundary, so it is not said of a healthy job)."""
+    note = step_note(ranks) if verdict.kind in PROBLEM_VERDICTS else None
+    return replace(verdict, summary=f"{verdict.summary}; {note}") if note else verdict
 
 
 def _unjudged(verdict: Verdict, ranks: list[Rank], pyspy_missing: ToolMissing | None) -> Verdict:

@@ -10,10 +10,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Literal, overload
 
 from trainwatch.probes import procfs
 from trainwatch.probes.errors import AccessDenied, NoSuchProcess, ToolMissing, TrainwatchError
 from trainwatch.probes.snapshot import Frame, ThreadStack
+from trainwatch.probes.steps import FrameInts, int_literal, wanted_names
 
 DEFAULT_TIMEOUT = 5.0
 CAP_SYS_PTRACE = 19
@@ -37,11 +39,25 @@ def find_pyspy() -> str:
     return found
 
 
-def dump_stacks(pid: int, native: bool = False, timeout: float = DEFAULT_TIMEOUT) -> list[ThreadStack]:
-    """All threads' stacks of ``pid``, innermost frame first. Raises TrainwatchError subclasses."""
+@overload
+def dump_stacks(pid: int, native: bool = ..., timeout: float = ...,
+                locals: Literal[False] = ...) -> list[ThreadStack]: ...
+@overload
+def dump_stacks(pid: int, native: bool = ..., timeout: float = ..., *,
+                locals: Literal[True]) -> tuple[list[ThreadStack], FrameInts]: ...
+
+
+def dump_stacks(pid: int, native: bool = False, timeout: float = DEFAULT_TIMEOUT,
+                locals: bool = False) -> list[ThreadStack] | tuple[list[ThreadStack], FrameInts]:
+    """All threads' stacks of ``pid``, innermost frame first. Raises TrainwatchError subclasses.
+
+    ``locals=True`` (not with ``native``) adds ``--locals`` and returns ``(stacks, ints)``: the main
+    thread's step-like integer locals (:func:`parse_locals`); every other local is dropped."""
     cmd = [find_pyspy(), "dump", "--json", "--pid", str(pid)]
     if native:
         cmd.append("--native")
+    if locals:
+        cmd.append("--locals")
     was_stopped = procfs.state_letter(pid) in ("T", "t")
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -50,12 +66,15 @@ def dump_stacks(pid: int, native: bool = False, timeout: float = DEFAULT_TIMEOUT
         raise TrainwatchError(f"py-spy did not answer within {timeout:.0f}s for PID {pid}") from None
     finally:
         _resume_if_we_stopped(pid, was_stopped)
-    if proc.returncode != 0:
-        raise _explain_failure(pid, proc.stderr or proc.stdout)
+    if proc.returncode != 0:  # with locals, stdout may hold the job's values: explain from stderr only
+        raise _explain_failure(pid, proc.stderr if locals else (proc.stderr or proc.stdout))
     try:
-        return parse_dump(json.loads(proc.stdout), pid)
-    except (json.JSONDecodeError, TypeError, KeyError) as exc:
-        raise TrainwatchError(f"py-spy printed something unreadable for PID {pid}: {exc}") from None
+        data = json.loads(proc.stdout)
+        stacks = parse_dump(data, pid)
+        return (stacks, parse_locals(data, pid)) if locals else stacks
+    except (json.JSONDecodeError, TypeError, KeyError, AttributeError) as exc:
+        detail = type(exc).__name__ if locals else exc  # never echo a local's value
+        raise TrainwatchError(f"py-spy printed something unreadable for PID {pid}: {detail}") from None
 
 
 def _resume_if_we_stopped(pid: int, was_stopped: bool) -> None:
@@ -90,6 +109,26 @@ def parse_dump(data: list[dict], pid: int) -> list[ThreadStack]:
         ))
     threads.sort(key=lambda t: not t.is_main)
     return threads
+
+
+def parse_locals(data: list[dict], pid: int) -> FrameInts:
+    """The main thread's allowed integer locals, by frame index (innermost 0): only names
+    :func:`steps.wanted_names` allows for that frame, only int literals; nothing else is kept."""
+    main = next((item for item in data if item.get("os_thread_id") == pid), data[0] if data else None)
+    out: FrameInts = {}
+    for index, raw in enumerate(main.get("frames", []) if main else []):
+        wanted = wanted_names(Frame(function=raw.get("name") or "?", file=raw.get("filename") or "?",
+                                    native=raw.get("module") is not None))
+        if not wanted:
+            continue
+        found = {}
+        for local in raw.get("locals") or ():
+            value = int_literal(local.get("repr")) if local.get("name") in wanted else None
+            if value is not None:
+                found[local["name"]] = value
+        if found:
+            out[index] = found
+    return out
 
 
 def _explain_failure(pid: int, message: str) -> TrainwatchError:

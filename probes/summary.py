@@ -9,6 +9,7 @@ from importlib import metadata
 from trainwatch.probes import flightrec
 from trainwatch.probes.bundle_rank import RankEvidence
 from trainwatch.probes.snapshot import Snapshot, compact_ranks
+from trainwatch.probes.steps import step_label
 from trainwatch.probes.verdict import who
 
 
@@ -72,12 +73,15 @@ def render(snapshot: Snapshot, evidence: list[RankEvidence], host_notes: list[st
             text = text.decode(errors="replace") if isinstance(text, bytes) else text
             out += ["", f"### Stack of culprit rank {ev.rank} (PID {ev.pid})", "", "```", text.rstrip()[:8000], "```"]
 
-    out += ["", "## Ranks", "", "| rank | pid | state | phase | where | faulthandler |", "|---|---|---|---|---|---|"]
+    out += ["", "## Ranks", "", "| rank | pid | state | step | phase | where | faulthandler |",
+            "|---|---|---|---|---|---|---|"]
     by_rank = {ev.rank: ev for ev in evidence}
     for rank in snapshot.ranks:
         ev = by_rank.get(rank.rank)
         fault = ev.faulthandler if ev else "n/a"
-        out.append(f"| {rank.rank} | {rank.pid} | {rank.state} | {rank.phase} | `{rank.where or 'n/a'}` | {fault} |")
+        step = step_label(rank.step, rank.step_period_s) or "n/a"
+        out.append(f"| {rank.rank} | {rank.pid} | {rank.state} | {step} | {rank.phase} "
+                   f"| `{rank.where or 'n/a'}` | {fault} |")
 
     out += ["", "## GPUs and host", ""]
     for host in snapshot.hosts:

@@ -18,8 +18,9 @@ import time
 
 SCENARIOS = (
     "healthy", "straggler", "mismatch", "uneven", "dataloader", "lock",
-    "segfault", "assert", "slowstep",
+    "segfault", "assert", "slowstep", "skipstep",
 )
+STALL_STEP = 40  # skipstep: the culprit stalls when its own counter reaches this
 
 
 def stop_job_tree(pid: int, grace: float = 3.0) -> None:
@@ -130,9 +131,16 @@ def train(scenario: str, step_s: float, stop_at: float, ddp: bool = False) -> No
         model = DistributedDataParallel(model)
     lock = threading.Lock()
     print(f"rank {rank}/{world} pid {os.getpid()} scenario {scenario}", flush=True)
-    step = 0
+    step, skipped = 0, False
+    if scenario == "skipstep":  # locals that look like secrets: trainwatch must never show them
+        step_token, api_key = "sk-secret-tw-5f3a9c", 987654321987  # noqa: F841
     for batch in make_loader(rank, world, scenario, stop_at):
         step += 1
+        if scenario == "skipstep" and rank == culprit:
+            if step == 3 and not skipped:
+                step, skipped = step - 1, True  # one step not counted: one behind from here on, in lockstep
+            if step == STALL_STEP:
+                time.sleep(3600)  # then stalls: the others go on to their next step and wait in all_reduce
         loss = compute_step(model, batch)
         if step_s:
             time.sleep(step_s)

@@ -7,6 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from trainwatch.probes.snapshot import Rank, Snapshot
+from trainwatch.probes.steps import step_label
 from trainwatch.tui.widgets import format as fmt
 
 
@@ -39,7 +40,7 @@ def render_table(snapshot: Snapshot) -> RichGroup:
     head = Text(f"{job.launcher} pid {job.pid} on {job.host}  world size {world}  "
                 f"window {snapshot.window_s:g}s", style="bold")
     table = Table(expand=False, pad_edge=False, box=None, header_style="bold")
-    for column in ("rank", "pid", "state", "phase", "op", "where", "cpu%", "rss", "gpu"):
+    for column in ("rank", "pid", "state", "step", "phase", "op", "where", "cpu%", "rss", "gpu"):
         table.add_column(column, no_wrap=column != "where")
     culprits = set(snapshot.verdict.culprits)
     for rank in snapshot.ranks:
@@ -47,7 +48,8 @@ def render_table(snapshot: Snapshot) -> RichGroup:
         marker = "▶ " if rank.rank in culprits else "  "
         table.add_row(
             Text(marker + (str(rank.rank) if rank.rank is not None else fmt.NA), style=style),
-            str(rank.pid or fmt.NA), state_text(rank), rank.phase, rank.op or "", rank.where or "",
+            str(rank.pid or fmt.NA), state_text(rank), step_label(rank.step, rank.step_period_s) or fmt.NA,
+            rank.phase, rank.op or "", rank.where or "",
             fmt.pct(rank.cpu_pct), fmt.size(rank.rss_bytes), gpu_text(rank),
         )
     parts: list = [head, verdict_line(snapshot), table, Text("stack groups", style="bold underline")]
