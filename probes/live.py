@@ -27,7 +27,7 @@ from trainwatch.probes.pyspy import find_pyspy
 from trainwatch.probes.sampler import StackSample, sample_all
 from trainwatch.probes.snapshot import (PROBLEM_VERDICTS, CollectiveState, ExitInfo, Job, Rank, Snapshot, Verdict,
                                         compact_ranks)
-from trainwatch.probes.steps import StepReader, slow_step_warnings, step_note
+from trainwatch.probes.steps import StepReader, slow_step_warnings
 from trainwatch.probes.verdict import TEARDOWN_SIGNALS, judge
 
 FULL_REFRESH_EVERY = 5  # every few polls, dump every rank anyway (other threads, stale lines)
@@ -205,7 +205,7 @@ class LocalSource:
         if self._collectives_advanced(collectives, job, now):
             ranks = [replace(r, state="running", stuck_for_s=None) if r.state == "stuck" and r.pid is not None
                      and (self.tracker.idle_for(r.pid, now) or 0.0) < 1.0 else r for r in ranks]
-        verdict = _with_step_note(judge(ranks, job, collectives, familiar=self._familiar, now=now), ranks)
+        verdict = judge(ranks, job, collectives, familiar=self._familiar, now=now)
         if self._pyspy_missing is not None:
             warnings.append(str(self._pyspy_missing))
         if verdict.kind in ("healthy", "unknown"):
@@ -447,13 +447,6 @@ def busy_worker(children: tuple[int, ...]) -> str | None:
         if frame is not None and not is_stdlib(frame) and "torch/utils/data/" not in frame.file:
             return f"DataLoader worker PID {pid} is in {frame.label()}"
     return None
-
-
-def _with_step_note(verdict: Verdict, ranks: list[Rank]) -> Verdict:
-    """A problem verdict says which ranks are at another step (healthy ranks read a few ms apart
-    can straddle a step boundary, so it is not said of a healthy job)."""
-    note = step_note(ranks) if verdict.kind in PROBLEM_VERDICTS else None
-    return replace(verdict, summary=f"{verdict.summary}; {note}") if note else verdict
 
 
 def _unjudged(verdict: Verdict, ranks: list[Rank], pyspy_missing: ToolMissing | None) -> Verdict:

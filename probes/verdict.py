@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Mapping, Sequence
 
 from trainwatch.probes.flightrec import age_text
 from trainwatch.probes.process import JobProcesses
-from trainwatch.probes.snapshot import CollectiveState, Job, Rank, Verdict, compact_ranks
+from trainwatch.probes.snapshot import PROBLEM_VERDICTS, CollectiveState, Job, Rank, Verdict, compact_ranks
+from trainwatch.probes.steps import step_note
 
 TEARDOWN_SIGNALS = frozenset({"SIGTERM", "SIGKILL", "SIGINT", "SIGHUP"})
 
@@ -82,8 +84,11 @@ def judge(ranks: Sequence[Rank], job: Job | JobProcesses | None = None,
     ties between ranks that wait in different places (a place nobody else ever visited is the odd one).
     ``now``: the time the ranks were observed, for the age of pending collectives.
     """
-    return (_crashed(ranks) or _rendezvous(ranks, job) or _from_collectives(ranks, collectives, familiar or {}, now)
-            or _from_stacks(ranks, collectives, familiar or {}, now))
+    verdict = (_crashed(ranks) or _rendezvous(ranks, job) or _from_collectives(ranks, collectives, familiar or {}, now)
+               or _from_stacks(ranks, collectives, familiar or {}, now))
+    # Which ranks are at another step; not said of a healthy job (ranks read a few ms apart straddle steps).
+    note = step_note(ranks) if verdict.kind in PROBLEM_VERDICTS else None
+    return replace(verdict, summary=f"{verdict.summary}; {note}") if note else verdict
 
 
 def _crashed(ranks: Sequence[Rank]) -> Verdict | None:
