@@ -234,7 +234,8 @@ def test_exception_with_a_lingering_thread_is_a_crash(framework_job):
     said = describe(data)
     verdict, ranks = data["verdict"], by_rank(data)
     lingering = ranks[1]
-    assert psutil.pid_exists(lingering["pid"]) and psutil.Process(lingering["pid"]).status() != psutil.STATUS_ZOMBIE
+    assert psutil.pid_exists(lingering["pid"]) and psutil.Process(lingering["pid"]).status() != psutil.STATUS_ZOMBIE, \
+        f"rank 1 no longer lingers: the test proves nothing\n{said}"
     assert verdict["kind"] == "crashed" and verdict["culprits"] == [1], said
     assert "RuntimeError" in verdict["summary"] and "boom" in verdict["summary"], said
     assert lingering["phase"] == "exiting", said  # the main thread is in threading._shutdown
