@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -16,6 +17,7 @@ import psutil
 from trainwatch.tui.planted import stop_job_tree
 
 PLANTED = Path(__file__).resolve().parents[1] / "tui" / "planted.py"
+FRAMEWORK_JOBS = Path(__file__).resolve().parent / "jobs_frameworks"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
@@ -35,16 +37,29 @@ def kill_tree(pid: int) -> None:
 
 
 class PlantedJob:
-    """A real gloo job running ``tui/planted.py`` copied as ``train.py`` into ``workdir``."""
+    """A real gloo job running ``tui/planted.py`` copied as ``train.py`` into ``workdir``, or,
+    given ``script``, that job script (e.g. one of ``tests/jobs_frameworks/``) copied into
+    ``workdir`` under its own name with its ``_*.py`` helpers beside it, run with
+    ``--deadline`` and ``script_args``."""
 
-    def __init__(self, workdir: Path, scenario: str, nproc: int = 3, deadline: float = 60.0,
+    def __init__(self, workdir: Path, scenario: str | None = None, nproc: int = 3, deadline: float = 60.0,
                  step_s: float = 0.05, launcher: str = "torchrun", extra_env: dict | None = None,
-                 prefix: list[str] | None = None, monitor_interval: float | None = None) -> None:
+                 prefix: list[str] | None = None, monitor_interval: float | None = None,
+                 script: Path | None = None, script_args: list[str] | None = None) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.script = self.workdir / "train.py"
-        shutil.copy(PLANTED, self.script)
-        args = [str(self.script), "--scenario", scenario, "--deadline", str(deadline), "--step-s", str(step_s)]
+        if script is None:
+            assert scenario is not None, "a planted scenario or a job script"
+            self.script = self.workdir / "train.py"
+            shutil.copy(PLANTED, self.script)
+            args = [str(self.script), "--scenario", scenario, "--deadline", str(deadline), "--step-s", str(step_s)]
+        else:
+            script = Path(script)
+            for helper in script.parent.glob("_*.py"):
+                shutil.copy(helper, self.workdir / helper.name)
+            self.script = self.workdir / script.name
+            shutil.copy(script, self.script)
+            args = [str(self.script), "--deadline", str(deadline), *(script_args or [])]
         if launcher == "torchrun":
             cmd = [*TORCHRUN, "--nproc-per-node", str(nproc), "--master-port", str(free_port())]
             if monitor_interval is not None:
@@ -97,6 +112,22 @@ class PlantedJob:
                 raise RuntimeError(f"job exited early ({self.proc.returncode}):\n{text[-3000:]}")
             time.sleep(0.2)
         raise TimeoutError(f"ranks did not start in {timeout}s:\n{self.log.read_text(errors='replace')[-3000:]}")
+
+    def wait_for_log(self, *patterns: str, timeout: float = 60.0) -> str:
+        """Poll the job's log until every regex in ``patterns`` matches (a job's marker lines);
+        returns the log. Fails early, with the log's tail, when the job exits first."""
+        deadline = time.monotonic() + timeout
+        text = ""
+        while True:
+            text = self.log.read_text(errors="replace") if self.log.exists() else ""
+            missing = [p for p in patterns if not re.search(p, text, re.M)]
+            if not missing:
+                return text
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"job exited ({self.proc.returncode}) before {missing}:\n{text[-3000:]}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {missing} in the log within {timeout}s:\n{text[-3000:]}")
+            time.sleep(0.2)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -1,0 +1,50 @@
+"""Shared bits of the framework jobs: a hard deadline, offline settings, rank-tagged log lines.
+
+Each job copies this file beside itself (see ``tests/jobs.py``), so a job script needs
+nothing from trainwatch or the test suite to run under ``torchrun``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+import warnings
+
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "WANDB_DISABLED": "true", "TOKENIZERS_PARALLELISM": "false", "DISABLE_TQDM": "1"}
+
+
+def start(description: str, flags: tuple[str, ...] = ()) -> argparse.Namespace:
+    """Parse ``--deadline`` (and the job's on/off ``flags``), arm the deadline, and make the
+    process quiet and offline."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--deadline", type=float, default=60.0, help="exit after this many seconds")
+    for flag in flags:
+        parser.add_argument(flag, action="store_true")
+    args = parser.parse_args()
+    args.stop_at = time.time() + args.deadline
+    arm_deadline(args.deadline)
+    for name, value in OFFLINE.items():
+        os.environ.setdefault(name, value)
+    warnings.filterwarnings("ignore")
+    return args
+
+
+def arm_deadline(seconds: float) -> None:
+    """Hard stop: a rank blocked in C code (a collective, a join) still dies at the deadline."""
+    def _expire() -> None:
+        time.sleep(seconds)
+        os._exit(124)
+    threading.Thread(target=_expire, name="deadline", daemon=True).start()
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def log(message: str) -> None:
+    """One line per event, tagged with the rank: the tests wait for these markers."""
+    print(f"[rank {rank()}] {message}", file=sys.stdout, flush=True)

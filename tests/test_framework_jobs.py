@@ -1,0 +1,243 @@
+"""`trainwatch snapshot PID --json` against real framework jobs: HF Trainer, plain DDP, accelerate.
+
+Each test starts one job of ``tests/jobs_frameworks/`` under torchrun (gloo, CPU), waits for
+the job's own log to say the fault is planted, runs the CLI as a user would (default options)
+and asserts the truth: the verdict, its culprits, and where each rank is. The DDP ranks that
+wait for a peer wait in DDP's gradient all_reduce *inside* ``backward``: a user must read
+``collective`` there, not ``compute``.
+
+``FRAMEWORK_JOBS_SNAPSHOT_ARGS="--native"`` adds options to every snapshot (to compare).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from jobs import FRAMEWORK_JOBS, PlantedJob
+
+pytestmark = [pytest.mark.job, pytest.mark.slow]
+
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+               "WANDB_DISABLED": "true", "TOKENIZERS_PARALLELISM": "false"}
+DDP_ALL_REDUCE = re.compile(r"all_?reduce")  # e.g. "all_reduce (DDP gradients)"
+SETTLE_S = 1.0  # after the markers: the other ranks reach their blocking call within milliseconds
+
+
+def needs(module: str):
+    return pytest.mark.skipif(importlib.util.find_spec(module) is None,
+                              reason=f"{module} not installed (pip install -e '.[test]')")
+
+
+def line_of(script: str, marker: str) -> int:
+    """1-based line of the one line of a job script that contains ``marker``."""
+    lines = (FRAMEWORK_JOBS / script).read_text().splitlines()
+    hits = [n for n, text in enumerate(lines, start=1) if marker in text]
+    assert len(hits) == 1, f"{marker!r} in {script}: lines {hits}"
+    return hits[0]
+
+
+def trainwatch_cli() -> list[str]:
+    script = Path(sys.executable).with_name("trainwatch")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "trainwatch.tui.cli"]
+
+
+def snapshot(pid: int, timeout: float = 60) -> dict:
+    extra = shlex.split(os.environ.get("FRAMEWORK_JOBS_SNAPSHOT_ARGS", ""))
+    started = time.monotonic()
+    proc = subprocess.run([*trainwatch_cli(), "snapshot", str(pid), "--json", *extra],
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode in (0, 2) and proc.stdout.strip(), f"rc={proc.returncode}\n{proc.stderr}"
+    assert "Traceback" not in proc.stderr, proc.stderr
+    data = json.loads(proc.stdout)
+    print(f"snapshot took {time.monotonic() - started:.1f}s\n{describe(data)}")
+    return data
+
+
+def describe(data: dict) -> str:
+    """What trainwatch said, for the assertion messages: the verdict and each rank's place."""
+    verdict = data["verdict"]
+    lines = [f"verdict {verdict['kind']} culprits {verdict['culprits']}: {verdict['summary']}"]
+    for r in data["ranks"]:
+        lines.append(f"  rank {r['rank']} pid {r['pid']} {r['state']} phase={r['phase']} op={r['op']!r} "
+                     f"where={r['where']!r} children={r['children']} detail={r['detail']!r}")
+    return "\n".join(lines)
+
+
+def by_rank(data: dict) -> dict[int, dict]:
+    return {r["rank"]: r for r in data["ranks"]}
+
+
+def assert_waits_in_ddp_gradients(rank: dict, where: str, said: str) -> None:
+    """A rank blocked in DDP's gradient all_reduce inside ``backward``."""
+    assert rank["state"] == "stuck", said
+    assert rank["phase"] == "collective", f"rank {rank['rank']} waits in DDP's all_reduce, not compute\n{said}"
+    assert rank["op"] and DDP_ALL_REDUCE.search(rank["op"]), said
+    assert rank["where"] == where, said
+
+
+@pytest.fixture
+def framework_job(tmp_path):
+    """Factory: ``framework_job("ddp_uneven.py", nproc=3)`` starts a job script under torchrun."""
+    jobs: list[PlantedJob] = []
+
+    def start(script: str, nproc: int, deadline: float = 60.0, args: list[str] | None = None) -> PlantedJob:
+        job = PlantedJob(tmp_path / f"job{len(jobs)}", nproc=nproc, deadline=deadline,
+                         script=FRAMEWORK_JOBS / script, script_args=args, extra_env=OFFLINE_ENV)
+        jobs.append(job)
+        return job.start()
+
+    yield start
+    for job in jobs:
+        job.stop()
+
+
+@needs("transformers")
+@pytest.mark.parametrize("average_tokens", [False, True], ids=["ddp-backward", "token-count-all_gather"])
+def test_hf_trainer_callback_straggler(framework_job, average_tokens):
+    # 3 ranks of HF Trainer (DDP, gloo): rank 2's on_step_end sleeps forever after step 2.
+    # The others start step 3 and block in its first collective: DDP's gradient all_reduce
+    # inside backward, or, with the Trainer's default average_tokens_across_devices=True, the
+    # all_gather of the step's token count before the forward.
+    job = framework_job("hf_trainer_callback.py", nproc=3, deadline=90,
+                        args=["--average-tokens"] if average_tokens else [])
+    # The token count is gathered before step 3's on_step_begin, so those ranks never log it.
+    next_step = "step 2 ends" if average_tokens else "step 3 begins"
+    job.wait_for_log(r"^\[rank 2\] planted: sleeping in on_step_end", rf"^\[rank 0\] {next_step}",
+                     rf"^\[rank 1\] {next_step}", timeout=75)
+    time.sleep(SETTLE_S)
+    data = snapshot(job.pid)
+    said = describe(data)
+    verdict, ranks = data["verdict"], by_rank(data)
+    assert verdict["kind"] == "straggler" and verdict["culprits"] == [2], said
+    sleep_line = line_of("hf_trainer_callback.py", "planted: a user callback that never returns")
+    culprit = ranks[2]
+    assert culprit["state"] == "stuck" and culprit["phase"] == "sleep", said
+    assert culprit["where"] == f"hf_trainer_callback.py:{sleep_line} main.<locals>.Progress.on_step_end", said
+    assert "rank 2" in verdict["summary"] and "on_step_end" in verdict["summary"], said
+    for waiting in (ranks[0], ranks[1]):
+        if average_tokens:
+            assert waiting["state"] == "stuck" and waiting["phase"] == "collective", said
+            assert waiting["op"] == "all_gather", said
+            assert re.fullmatch(r"trainer\.py:\d+ Trainer\._get_num_items_in_batch", waiting["where"] or ""), said
+        else:
+            assert waiting["state"] == "stuck" and waiting["phase"] == "collective", \
+                f"rank {waiting['rank']} waits in DDP's gradient all_reduce inside backward, not compute\n{said}"
+            assert waiting["op"] and DDP_ALL_REDUCE.search(waiting["op"]), said
+            assert re.fullmatch(r"trainer\.py:\d+ Trainer\.training_step", waiting["where"] or ""), said
+    assert {g["label"]: g["culprit"] for g in data["groups"]} == {"0-1": False, "2": True}, said
+
+
+def test_ddp_uneven_data_rank_leaves_the_loop(framework_job):
+    # Rank 2 has one batch fewer: it waits in the end-of-epoch barrier while ranks 0-1 are in
+    # step 6's backward, waiting in DDP's gradient all_reduce.
+    job = framework_job("ddp_uneven.py", nproc=3)
+    job.wait_for_log(r"^\[rank 2\] epoch done", r"^\[rank 0\] step 6 begins", r"^\[rank 1\] step 6 begins",
+                     timeout=40)
+    time.sleep(SETTLE_S)
+    data = snapshot(job.pid)
+    said = describe(data)
+    verdict, ranks = data["verdict"], by_rank(data)
+    assert verdict["kind"] in ("mismatch", "straggler") and verdict["culprits"] == [2], said
+    barrier_line = line_of("ddp_uneven.py", "dist.barrier()  # rank 2 waits here")
+    backward_line = line_of("ddp_uneven.py", "loss.backward()")
+    odd = ranks[2]
+    assert odd["state"] == "stuck" and odd["phase"] == "collective" and odd["op"] == "barrier", said
+    assert odd["where"] == f"ddp_uneven.py:{barrier_line} main", said
+    assert f"ddp_uneven.py:{barrier_line}" in verdict["summary"], said
+    for waiting in (ranks[0], ranks[1]):
+        assert_waits_in_ddp_gradients(waiting, f"ddp_uneven.py:{backward_line} main", said)
+
+
+@needs("accelerate")
+@pytest.mark.parametrize("nproc", [3, 2])
+def test_accelerate_metric_gathered_on_one_rank(framework_job, nproc):
+    # Only rank 0 calls gather_for_metrics after step 3; the others go on to step 4 and wait
+    # in DDP's gradient all_reduce inside accelerator.backward.
+    job = framework_job("accelerate_gather_one_rank.py", nproc=nproc)
+    others = [rf"^\[rank {r}\] step 4 begins" for r in range(1, nproc)]
+    job.wait_for_log(r"^\[rank 0\] planted: gathering", *others, timeout=40)
+    time.sleep(SETTLE_S)
+    data = snapshot(job.pid)
+    said = describe(data)
+    verdict, ranks = data["verdict"], by_rank(data)
+    gather_line = line_of("accelerate_gather_one_rank.py", "accelerator.gather_for_metrics(")
+    backward_line = line_of("accelerate_gather_one_rank.py", "accelerator.backward(loss)")
+    gather_at = f"accelerate_gather_one_rank.py:{gather_line} main"
+    backward_at = f"accelerate_gather_one_rank.py:{backward_line} main"
+    gathering = ranks[0]
+    assert gathering["state"] == "stuck" and gathering["phase"] == "collective", said
+    assert gathering["op"] in ("all_gather", "all_gather_into_tensor", "_allgather_base"), said
+    assert gathering["where"] == gather_at, said
+    for r in range(1, nproc):
+        assert_waits_in_ddp_gradients(ranks[r], backward_at, said)
+    assert verdict["kind"] == "mismatch", said
+    if nproc == 3:  # ranks 1-2 are the majority: rank 0 took the odd path
+        assert verdict["culprits"] == [0], said
+        assert {g["label"]: g["culprit"] for g in data["groups"]} == {"0": True, "1-2": False}, said
+    else:  # one rank against one: no majority, so no culprit, and both places named
+        assert verdict["culprits"] == [], f"no coin toss between two ranks that disagree\n{said}"
+        assert not any(g["culprit"] for g in data["groups"]), said
+        assert gather_at in verdict["summary"] and backward_at in verdict["summary"], said
+        assert "rank 0" in verdict["summary"] and "rank 1" in verdict["summary"], said
+
+
+def test_dataloader_worker_stuck_in_ddp_loop(framework_job):
+    # Rank 1's only DataLoader worker blocks in __getitem__(20); rank 1 waits for batch 6 in
+    # the DataLoader while rank 0 waits in step 6's DDP gradient all_reduce.
+    job = framework_job("ddp_dataloader_worker.py", nproc=2)
+    text = job.wait_for_log(r"^\[rank 1\] planted: worker pid \d+ blocks", r"^\[rank 1\] step 5 ends",
+                            r"^\[rank 0\] step 6 begins", timeout=40)
+    worker_pid = int(re.search(r"^\[rank 1\] planted: worker pid (\d+) blocks", text, re.M).group(1))
+    time.sleep(SETTLE_S)
+    data = snapshot(job.pid)
+    said = describe(data)
+    verdict, ranks = data["verdict"], by_rank(data)
+    assert len(data["ranks"]) == 2, said  # workers are listed under their rank, never as ranks
+    assert verdict["kind"] == "straggler" and verdict["culprits"] == [1], said
+    loop_line = line_of("ddp_dataloader_worker.py", "for step, (x, y) in enumerate(loader")
+    backward_line = line_of("ddp_dataloader_worker.py", "loss.backward()")
+    stalled = ranks[1]
+    assert stalled["state"] == "stuck" and stalled["phase"] == "dataloader", said
+    assert stalled["where"] == f"ddp_dataloader_worker.py:{loop_line} main", said
+    assert worker_pid in stalled["children"], said
+    assert_waits_in_ddp_gradients(ranks[0], f"ddp_dataloader_worker.py:{backward_line} main", said)
+    # WORKER SAMPLING (in progress by the lead): the snapshot must name the stuck worker's PID
+    # and its __getitem__ frame. If this fails, fix trainwatch; do not delete or weaken it.
+    stuck_at = f"ddp_dataloader_worker.py:{line_of('ddp_dataloader_worker.py', 'time.sleep(max(0.0')}"
+    told = f"{verdict['summary']}\n{stalled['detail'] or ''}"
+    assert str(worker_pid) in told and "__getitem__" in told and stuck_at in told, \
+        f"WORKER SAMPLING: the stuck worker {worker_pid} and its __getitem__ frame ({stuck_at}) " \
+        f"are not named in the verdict summary or rank 1's detail\n{said}"
+
+
+def test_exception_with_a_lingering_thread_is_a_crash(framework_job):
+    # Rank 1 raises RuntimeError("boom"); its non-daemon metrics thread keeps the process alive
+    # in interpreter shutdown. Rank 0 waits in step 4's DDP gradient all_reduce.
+    job = framework_job("ddp_exception_lingers.py", nproc=2)
+    job.wait_for_log(r"^\[rank 1\] planted: raising", r"RuntimeError: boom", r"^\[rank 0\] step 4 begins",
+                     timeout=40)
+    time.sleep(SETTLE_S)
+    pids = job.rank_pids()
+    assert len(pids) == 2, f"rank 1 must linger for this test to mean anything: {pids}"
+    data = snapshot(job.pid)
+    said = describe(data)
+    verdict, ranks = data["verdict"], by_rank(data)
+    lingering = ranks[1]
+    assert psutil.pid_exists(lingering["pid"]) and psutil.Process(lingering["pid"]).status() != psutil.STATUS_ZOMBIE, \
+        f"rank 1 no longer lingers: the test proves nothing\n{said}"
+    assert verdict["kind"] == "crashed" and verdict["culprits"] == [1], said
+    assert "RuntimeError" in verdict["summary"] and "boom" in verdict["summary"], said
+    assert lingering["phase"] == "exiting", said  # the main thread is in threading._shutdown
+    backward_line = line_of("ddp_exception_lingers.py", "loss.backward()")
+    assert_waits_in_ddp_gradients(ranks[0], f"ddp_exception_lingers.py:{backward_line} main", said)
