@@ -93,7 +93,7 @@ class CrashCatcher:
         self._family = family
         try:
             job = find_job(self.root_pid)
-        except TrainwatchError:
+        except (TrainwatchError, psutil.Error):
             return  # not started yet, or gone: try again when the family changes
         self._job_root = job.root_pid
         if self.run_dir is None and job.run_dir:
