@@ -9,20 +9,25 @@ from pathlib import Path
 from trainwatch.probes.logtail import read_tail
 
 # (reason shown to people, pattern) in priority order: the first match names the death.
+# A reason may appear twice: its most telling line is tried first.
 FATAL_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     (reason, re.compile(pattern, re.IGNORECASE)) for reason, pattern in (
         ("CUDA device-side assert", r"device-side assert triggered"),
         ("CUDA out of memory", r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory"),
-        ("NCCL watchdog timeout", r"Watchdog caught collective operation timeout|"
-                                  r"ProcessGroupNCCL.*(?:timeout|timed out)|collective operation timeout"),
-        ("NCCL error", r"NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|ncclRemoteError"),
+        ("NCCL: duplicate GPU (two ranks on one device)", r"Duplicate GPU detected"),
+        ("NCCL watchdog timeout", r"Watchdog caught collective operation timeout"),
+        ("NCCL watchdog timeout", r"ProcessGroupNCCL.*(?:timeout|timed out)|collective operation timeout"),
+        ("NCCL error", r"NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|ncclRemoteError|"
+                       r"ncclInvalidUsage|ncclInvalidArgument"),
         ("collective timeout", r"(?:gloo|c10d).*(?:Timed out|timeout)|DistBackendError.*timed out"),
         ("segmentation fault", r"Fatal Python error: Segmentation fault|Segmentation fault|SIGSEGV"),
         ("bus error", r"Fatal Python error: Bus error|SIGBUS"),
         ("aborted", r"Fatal Python error: Aborted|SIGABRT|terminate called after throwing"),
         ("floating point exception", r"Fatal Python error: Floating[- ]point exception|SIGFPE"),
         ("illegal instruction", r"Fatal Python error: Illegal instruction|SIGILL"),
-        ("CUDA error", r"CUDA error: [^\n]+"),
+        ("killed by the kernel OOM killer", r"Out of memory: Killed process|oom-kill:"),
+        ("CUDA error", r"CUDA error: [^\n]+|AcceleratorError"),
+        ("a peer rank closed its connection", r"Connection closed by peer|Connection reset by peer"),
     )
 )
 
@@ -56,12 +61,17 @@ def classify(text: str) -> str | None:
 
 def matching_line(text: str) -> str | None:
     """The log line that ``classify`` matched, for the one-line event."""
-    for _reason, pattern in FATAL_PATTERNS:
-        match = pattern.search(text)
-        if match:
-            start = text.rfind("\n", 0, match.start()) + 1
-            end = text.find("\n", match.end())
-            return text[start:end if end >= 0 else None].strip()
+    found = fatal_line(text.splitlines())
+    return found[1] if found else None
+
+
+def fatal_line(lines: list[str] | tuple[str, ...]) -> tuple[str, str] | None:
+    """(reason, line) for the most telling fatal line: the first pattern that matches any line,
+    and of its matches the last one (the latest word on the death)."""
+    for reason, pattern in FATAL_PATTERNS:
+        for line in reversed(lines):
+            if pattern.search(line):
+                return reason, line.strip()
     return None
 
 

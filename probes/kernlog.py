@@ -1,4 +1,4 @@
-"""The kernel's own word on how a process died: ``segfault at`` and ``traps:`` lines of /dev/kmsg.
+"""The kernel's own word on how a process died: ``segfault at``, ``traps:`` and OOM-killer lines of /dev/kmsg.
 
 When the launcher reaps a dead rank before anyone reads its exit status (torchrun polls every
 0.1 s), the kernel log still names the PID that faulted. Read non-blocking and bounded.
@@ -10,6 +10,7 @@ import os
 import re
 
 FAULT_LINE = re.compile(r"\[(?P<pid>\d+)\]: (?P<what>segfault at|general protection|trap (?P<trap>[a-z ]+?))\b")
+OOM_LINE = re.compile(r"Killed process (?P<pid>\d+) ")  # the kernel's OOM killer
 TRAP_SIGNALS = {"invalid opcode": "SIGILL", "divide error": "SIGFPE", "int3": "SIGTRAP"}
 MAX_RECORDS = 20000
 
@@ -22,6 +23,9 @@ def kernel_fault(pid: int, path: str = "/dev/kmsg") -> tuple[str, str] | None:
         if match and int(match.group("pid")) == pid:
             trap = (match.group("trap") or "").strip()
             found = (TRAP_SIGNALS.get(trap, "SIGSEGV"), line.split(";", 1)[-1].strip())
+        oom = OOM_LINE.search(line)
+        if oom and int(oom.group("pid")) == pid:
+            found = ("SIGKILL", line.split(";", 1)[-1].strip())
     return found
 
 

@@ -16,8 +16,8 @@ from trainwatch.probes import procfs
 from trainwatch.probes.collective_feed import CollectiveFeed
 from trainwatch.probes.discover import describe_job, expected_local_ranks, find_job
 from trainwatch.probes.errors import AccessDenied, ToolMissing
+from trainwatch.probes.exits import ExitLedger
 from trainwatch.probes.groups import group_ranks
-from trainwatch.probes.kernlog import kernel_fault
 from trainwatch.probes.native import PARALLEL as NATIVE_PARALLEL, NativeCache, resolve_natively
 from trainwatch.probes.phases import (Classification, classify, is_stdlib, is_user, main_thread, stack_signature,
                                       where_frame)
@@ -25,10 +25,10 @@ from trainwatch.probes.process import JobProcesses, RankProcess
 from trainwatch.probes.progress import ProgressTracker
 from trainwatch.probes.pyspy import find_pyspy
 from trainwatch.probes.sampler import StackSample, sample_all
-from trainwatch.probes.snapshot import (PROBLEM_VERDICTS, CollectiveState, ExitInfo, Job, Rank, Snapshot, Verdict,
+from trainwatch.probes.snapshot import (PROBLEM_VERDICTS, CollectiveState, Job, Rank, Snapshot, Verdict,
                                         compact_ranks)
 from trainwatch.probes.steps import StepReader, slow_step_warnings
-from trainwatch.probes.verdict import TEARDOWN_SIGNALS, judge
+from trainwatch.probes.verdict import judge
 
 FULL_REFRESH_EVERY = 5  # every few polls, dump every rank anyway (other threads, stale lines)
 
@@ -57,8 +57,7 @@ class LocalSource:
         self._stacks: dict[int, tuple] = {}
         self._class: dict[int, Classification] = {}
         self._seen: dict[int, RankProcess] = {}  # pid -> rank process, everything ever seen
-        self._exits: dict[int, ExitInfo] = {}
-        self._exit_ranks: dict[int, int] = {}  # pid -> rank, for ranks the crash catcher saw die
+        self._exits = ExitLedger(self.job.root_pid, self.job.run_dir)  # deaths, first to die, lingering crashes
         self._cpu: dict[int, tuple[float, float]] = {}
         self._polls = 0
         self._pyspy_missing: ToolMissing | None = None
@@ -110,12 +109,8 @@ class LocalSource:
 
     def _take_crash_records(self) -> None:
         """The crash catcher's findings (signal, faulthandler frame, fatal message) win over ours."""
-        if self._catcher is None:
-            return
-        for record in self._catcher.records():
-            self._exits[record.pid] = record.exit_info()
-            if record.rank is not None:
-                self._exit_ranks[record.pid] = record.rank
+        if self._catcher is not None:
+            self._exits.adopt(self._catcher.records())
 
     def _rediscover(self) -> JobProcesses:
         try:
@@ -179,6 +174,7 @@ class LocalSource:
         warnings: list[str] = []
         ranks: list[Rank] = []
         alive_pids = set()
+        self._exits.note_job(job)
         for proc in job.ranks:
             self._seen.setdefault(proc.pid, proc)
             zombie = procfs.zombie_exit(proc.pid)
@@ -191,8 +187,7 @@ class LocalSource:
         for pid, proc in self._seen.items():  # ranks seen before and gone now
             if pid not in alive_pids:
                 self._record_exit(pid, procfs.zombie_exit(pid), now)
-        self._settle_first()
-        ranks = self._merge_exits(ranks, job)
+        ranks = self._merge_exits(ranks, job, now)
         ranks += self._missing(job, ranks)
         gpu_host, ranks = self._add_gpu(job, ranks, warnings, notes)
         self._restarts(ranks, notes)
@@ -317,53 +312,13 @@ class LocalSource:
         return round(100.0 * (total - prev[0]) / (now - prev[1]), 1), rss
 
     def _record_exit(self, pid: int, zombie: tuple[int | None, str | None] | None, now: float) -> None:
-        known = self._exits.get(pid)
-        if known is not None and (known.code is not None or known.signal is not None or zombie is None):
-            return
-        code, sig = zombie if zombie else (None, None)
-        reason = None
-        if zombie is None:  # already reaped by the launcher: the kernel log may still say how
-            fault = kernel_fault(pid)
-            if fault:
-                sig, reason = fault[0], "kernel: " + fault[1][:160]
-        self._exits[pid] = ExitInfo(code=code, signal=sig, at=known.at if known else now, reason=reason)
+        self._exits.record(self._seen[pid], zombie, now)
 
-    def _settle_first(self) -> None:
-        """Mark the first rank to die. Exits seen in the same poll are ordered by how telling they are:
-        a fatal signal beats an error exit, which beats the launcher's teardown (SIGTERM/SIGKILL)."""
-        if any(e.first for e in self._exits.values()) or not self._exits:
-            return
-        def weight(item: tuple[int, ExitInfo]) -> tuple:
-            pid, info = item
-            fatal = info.signal is not None and info.signal not in TEARDOWN_SIGNALS
-            failed = info.code not in (0, None)
-            return (info.at or 0.0, not fatal, not failed, pid)
-        candidates = [(p, e) for p, e in self._exits.items() if e.code not in (0, None) or e.signal]
-        if candidates:
-            pid, info = min(candidates, key=weight)
-            self._exits[pid] = replace(info, first=True)
-
-    def _merge_exits(self, ranks: list[Rank], job: JobProcesses) -> list[Rank]:
-        live_numbers = {r.rank for r in ranks}
-        expected = expected_local_ranks(job)
-        for pid, info in self._exits.items():
-            proc = self._seen.get(pid)
-            number = proc.rank if proc and proc.rank is not None else self._exit_ranks.get(pid)
-            if number is None:  # died before we read its RANK: the one missing local rank, if unique
-                gaps = [g for g in expected.values() if g not in live_numbers]
-                number = gaps[0] if len(gaps) == 1 else None
-            if number in live_numbers and number is not None:
-                continue  # restarted under a new PID
-            cls = self._class.get(pid)
-            ranks.append(Rank(
-                rank=number, pid=pid, host=socket.gethostname(), local_rank=proc.local_rank if proc else None,
-                state="exited", phase=cls.phase if cls else "unknown", op=cls.op if cls else None,
-                where=cls.where if cls else None, user_frame=cls.user_frame if cls else None,
-                threads=self._stacks.get(pid, ()), exit=info, log_path=proc.log_path if proc else None,
-                step=self._steps.clock.step(pid),
-            ))
-            live_numbers.add(number)
-        return sorted(ranks, key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0, r.pid or 0))
+    def _merge_exits(self, ranks: list[Rank], job: JobProcesses, now: float) -> list[Rank]:
+        """Live ranks (a lingering one that raised carries its exception) and exited ones (with their last step)."""
+        merged = self._exits.ranks(ranks, job, self._seen, self._class, self._stacks, now)
+        return [replace(r, step=self._steps.clock.step(r.pid)) if r.state == "exited" and r.step is None and r.pid
+                else r for r in merged]
 
     def _missing(self, job: JobProcesses, ranks: list[Rank]) -> list[Rank]:
         present = {r.rank for r in ranks}

@@ -106,10 +106,12 @@ def classify(threads: list[ThreadStack] | tuple[ThreadStack, ...]) -> Classifica
 
 def _phase_of(main: ThreadStack) -> tuple[str, str | None]:
     python = [f for f in main.frames if not f.native]
-    if python and python[-1].function == "_shutdown" and python[-1].file.endswith("threading.py"):
-        return "exiting", "interpreter shutdown"  # the script has ended; non-daemon threads keep it alive
+    if any(f.native and f.function.startswith(FINALIZE_SYMBOLS) for f in main.frames):
+        return "exiting", "shutdown"
     for frame in python:  # innermost first: the deepest known call decides
         path, func = frame.file, bare_name(frame.function)
+        if is_exiting(frame):
+            return "exiting", "shutdown"
         if any(part in path and func in names for part, names in PYTHON_GPU_WAIT):
             return "gpu_wait", _native_gpu_op(main.frames) or func
         if "torch/distributed/" in path and func in INIT_FUNCTIONS or "/rendezvous" in path:
@@ -183,6 +185,8 @@ def _source_line(frame: Frame) -> str:
 
 def _explain(phase: str, main: ThreadStack, threads) -> str | None:
     """For a blocked main thread, point at other threads that are doing something."""
+    if phase == "exiting":
+        return lingering_detail(main, threads)
     if phase not in ("lock", "unknown"):
         return None
     others = []
@@ -203,3 +207,32 @@ def stack_signature(stack: ThreadStack | None) -> tuple:
     if stack is None:
         return ()
     return tuple((f.file, f.function, f.line) for f in stack.frames if not f.native)
+
+
+# Interpreter shutdown: the main thread has finished (or raised) and Python waits for threads or
+# runs exit handlers. The process lingers only while a non-daemon thread (or a handler) runs.
+FINALIZE_SYMBOLS = ("Py_FinalizeEx", "Py_Finalize", "_Py_Finalize", "wait_for_thread_shutdown")
+EXIT_FUNCTIONS = {("threading.py", "_shutdown"), ("atexit.py", "_run_exitfuncs"), ("", "_exithandlers"),
+                  ("thread.py", "_python_exit"), ("util.py", "_exit_function")}
+
+
+def is_exiting(frame: Frame) -> bool:
+    """A frame of interpreter shutdown: ``threading._shutdown``, atexit's handlers."""
+    name = frame.file.replace("\\", "/").rsplit("/", 1)[-1]
+    func = frame.function.rsplit(".", 1)[-1]
+    return (name, func) in EXIT_FUNCTIONS or ("", func) in EXIT_FUNCTIONS
+
+
+def lingering_detail(main: ThreadStack, threads) -> str:
+    """Which threads keep an exiting rank alive. py-spy cannot tell daemon threads apart, so every
+    other thread running Python code is named (a daemon one among them is shown too)."""
+    others = []
+    for thread in threads:
+        if thread is main or not any(not f.native for f in thread.frames) or thread.name.startswith("trainwatch"):
+            continue
+        frame = where_frame(thread.frames)
+        others.append(f"{thread.name!r}" + (f" at {frame.label()}" if frame else ""))
+    if not others:
+        return "main thread exited; the interpreter is shutting down"
+    noun = "non-daemon thread" if len(others) == 1 else "a non-daemon thread among"
+    return f"main thread exited; kept alive by {noun} " + ", ".join(others[:4])

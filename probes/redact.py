@@ -38,6 +38,14 @@ DENY_WORDS = frozenset({"TOKEN", "KEY", "AUTH", "PASS", "PWD", "DSN"})
 NOT_SECRET_VALUES = frozenset({"HOSTNAME", "HOST", "USER", "LOGNAME", "LANG", "LANGUAGE", "TERM", "SHELL",
                                "PWD", "OLDPWD"})
 
+# In free text (a log line, an exception message): NAME=value / NAME: value, --flag value, and
+# the shapes of well-known tokens.
+_ASSIGNMENT = re.compile(r"(?<![\w-])(?P<name>[A-Za-z_][A-Za-z0-9_-]*)(?P<sep>\s*[=:]\s*)(?P<q>['\"]?)(?P<value>[^\s'\",;]{4,})")
+_FLAG_VALUE = re.compile(r"(?P<flag>--?[A-Za-z][\w-]*)(?P<sep>=|\s+)(?P<value>[^\s-][^\s]*)")
+_TOKEN_SHAPES = re.compile(
+    r"\b(?:hf_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|sk-[A-Za-z0-9_-]{20,}"
+    r"|AKIA[0-9A-Z]{16}|xox[abprs]-[A-Za-z0-9-]{10,}|eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,})"
+)
 _URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<cred>[^\s/@:]*:[^\s/@]*|[^\s/@:]+)@")
 
 
@@ -59,6 +67,18 @@ def is_visible_name(name: str) -> bool:
 def strip_url_credentials(text: str) -> str:
     """``scheme://user:pw@host`` -> ``scheme://<redacted>@host`` everywhere in ``text``."""
     return _URL_CREDENTIALS.sub(lambda m: f"{m.group('scheme')}{MASK}@", text)
+
+
+def scrub(text: str) -> str:
+    """Mask what looks secret in free text without knowing any value: URL credentials,
+    ``HF_TOKEN=…``/``password: …`` assignments and ``--token …`` flags by a secret-looking name,
+    and well-known token shapes (``hf_…``, ``ghp_…``, ``sk-…``, AWS key ids, JWTs)."""
+    text = strip_url_credentials(text)
+    text = _ASSIGNMENT.sub(lambda m: (f"{m.group('name')}{m.group('sep')}{m.group('q')}{MASK}"
+                                      if is_secret_name(m.group("name")) else m.group(0)), text)
+    text = _FLAG_VALUE.sub(lambda m: (f"{m.group('flag')}{m.group('sep')}{MASK}"
+                                      if is_secret_name(m.group("flag").lstrip("-")) else m.group(0)), text)
+    return _TOKEN_SHAPES.sub(MASK, text)
 
 
 def url_credentials(text: str) -> list[str]:

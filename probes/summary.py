@@ -6,9 +6,9 @@ import platform
 import time
 from importlib import metadata
 
-from trainwatch.probes import flightrec
+from trainwatch.probes import exits, flightrec, ranklog
 from trainwatch.probes.bundle_rank import RankEvidence
-from trainwatch.probes.snapshot import Snapshot, compact_ranks
+from trainwatch.probes.snapshot import Rank, Snapshot, compact_ranks
 from trainwatch.probes.steps import step_label
 from trainwatch.probes.verdict import who
 
@@ -41,6 +41,7 @@ def render(snapshot: Snapshot, evidence: list[RankEvidence], host_notes: list[st
     if verdict.culprits:
         out.append(f"Culprit rank(s): {compact_ranks(verdict.culprits)}")
     out += [*(f"- warning: {w}" for w in snapshot.warnings)]
+    out += _crash_lines(snapshot)
 
     out += ["", "## Collective state", ""]
     state = snapshot.collectives
@@ -72,6 +73,7 @@ def render(snapshot: Snapshot, evidence: list[RankEvidence], host_notes: list[st
             text = ev.files["stacks.txt"]
             text = text.decode(errors="replace") if isinstance(text, bytes) else text
             out += ["", f"### Stack of culprit rank {ev.rank} (PID {ev.pid})", "", "```", text.rstrip()[:8000], "```"]
+    out += _culprit_logs(snapshot, evidence, culprits)
 
     out += ["", "## Ranks", "", "| rank | pid | state | step | phase | where | faulthandler |",
             "|---|---|---|---|---|---|---|"]
@@ -109,3 +111,50 @@ def render(snapshot: Snapshot, evidence: list[RankEvidence], host_notes: list[st
     out += ["", "## Not collected, and why", ""]
     out += [f"- {line}" for line in dict.fromkeys(missing)] or ["Everything was collected."]
     return "\n".join(out) + "\n"
+
+
+def _crash_lines(snapshot: Snapshot) -> list[str]:
+    """One line per dead rank (first to die first): how it ended, the reason and the fatal message."""
+    dead = [r for r in snapshot.ranks if (r.state == "exited" and exits.abnormal(r.exit)) or exits.raised_while_alive(r)]
+    if not dead:
+        return []
+    out = ["", "## Crash", ""]
+    for rank in sorted(dead, key=lambda r: (not r.exit.first, r.exit.at or 0.0)):
+        out.append(_crash_line(rank))
+    return out
+
+
+def _crash_line(rank: Rank) -> str:
+    info = rank.exit
+    alive = rank.state != "exited"
+    how = "raised an uncaught exception; the process is still alive" if alive else exits.how(info)
+    line = f"- rank {rank.rank} (PID {rank.pid}): {how}" + (" — **first to die**" if info.first else "")
+    if info.reason:
+        line += f"\n  - reason: {info.reason}"
+    if info.message:
+        line += f"\n  - message: `{info.message.replace('`', chr(39))}`"
+    if info.frame:
+        line += f"\n  - in: `{info.frame}`"
+    if alive and rank.detail:
+        line += f"\n  - {rank.detail}"
+    return line
+
+
+def _culprit_logs(snapshot: Snapshot, evidence: list[RankEvidence], culprits: set[int]) -> list[str]:
+    """Each culprit's log as it matters: its error first, then its last output without noise."""
+    paths = [r.log_path for r in snapshot.ranks if r.log_path]
+    out: list[str] = []
+    for ev in evidence:
+        rank = snapshot.rank(ev.rank) if ev.rank is not None else None
+        text = ev.files.get("log-tail.txt")
+        if rank is None or ev.rank not in culprits or not text:
+            continue
+        text = text.decode(errors="replace") if isinstance(text, bytes) else text
+        own = paths.count(rank.log_path) <= 1
+        lines = text.splitlines()
+        mine = ranklog.rank_lines(lines, rank.rank, rank.local_rank, own)
+        shown = mine if own else ranklog.rank_lines(lines, rank.rank, rank.local_rank, own, unprefixed=True)
+        tail = ranklog.telling_tail(shown, ranklog.reason_of(mine), 20)
+        if tail:
+            out += ["", f"### Log of culprit rank {ev.rank}", "", "```", *tail, "```"]
+    return out

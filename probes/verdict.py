@@ -6,11 +6,11 @@ from dataclasses import replace
 from typing import Mapping, Sequence
 
 from trainwatch.probes.flightrec import age_text
+from trainwatch.probes import exits
+from trainwatch.probes.exits import TEARDOWN_SIGNALS, raised_while_alive
 from trainwatch.probes.process import JobProcesses
 from trainwatch.probes.snapshot import PROBLEM_VERDICTS, CollectiveState, Job, Rank, Verdict, compact_ranks
 from trainwatch.probes.steps import step_note
-
-TEARDOWN_SIGNALS = frozenset({"SIGTERM", "SIGKILL", "SIGINT", "SIGHUP"})
 
 
 def who(ranks: Sequence[int]) -> str:
@@ -72,7 +72,8 @@ def _numbers(ranks: Sequence[Rank]) -> list[int]:
 
 
 def abnormal(rank: Rank) -> bool:
-    return rank.state == "exited" and rank.exit is not None and (rank.exit.signal is not None or rank.exit.code != 0)
+    """An exited rank whose exit was a crash (see ``exits.abnormal``)."""
+    return rank.state == "exited" and exits.abnormal(rank.exit)
 
 
 def judge(ranks: Sequence[Rank], job: Job | JobProcesses | None = None,
@@ -95,7 +96,8 @@ def _crashed(ranks: Sequence[Rank]) -> Verdict | None:
     exited = [r for r in ranks if r.state == "exited"]
     if exited and len(exited) == len(ranks) and not any(abnormal(r) for r in exited):
         return Verdict("healthy", (), f"job finished: all {len(exited)} ranks exited normally")
-    dead = [r for r in exited if abnormal(r)]
+    # A rank that raised and lingers (a non-daemon thread keeps its process) is as dead as one that exited.
+    dead = [r for r in exited if abnormal(r)] + [r for r in ranks if raised_while_alive(r)]
     if not dead:
         return None
     first = [r for r in dead if r.exit and r.exit.first]
@@ -103,27 +105,25 @@ def _crashed(ranks: Sequence[Rank]) -> Verdict | None:
     culprits = first or cause or sorted(dead, key=lambda r: (r.exit.at or 0) if r.exit else 0)[:1]
     numbers = _numbers(culprits)
     lead = culprits[0]
-    how = _how_died(lead)
-    text = f"{who(numbers)} died: {how}"
-    if lead.where:
-        text += f" (last seen in {place(lead)})"
+    if raised_while_alive(lead):
+        text = f"{who(numbers)} raised {_raised(lead)}"
+    else:
+        text = f"{who(numbers)} died: {exits.describe_exit(lead.exit) if lead.exit else 'exited'}"
+        if lead.where:
+            text += f" (last seen in {place(lead)})"
     others = [r for r in dead if r not in culprits]
     if others:
         text += f"; {who(_numbers(others))} then ended too"
     return Verdict("crashed", tuple(numbers), text)
 
 
-def _how_died(rank: Rank) -> str:
+def _raised(rank: Rank) -> str:
+    """``RuntimeError: boom (main thread exited; kept alive by non-daemon thread 'worker' …)``."""
     info = rank.exit
-    if info is None:
-        return "exited"
-    parts = [f"killed by {info.signal}" if info.signal else
-             (f"exit code {info.code}" if info.code is not None else "exit status not seen")]
-    if info.reason:
-        parts.append(info.reason)
-    if info.frame:
-        parts.append(f"in {info.frame}")
-    return ", ".join(parts)
+    what = (exits.headline(info) if info else None) or "an exception"
+    if info and info.reason and info.message and info.message not in what:
+        what += f" ({info.message})"
+    return what + (f" ({rank.detail})" if rank.detail else "")
 
 
 def _rendezvous(ranks: Sequence[Rank], job: Job | JobProcesses | None) -> Verdict | None:

@@ -14,16 +14,20 @@ import os
 import shutil
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
 import psutil
 
-from trainwatch.probes import crashlog, procfs, rundir
+from trainwatch.probes import exits, procfs
+from trainwatch.probes.discover import LAUNCHERS, find_job
+from trainwatch.probes.errors import TrainwatchError
+from trainwatch.probes.exits import CrashRecord
 from trainwatch.probes.groups import group_ranks
-from trainwatch.probes.kernlog import kernel_fault
-from trainwatch.probes.snapshot import ExitInfo, Job, Rank, Snapshot, Verdict
+from trainwatch.probes.process import RankProcess
+from trainwatch.probes.ranklog import RankLogs
+from trainwatch.probes.snapshot import Job, Snapshot, Verdict
 from trainwatch.probes.verdict import judge
 
 HANG_KINDS = frozenset({"hang", "straggler", "mismatch", "rendezvous"})
@@ -32,49 +36,11 @@ HANG_KINDS = frozenset({"hang", "straggler", "mismatch", "rendezvous"})
 EXIT_CLEAN, EXIT_PROBLEM, EXIT_CRASH = 0, 10, 11
 
 
-@dataclass(frozen=True)
-class CrashRecord:
-    """One rank's abnormal death, with what it left behind."""
-
-    rank: int | None
-    pid: int
-    at: float
-    code: int | None = None
-    signal: str | None = None
-    reason: str | None = None  # classified fatal message
-    frame: str | None = None  # Python frame it died in
-    exception: str | None = None
-    first: bool = False
-    fault_trace: str | None = None
-    log_tail: str = ""
-    error_file: str | None = None  # our copy of the torchelastic error file
-    saved_to: str | None = None
-
-    def how(self) -> str:
-        if self.signal:
-            return self.signal
-        return f"exit code {self.code}" if self.code is not None else "exit status unknown"
-
-    def describe(self) -> str:
-        where = f" in {self.frame}" if self.frame else ""
-        why = f" ({self.reason})" if self.reason and self.reason not in ("segmentation fault",) else ""
-        return f"rank {self.rank} (pid {self.pid}) died: {self.how()}{why}{where}"
-
-    def exit_info(self) -> ExitInfo:
-        return ExitInfo(code=self.code, signal=self.signal, at=self.at, first=self.first,
-                        reason=self.reason, frame=self.frame)
-
-
-@dataclass
-class _Tracked:
-    rank: int | None
-    env: dict[str, str]
-    error_file: str | None
-    status: tuple[int | None, str | None] | None = None  # caught while a zombie
-
-
 class CrashCatcher:
-    """Watches the ranks below ``root_pid`` through /proc and records each abnormal death."""
+    """Watches the ranks of the job of ``root_pid`` through /proc and records each abnormal death.
+
+    Ranks are found by ``discover.find_job`` (launchers, mp.spawn, srun-style ranks) whenever the
+    job's process family changes; between changes a tick costs a few small /proc reads."""
 
     def __init__(self, root_pid: int, run_dir: Path | None = None, save_dir: Path | None = None) -> None:
         self.root_pid = root_pid
@@ -82,28 +48,30 @@ class CrashCatcher:
         self.save_dir = Path(save_dir) if save_dir else None
         self.records: list[CrashRecord] = []
         self.exited_ok: list[int] = []  # ranks that ended with status 0
-        self._tracked: dict[int, _Tracked] = {}
-        self._seen: set[int] = set()  # pids already looked at
-        self._with_rank: set[int] = set()  # pids with RANK in their environment
+        self.logs = RankLogs()
+        self._tracked: dict[int, RankProcess] = {}
+        self._done: set[int] = set()  # pids already judged
+        self._family: frozenset[int] | None = None
+        self._job_root: int | None = None
+        self._launcher_log: str | None = None
 
     @property
     def rank_pids(self) -> dict[int, int | None]:
-        return {pid: t.rank for pid, t in self._tracked.items()}
+        return {pid: proc.rank for pid, proc in self._tracked.items()}
 
     def tick(self) -> list[CrashRecord]:
         """One cheap pass; returns the deaths found in it (also appended to ``records``)."""
         self._discover()
         new: list[CrashRecord] = []
-        for pid, tracked in list(self._tracked.items()):
+        for pid, proc in list(self._tracked.items()):
             status = procfs.zombie_exit(pid)
-            if status is not None:
-                tracked.status = status
             alive = status is None and psutil.pid_exists(pid) and procfs.state_letter(pid) not in (None, "Z")
             if alive:
-                self._copy_error_file(tracked)
+                self._copy_error_file(proc)
                 continue
             del self._tracked[pid]
-            record = self._judge(pid, tracked)
+            self._done.add(pid)
+            record = self._judge(proc, status)
             if record is not None:
                 new.append(record)
         if new:
@@ -120,35 +88,37 @@ class CrashCatcher:
                 family = frozenset(p.pid for p in psutil.Process(self.root_pid).children(recursive=True))
             except psutil.Error:
                 return
-        new = []
-        for pid in {self.root_pid, *family} - self._seen:
-            try:
-                new.append(psutil.Process(pid))
-            except psutil.Error:
+        if family == self._family:
+            return
+        self._family = family
+        try:
+            job = find_job(self.root_pid)
+        except (TrainwatchError, psutil.Error):
+            return  # not started yet, or gone: try again when the family changes
+        self._job_root = job.root_pid
+        if self.run_dir is None and job.run_dir:
+            self.run_dir = Path(job.run_dir)
+        ranks = exits.infer_ranks(job)
+        for proc in ranks:
+            self.logs.note_writer(proc.pid, proc.log_path)
+        if job.launcher_pid:
+            self._launcher_log = procfs.log_file_of(job.launcher_pid) or self._launcher_log
+            self.logs.note_writer(job.launcher_pid, self._launcher_log)
+        for proc in ranks:
+            if proc.pid in self._tracked or proc.pid in self._done:
                 continue
-        for proc in sorted(new, key=lambda p: _start_time(p)):  # parents before their children
-            try:
-                env = proc.environ()
-                parent = proc.ppid()
-            except psutil.Error:
-                continue
-            self._seen.add(proc.pid)
-            if "RANK" not in env:
-                continue
-            self._with_rank.add(proc.pid)
-            # A rank's children (DataLoader workers, the hook's tee) inherit RANK: skip them.
-            if parent in self._with_rank:
-                continue
-            self._tracked[proc.pid] = _Tracked(_int(env.get("RANK")), env, env.get("TORCHELASTIC_ERROR_FILE"))
-            if self.run_dir is None and env.get("TRAINWATCH_RUN_DIR"):
-                self.run_dir = Path(env["TRAINWATCH_RUN_DIR"])
+            # a rank already dead when first seen has no environment left: tracked when its
+            # number could be inferred (the one missing local rank of a launcher's job)
+            inferred = not proc.env and proc.rank is not None and job.launcher in LAUNCHERS
+            if "RANK" in proc.env or inferred or (job.launcher == "mp.spawn" and proc.rank is not None):
+                self._tracked[proc.pid] = proc
 
-    def _copy_error_file(self, tracked: _Tracked) -> str | None:
+    def _copy_error_file(self, proc: RankProcess) -> str | None:
         """Copy the torchelastic error file as soon as it exists: a restart deletes its folder."""
-        src = tracked.error_file
+        src = proc.env.get("TORCHELASTIC_ERROR_FILE")
         if not src or not self.save_dir or not os.path.exists(src):
             return None
-        dest = self.save_dir / "crashes" / f"rank{tracked.rank}-torchelastic-error.json"
+        dest = self.save_dir / "crashes" / f"rank{proc.rank}-torchelastic-error.json"
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, dest)
@@ -156,50 +126,28 @@ class CrashCatcher:
             return None
         return str(dest)
 
-    def _judge(self, pid: int, tracked: _Tracked) -> CrashRecord | None:
-        now = time.time()
-        code, sig = tracked.status if tracked.status else (None, None)
-        rank = tracked.rank
-        fault = exit_rec = None
-        log_text = ""
-        if self.run_dir is not None and rank is not None:
-            text = _read(rundir.faulthandler_file(self.run_dir, rank))
-            fault = crashlog.parse_faulthandler(_section(text, pid))
-            exit_rec = rundir.read_json(rundir.exit_file(self.run_dir, rank))
-            if exit_rec and exit_rec.get("pid") != pid:
-                exit_rec = None
-            time.sleep(0.05)  # let the tee helper write the rank's last words
-            log_text = crashlog.tail(rundir.rank_log_file(self.run_dir, rank), 60)
-        error_copy = self._copy_error_file(tracked)
-        error_text = _read(Path(error_copy)) if error_copy else ""
-        if sig is None and fault and fault.signal:
-            sig = fault.signal
-        if code is None and sig is None and exit_rec:
-            code = int(exit_rec.get("code") or 1)
-        if code is None and sig is None:
-            fault_line = kernel_fault(pid)  # reaped before we saw it: the kernel may know
-            if fault_line:
-                sig, error_text = fault_line[0], error_text + "\n" + fault_line[1]
-        if code == 0 and sig is None:
-            self.exited_ok.append(pid)
+    def _judge(self, proc: RankProcess, status: tuple[int | None, str | None] | None) -> CrashRecord | None:
+        error_copy = self._copy_error_file(proc)
+        error_text = exits.read_bounded(error_copy, 256 * 1024) if error_copy else ""
+        record = exits.read_exit(proc, status, now=time.time(), run_dir=self.run_dir, logs=self.logs,
+                                 error_text=error_text, clean=self._clean, launcher_log=self._launcher_log)
+        if record.exit.code == 0 and record.exit.signal is None:
+            self.exited_ok.append(proc.pid)
             return None
-        if code is None and sig is None and not (fault or exit_rec or error_text.strip()):
+        if not exits.abnormal(record.exit):
             return None  # vanished with no sign of trouble: most likely a normal exit
-        exception = exit_rec.get("exception") if exit_rec else None
-        evidence = "\n".join(filter(None, [exception, error_text, fault.text if fault else "", log_text]))
-        frame = crashlog.user_frame(fault) if fault else (exit_rec or {}).get("frame")
-        at = (exit_rec or {}).get("at") or _mtime_if(fault, self.run_dir, rank) or now
-        record = CrashRecord(rank=rank, pid=pid, at=min(at, now), code=code, signal=sig,
-                             reason=crashlog.classify(evidence), frame=frame, exception=exception,
-                             fault_trace=fault.text if fault else None, log_tail=log_text, error_file=error_copy)
-        return self._save(record)
+        return self._save(replace(record, error_file=error_copy))
+
+    def _clean(self, text: str) -> str:
+        return exits.redactor_for([self.root_pid, self._job_root])(text)
 
     def _mark_first(self, new: list[CrashRecord]) -> None:
-        if any(r.first for r in self.records):
+        if any(r.exit.first for r in self.records):
             self.records.extend(new)
             return
-        ordered = sorted(new, key=lambda r: (r.signal in ("SIGTERM", "SIGKILL"), r.at))
-        first = dataclasses.replace(ordered[0], first=True)
+        first_pid = exits.first_to_die((r.pid, r.exit) for r in new)
+        ordered = sorted(new, key=lambda r: r.pid != first_pid)
+        first = replace(ordered[0], exit=replace(ordered[0].exit, first=True))
         self.records.extend([first] + ordered[1:])
         new[:] = [first] + ordered[1:]
         if first.saved_to:
@@ -211,8 +159,9 @@ class CrashCatcher:
         folder = self.save_dir / "crashes"
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"rank{record.rank}-pid{record.pid}.json"
-        record = dataclasses.replace(record, saved_to=str(path))
-        path.write_text(json.dumps(dataclasses.asdict(record), indent=2))
+        record = replace(record, saved_to=str(path))
+        clean = exits.redacted(record, self._clean)  # what is written leaves trainwatch: no secrets
+        path.write_text(json.dumps(dataclasses.asdict(clean), indent=2))
         return record
 
 
@@ -251,14 +200,13 @@ def with_crashes(snapshot: Snapshot, records: list[CrashRecord]) -> Snapshot:
     ranks = []
     for rank in snapshot.ranks:
         record = by_rank.pop(rank.rank, None)
-        ranks.append(dataclasses.replace(rank, state="exited", exit=record.exit_info()) if record else rank)
+        ranks.append(dataclasses.replace(rank, state="exited", exit=record.exit) if record else rank)
     for record in by_rank.values():  # died before any snapshot saw it
-        ranks.append(Rank(rank=record.rank, pid=record.pid, host=snapshot.job.host, state="exited",
-                          exit=record.exit_info()))
+        ranks.append(exits.exited_rank(record.pid, record.rank, record.exit, host=snapshot.job.host))
     ranks = sorted(ranks, key=lambda r: (r.rank is None, r.rank or 0))
     verdict = judge(ranks, snapshot.job, snapshot.collectives)
-    first = next((r for r in records if r.first), records[0])
-    verdict = dataclasses.replace(verdict, since=first.at)
+    first = next((r for r in records if r.exit.first), records[0])
+    verdict = dataclasses.replace(verdict, since=first.exit.at)
     return dataclasses.replace(snapshot, ranks=tuple(ranks), verdict=verdict,
                                groups=group_ranks(ranks, verdict.culprits))
 
@@ -314,12 +262,14 @@ class Watcher:
             self._last_kind = verdict.kind
         if verdict.kind in HANG_KINDS:
             self.saw_problem = True
+        if verdict.kind == "crashed":
+            self._on_lingering_crash(snapshot)
         if self.episodes.observe(verdict, time.time()) and "hang" in self.dump_on:
             self._bundle(snapshot, f"{verdict.kind}: {verdict.summary}")
 
     def _on_crash(self, record: CrashRecord) -> None:
         self.saw_crash = True
-        first = " (first to die)" if record.first else ""
+        first = " (first to die)" if record.exit.first else ""
         self.emit(f"{_stamp()} crash {record.describe()}{first}")
         if record.saved_to:
             self.emit(f"{_stamp()} crash record {record.saved_to}")
@@ -327,6 +277,18 @@ class Watcher:
             self._crash_bundled = True
             base = self.last or _bare_snapshot(self.pid)
             snapshot = with_crashes(base, self.catcher.records)
+            self._bundle(snapshot, snapshot.verdict.summary)
+
+    def _on_lingering_crash(self, snapshot: Snapshot) -> None:
+        """A culprit raised and lingers (a non-daemon thread keeps it alive): no death for the
+        crash catcher to see, so the snapshot's verdict is the crash event."""
+        culprits = set(snapshot.verdict.culprits)
+        if self.saw_crash or not any(exits.raised_while_alive(r) and r.rank in culprits for r in snapshot.ranks):
+            return
+        self.saw_crash = True
+        self.emit(f"{_stamp()} crash {snapshot.verdict.summary}")
+        if "crash" in self.dump_on and not self._crash_bundled:
+            self._crash_bundled = True
             self._bundle(snapshot, snapshot.verdict.summary)
 
     def _on_job_end(self) -> None:
@@ -350,48 +312,8 @@ class Watcher:
         self.emit(f"{_stamp()} bundle {path}")
 
 
-def _start_time(proc: psutil.Process) -> float:
-    try:
-        return proc.create_time()
-    except psutil.Error:
-        return 0.0
-
-
 def _bare_snapshot(pid: int) -> Snapshot:
     return Snapshot(job=Job(launcher="unknown", pid=pid, host=socket.gethostname()), taken_at=time.time())
-
-
-def _section(text: str, pid: int) -> str:
-    """The part of a faulthandler file written by process ``pid`` (each start adds a header)."""
-    marker = f" pid {pid} started "
-    start = text.rfind(marker)
-    if start < 0:
-        return text
-    end = text.find("=== trainwatch:", start)
-    return text[text.rfind("\n", 0, start) + 1:end if end >= 0 else None]
-
-
-def _mtime_if(fault, run_dir: Path | None, rank: int | None) -> float | None:
-    if not fault or run_dir is None or rank is None:
-        return None
-    try:
-        return rundir.faulthandler_file(run_dir, rank).stat().st_mtime
-    except OSError:
-        return None
-
-
-def _read(path: Path) -> str:
-    try:
-        return Path(path).read_text(errors="replace")
-    except OSError:
-        return ""
-
-
-def _int(value: str | None) -> int | None:
-    try:
-        return int(value) if value else None
-    except ValueError:
-        return None
 
 
 def _stamp() -> str:

@@ -63,3 +63,17 @@ def test_disabled_redactor_passes_through():
     red = Redactor.from_envs([{"HF_TOKEN": "hf_secretsecret"}], enabled=False)
     assert red.text("hf_secretsecret") == "hf_secretsecret"
     assert red.env({"HF_TOKEN": "hf_secretsecret"}) == {"HF_TOKEN": "hf_secretsecret"}
+
+
+def test_scrub_masks_secrets_in_free_text_without_knowing_them():
+    from trainwatch.probes.redact import scrub
+
+    text = ("RuntimeError: upload failed for https://bob:hunter2@hub.example/x with HF_TOKEN=hf_abcdefghijklmnopqrstu, "
+            "password: s3cret-pass, --api-key=k123456789 --token tok987654321, key ghp_abcdefghijklmnopqrstuvwxyz0123")
+    out = scrub(text)
+    for secret in ("hunter2", "hf_abcdefghijklmnopqrstu", "s3cret-pass", "k123456789", "tok987654321",
+                   "ghp_abcdefghijklmnopqrstuvwxyz0123"):
+        assert secret not in out, (secret, out)
+    assert out.startswith("RuntimeError: upload failed for https://<redacted>@hub.example/x with HF_TOKEN=<redacted>")
+    harmless = "KeyError: 'lr' WorkNCCL(SeqNum=861, Timeout(ms)=45000) MONKEY=banana12 rank 0 and rank 1"
+    assert scrub(harmless) == harmless

@@ -97,13 +97,13 @@ def test_segfault_is_recorded_with_rank_signal_and_frame(tmp_path):
     with PlantedJob(tmp_path / "job", "segfault", nproc=3, deadline=40, prefix=prefix) as job:
         watcher = watch_crash(job, tmp_path / "watch")
         assert job.proc.wait(timeout=30) != 0
-    first = [r for r in watcher.catcher.records if r.first]
+    first = [r for r in watcher.catcher.records if r.exit.first]
     assert len(first) == 1, watcher.lines
     crash = first[0]
-    assert crash.rank == 2 and crash.signal == "SIGSEGV"
-    assert crash.frame and crash.frame.endswith("train"), crash.fault_trace
+    assert crash.rank == 2 and crash.exit.signal == "SIGSEGV"
+    assert crash.exit.frame and crash.exit.frame.endswith("train"), crash.fault_trace
     assert "string_at" in crash.fault_trace
-    assert json.loads(Path(crash.saved_to).read_text())["first"] is True
+    assert json.loads(Path(crash.saved_to).read_text())["exit"]["first"] is True
     assert "Segmentation fault" in hookclient.faulthandler_file(run_dir, 2).read_text()
     assert "scenario segfault" in hookclient.rank_log_file(run_dir, 2).read_text()
     assert any("rank 2" in line and "SIGSEGV" in line for line in watcher.lines)
@@ -114,10 +114,11 @@ def test_device_side_assert_is_classified(tmp_path):
     prefix = [*TRAINWATCH, "run", "--out", str(tmp_path / "run"), "--"]
     with PlantedJob(tmp_path / "job", "assert", nproc=2, deadline=40, prefix=prefix) as job:
         watcher = watch_crash(job, tmp_path / "watch")
-    crash = next(r for r in watcher.catcher.records if r.first)
-    assert crash.rank == 1 and crash.code == 1
-    assert crash.reason == "CUDA device-side assert"
+    crash = next(r for r in watcher.catcher.records if r.exit.first)
+    assert crash.rank == 1 and crash.exit.code == 1
+    assert crash.exit.reason == "CUDA device-side assert"
     assert "device-side assert triggered" in crash.exception
+    assert "device-side assert triggered" in crash.exit.message
 
 
 @pytest.mark.job

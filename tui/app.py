@@ -25,7 +25,7 @@ from textual.widgets import DataTable, Footer, Input
 from textual.worker import get_current_worker
 
 from trainwatch.probes.errors import TrainwatchError
-from trainwatch.probes.logtail import read_tail
+from trainwatch.probes.ranklog import RankLogs
 from trainwatch.probes.snapshot import PROBLEM_VERDICTS, Rank, Snapshot, compact_ranks
 
 from .widgets.alerts import AlertBar
@@ -72,9 +72,15 @@ def native_id(rank: Rank) -> int | None:
     return rank.rank
 
 
-def read_log_tails(snapshot: Snapshot) -> dict[str, tuple[str, ...] | None]:
-    paths = list(dict.fromkeys(r.log_path for r in snapshot.ranks if r.log_path))
-    return {path: read_tail(path) for path in paths[:MAX_LOG_FILES]}
+def read_log_tails(snapshot: Snapshot, logs: RankLogs | None = None) -> dict[str, tuple[str, ...] | None]:
+    """Each rank's telling log tail (its error first, then its last output), keyed by ``Rank.key``.
+    A file several ranks write to is shared: only its prefixed lines are attributed to a rank."""
+    logs = logs or RankLogs()
+    with_log = [r for r in snapshot.ranks if r.log_path]
+    paths = list(dict.fromkeys(r.log_path for r in with_log))[:MAX_LOG_FILES]
+    for rank in with_log:
+        logs.note_writer(rank.pid or -1, rank.log_path)
+    return {r.key: logs.tail(r.log_path, r.rank, r.local_rank) for r in with_log if r.log_path in paths}
 
 
 class TrainwatchApp(App[None]):
@@ -112,7 +118,8 @@ class TrainwatchApp(App[None]):
         self.dump_dir = dump_dir
         self.snapshot: Snapshot | None = None
         self.history = History()
-        self.log_tails: dict[str, tuple[str, ...] | None] = {}
+        self.log_tails: dict[str, tuple[str, ...] | None] = {}  # Rank.key -> telling tail
+        self._logs = RankLogs()  # cached per file version: a quiet log is not re-read every poll
         self.native_for: set[int] = set()
         self.paused = False
         self.filter_text = ""
@@ -168,7 +175,7 @@ class TrainwatchApp(App[None]):
         def probe() -> None:
             try:
                 snapshot = self.source.poll(native_for=native_for)
-                result.append(SnapshotReady(snapshot, read_log_tails(snapshot)))
+                result.append(SnapshotReady(snapshot, read_log_tails(snapshot, self._logs)))
             except TrainwatchError as exc:
                 result.append(PollFailed(exc.message + (f" ({exc.remedy})" if exc.remedy else "")))
             except Exception as exc:  # a probe bug must not take the monitor down
@@ -280,7 +287,7 @@ class TrainwatchApp(App[None]):
     def _redraw_detail(self) -> None:
         rank = self.selected_rank()
         native = rank is not None and native_id(rank) in self.native_for
-        tail = self.log_tails.get(rank.log_path) if rank and rank.log_path else None
+        tail = self.log_tails.get(rank.key) if rank and rank.log_path else None
         self.query_one(DetailPane).show(rank, self.clock(), native, tail)
 
     def _tick(self) -> None:

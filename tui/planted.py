@@ -18,7 +18,7 @@ import time
 
 SCENARIOS = (
     "healthy", "straggler", "mismatch", "uneven", "dataloader", "lock",
-    "segfault", "assert", "slowstep", "skipstep",
+    "segfault", "assert", "slowstep", "skipstep", "raise", "linger",
 )
 STALL_STEP = 40  # skipstep: the culprit stalls when its own counter reaches this
 
@@ -111,6 +111,17 @@ def take_lock_in_thread(lock: threading.Lock) -> None:
     time.sleep(0.2)
 
 
+def upload_metrics(stop_at: float) -> None:
+    """Stands in for a background uploader someone forgot to make a daemon."""
+    while time.time() < stop_at:
+        time.sleep(0.2)
+    os._exit(124)
+
+
+def start_uploader(stop_at: float) -> None:
+    threading.Thread(target=upload_metrics, args=(stop_at,), name="uploader").start()
+
+
 def train(scenario: str, step_s: float, stop_at: float, ddp: bool = False) -> None:
     import warnings
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # CPU torch without numpy
@@ -157,6 +168,11 @@ def train(scenario: str, step_s: float, stop_at: float, ddp: bool = False) -> No
             ctypes.string_at(0)  # SIGSEGV
         if scenario == "assert" and rank == culprit and step == 3:
             raise RuntimeError("CUDA error: device-side assert triggered")
+        if scenario == "raise" and rank == culprit and step == 3:
+            raise RuntimeError(f"planted failure at step {step}")
+        if scenario == "linger" and rank == culprit and step == 3:
+            start_uploader(stop_at)  # a non-daemon thread: the process outlives its main thread
+            raise RuntimeError(f"planted failure at step {step}")
         if scenario == "mismatch" and rank == culprit and step == 3:
             sync_metrics(loss, dist)  # only this rank takes this code path
         if not ddp:

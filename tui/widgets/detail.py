@@ -45,19 +45,28 @@ def thread_text(thread: ThreadStack, user_frame: str | None, native: bool) -> Te
 
 
 def exit_text(rank: Rank, now: float) -> Text | None:
+    """How the rank ended: exit status, reason, the fatal message and the frame. A rank that
+    raised while a non-daemon thread keeps its process alive shows as raised."""
     info = rank.exit
     if info is None:
         return None
-    how = info.signal or (f"exit code {info.code}" if info.code is not None else "exit status not seen")
-    text = Text.assemble(("exited: ", "bold red"), (how, "red"))
+    alive = rank.state != "exited"
+    if alive:
+        text = Text.assemble(("raised: ", "bold red"), ("uncaught exception, process still alive", "red"))
+    else:
+        how = info.signal or (f"exit code {info.code}" if info.code is not None else "exit status not seen")
+        text = Text.assemble(("exited: ", "bold red"), (how, "red"))
     if info.at:
         text.append(f", {fmt.duration(now - info.at)} ago")
     if info.first:
-        text.append("  first rank to die", style="bold red")
+        text.append("  first rank to fail" if alive else "  first rank to die", style="bold red")
     if info.reason:
         text.append(f"\n  reason: {info.reason}")
+    if info.message and info.message != info.reason:
+        text.append("\n  message: ")
+        text.append(info.message, style="bold")
     if info.frame:
-        text.append(f"\n  died in: {info.frame}")
+        text.append(f"\n  {'raised in' if alive else 'died in'}: {info.frame}")
     return text
 
 
@@ -112,7 +121,7 @@ def detail_text(rank: Rank | None, now: float, native: bool = False,
         if log_tail is None:
             parts.append(Text("  (not readable)", style="dim"))
         for line in log_tail or ():
-            parts.append(Text("  " + line))
+            parts.append(Text("  " + line, style="bold" if line.startswith("──") else ""))
     return Text("\n").join(parts)
 
 

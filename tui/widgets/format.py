@@ -73,6 +73,8 @@ def sparkline(values: Sequence[float | None], top: float = 100.0) -> str:
 
 def state_label(rank) -> str:
     """``running``, ``stuck``, or how an exited rank ended: ``SIGSEGV``, ``exit 1``, ``exited``."""
+    if rank.exit is not None and rank.state != "exited":
+        return "raised"  # an uncaught exception; a non-daemon thread keeps the process alive
     if rank.exit is not None:
         return rank.exit.signal or (f"exit {rank.exit.code}" if rank.exit.code is not None else "exited")
     return rank.state
