@@ -91,7 +91,7 @@ def framework_job(tmp_path):
     """Factory: ``framework_job("ddp_uneven.py", nproc=3)`` starts a job script under torchrun."""
     jobs: list[PlantedJob] = []
 
-    def start(script: str, nproc: int, deadline: float = 60.0, args: list[str] | None = None) -> PlantedJob:
+    def start(script: str, nproc: int, deadline: float = 120.0, args: list[str] | None = None) -> PlantedJob:
         job = PlantedJob(tmp_path / f"job{len(jobs)}", nproc=nproc, deadline=deadline,
                          script=FRAMEWORK_JOBS / script, script_args=args, extra_env=OFFLINE_ENV)
         jobs.append(job)
@@ -109,12 +109,12 @@ def test_hf_trainer_callback_straggler(framework_job, average_tokens):
     # The others start step 3 and block in its first collective: DDP's gradient all_reduce
     # inside backward, or, with the Trainer's default average_tokens_across_devices=True, the
     # all_gather of the step's token count before the forward.
-    job = framework_job("hf_trainer_callback.py", nproc=3, deadline=90,
+    job = framework_job("hf_trainer_callback.py", nproc=3, deadline=150,
                         args=["--average-tokens"] if average_tokens else [])
     # The token count is gathered before step 3's on_step_begin, so those ranks never log it.
     next_step = "step 2 ends" if average_tokens else "step 3 begins"
     job.wait_for_log(r"^\[rank 2\] planted: sleeping in on_step_end", rf"^\[rank 0\] {next_step}",
-                     rf"^\[rank 1\] {next_step}", timeout=75)
+                     rf"^\[rank 1\] {next_step}", timeout=120)
     time.sleep(SETTLE_S)
     data = snapshot(job.pid)
     said = describe(data)
@@ -143,7 +143,7 @@ def test_ddp_uneven_data_rank_leaves_the_loop(framework_job):
     # step 6's backward, waiting in DDP's gradient all_reduce.
     job = framework_job("ddp_uneven.py", nproc=3)
     job.wait_for_log(r"^\[rank 2\] epoch done", r"^\[rank 0\] step 6 begins", r"^\[rank 1\] step 6 begins",
-                     timeout=40)
+                     timeout=90)
     time.sleep(SETTLE_S)
     data = snapshot(job.pid)
     said = describe(data)
@@ -166,7 +166,7 @@ def test_accelerate_metric_gathered_on_one_rank(framework_job, nproc):
     # in DDP's gradient all_reduce inside accelerator.backward.
     job = framework_job("accelerate_gather_one_rank.py", nproc=nproc)
     others = [rf"^\[rank {r}\] step 4 begins" for r in range(1, nproc)]
-    job.wait_for_log(r"^\[rank 0\] planted: gathering", *others, timeout=40)
+    job.wait_for_log(r"^\[rank 0\] planted: gathering", *others, timeout=90)
     time.sleep(SETTLE_S)
     data = snapshot(job.pid)
     said = describe(data)
@@ -197,7 +197,7 @@ def test_dataloader_worker_stuck_in_ddp_loop(framework_job):
     # the DataLoader while rank 0 waits in step 6's DDP gradient all_reduce.
     job = framework_job("ddp_dataloader_worker.py", nproc=2)
     text = job.wait_for_log(r"^\[rank 1\] planted: worker pid \d+ blocks", r"^\[rank 1\] step 5 ends",
-                            r"^\[rank 0\] step 6 begins", timeout=40)
+                            r"^\[rank 0\] step 6 begins", timeout=90)
     worker_pid = int(re.search(r"^\[rank 1\] planted: worker pid (\d+) blocks", text, re.M).group(1))
     time.sleep(SETTLE_S)
     data = snapshot(job.pid)
@@ -226,7 +226,7 @@ def test_exception_with_a_lingering_thread_is_a_crash(framework_job):
     # in interpreter shutdown. Rank 0 waits in step 4's DDP gradient all_reduce.
     job = framework_job("ddp_exception_lingers.py", nproc=2)
     job.wait_for_log(r"^\[rank 1\] planted: raising", r"RuntimeError: boom", r"^\[rank 0\] step 4 begins",
-                     timeout=40)
+                     timeout=90)
     time.sleep(SETTLE_S)
     pids = job.rank_pids()
     assert len(pids) == 2, f"rank 1 must linger for this test to mean anything: {pids}"
