@@ -91,3 +91,19 @@ def test_demo_no_tui_prints_the_table_and_stops_its_job(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "torchrun" in out and "train.py" in out
     assert stopped and stopped[0] is not None  # the demo job is gone
+
+
+def test_snapshot_closes_the_multi_node_source_it_wrapped(monkeypatch, capsys):
+    """The wrapper (a MultiNodeSource in real life) is what gets closed: it ends remote calls."""
+    from test_tui_samples import ListSource, straggler
+
+    import trainwatch.tui.commands.snapshot as snapshot_cmd
+
+    local = ListSource(straggler())
+    wrapped = ListSource(straggler())
+    monkeypatch.setattr(snapshot_cmd, "LocalSource", lambda pid, window, samples: local)
+    monkeypatch.setattr(snapshot_cmd, "find_pyspy", lambda: None)
+    monkeypatch.setattr(snapshot_cmd, "wrap_remote", lambda args, source: wrapped)
+    assert main(["snapshot", "4242", "--json"]) == 0
+    assert wrapped.closed and len(wrapped.calls) == 1
+    assert '"kind": "straggler"' in capsys.readouterr().out
