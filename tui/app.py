@@ -239,7 +239,7 @@ class TrainwatchApp(App[None]):
         self._alerted = kind
         self.bell()
         summary = snapshot.verdict.summary or f"culprits: {compact_ranks(snapshot.verdict.culprits) or 'n/a'}"
-        self.notify(summary, title=kind.upper(), severity="error", timeout=10)
+        self.notify(summary, title=kind.upper(), severity="error", timeout=5)  # the header keeps it
 
     # ----- drawing
 
