@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
 import tarfile
 import tempfile
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from trainwatch.probes.bundle import BUNDLE_FORMAT
@@ -88,6 +90,10 @@ class BundleSource:
 
     def poll(self, native_for: frozenset[int] = frozenset()) -> Snapshot:
         return self.snapshot
+
+    def paused_judgement(self) -> AbstractContextManager[None]:
+        """A bundle judges nothing: there is nothing to pause."""
+        return contextlib.nullcontext()
 
     def close(self) -> None:
         if self._tmp is not None:

@@ -112,14 +112,42 @@ def find_job(pid: int) -> JobProcesses:
         raise NoSuchProcess(f"no process with PID {pid}", "check the PID with `ps -ef | grep python`") from None
     except psutil.AccessDenied:
         raise AccessDenied(f"permission denied reading PID {pid}") from None
+    _refuse_self(start)
     _check_access(start)
     root, launcher = _find_root(start)
+    if root is not None and launcher == "python" and _is_own_ancestor(root) and not _is_training(root):
+        root = None  # the shell, tmux, pytest... that trainwatch itself runs under
     if root is None:
+        own = _is_own_ancestor(start)
         raise NotAJob(
-            f"PID {pid} ({_safe(start.name, '?')}) is not a Python training job and has none beneath it",
-            "pass the PID of the launcher (torchrun, accelerate, deepspeed), a rank, or the shell that started it",
+            f"PID {pid} ({_safe(start.name, '?')}) is not a Python training job and has none beneath it"
+            + (" (it is one of trainwatch's own parent processes, e.g. the shell it runs in)" if own else ""),
+            "pass the PID of the launcher (torchrun, accelerate, deepspeed), a rank, or the shell that started it"
+            + (": `pgrep -af torchrun` lists launchers" if own else ""),
         )
     return describe_job(root, launcher)
+
+
+def _refuse_self(proc: psutil.Process) -> None:
+    """trainwatch never takes itself, or the py-spy it runs, as the job."""
+    me = os.getpid()
+    parent = _safe(proc.ppid, None)
+    if proc.pid == me or (parent == me and "py-spy" in _safe(proc.name, "")):
+        what = "trainwatch itself" if proc.pid == me else "a py-spy run by trainwatch"
+        raise NotAJob(f"PID {proc.pid} is {what}, not a training job",
+                      "pass the PID of the job: its launcher (torchrun, ...), a rank, or the shell that started it")
+
+
+def _is_own_ancestor(proc: psutil.Process) -> bool:
+    return proc.pid in {p.pid for p in _safe(psutil.Process(os.getpid()).parents, [])}
+
+
+def _is_training(proc: psutil.Process) -> bool:
+    """A Python process above trainwatch is a job only if it is a rank or has torch loaded."""
+    if "RANK" in (job_env(proc) or {}):
+        return True
+    maps = procfs.read_text(f"/proc/{proc.pid}/maps") or ""
+    return "libtorch" in maps or "/torch/_C" in maps
 
 
 def find_job_matching(master: str | None = None, job_id: str | None = None) -> JobProcesses:
@@ -172,7 +200,8 @@ def _outer_name(proc: psutil.Process) -> str:
 def _find_below(start: psutil.Process, jobs_only: bool = False) -> tuple[psutil.Process | None, str]:
     """From a shell, `timeout`, srun or tmux pane: the first launcher or Python process beneath.
     With ``jobs_only``, only a launcher or a process with RANK counts (below a Python wrapper)."""
-    frontier = _safe(start.children, [])
+    me = os.getpid()  # never descend into trainwatch itself (`trainwatch snapshot $$` from a shell)
+    frontier = [c for c in _safe(start.children, []) if c.pid != me]
     while frontier:
         for child in sorted(frontier, key=lambda p: p.pid):
             kind = launcher_kind(_safe(child.cmdline, []))
@@ -183,7 +212,7 @@ def _find_below(start: psutil.Process, jobs_only: bool = False) -> tuple[psutil.
                 return _find_root(child)
             if not jobs_only and is_python(child):
                 return _find_root(child)
-        frontier = [g for c in frontier for g in _safe(c.children, [])]
+        frontier = [g for c in frontier for g in _safe(c.children, []) if g.pid != me]
     return None, ""
 
 

@@ -8,6 +8,7 @@ answer is picked up by a later poll.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import socket
@@ -15,6 +16,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +130,12 @@ class MultiNodeSource:
         if self._since is None or self._since[0] != key:
             self._since = (key, snap.verdict.since or snap.taken_at or time.time())
         return dataclasses.replace(snap, verdict=dataclasses.replace(snap.verdict, since=self._since[1]))
+
+    def paused_judgement(self) -> AbstractContextManager[None]:
+        """The local probe's pause (other nodes judge their own progress); nothing without one."""
+        if self.local is None:
+            return contextlib.nullcontext()
+        return self.local.paused_judgement()
 
     def collect_bundles(self, bundle_dir: Path, timeout: float | None = None) -> list[str]:
         """Fetch every other node's evidence bundle into ``<bundle_dir>/hosts/<node>/``."""

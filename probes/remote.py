@@ -22,10 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from trainwatch.probes.errors import PARTIAL_EXIT  # noqa: F401  (the exit status of a partial view)
 from trainwatch.probes.snapshot import Snapshot, SnapshotError
 
-# Exit status of a local command whose view is missing some nodes (the lead maps it in the CLI).
-PARTIAL_EXIT = 2
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_PARALLEL = 32
 _STDERR_KEEP = 4000

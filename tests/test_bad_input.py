@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -66,7 +67,104 @@ def test_pyspy_missing():
 
 
 def test_no_pid_given():
-    assert_clean_error(trainwatch("snapshot"), "give a PID")
+    proc = trainwatch("snapshot")
+    assert_clean_error(proc, "give a PID")
+    assert proc.returncode == 2  # usage
+
+
+@pytest.mark.parametrize("command", ["snapshot", "dump", "attach", "watch"])
+@pytest.mark.parametrize("pid", ["-1", "0", "abc", "12.5"])
+def test_a_pid_that_is_no_pid_is_refused(command, pid):
+    proc = trainwatch(command, pid)
+    shown = repr(pid) if not pid.lstrip("-").isdigit() else pid
+    assert_clean_error(proc, f"argument pid: a PID is a positive whole number, not {shown}")
+    assert proc.returncode == 2
+    assert "ValueError" not in proc.stderr
+
+
+def run_in_shell(script: str, **kwargs) -> subprocess.CompletedProcess:
+    """``script`` in its own bash, as typed at a prompt ($$ is that shell)."""
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60, **kwargs)
+
+
+TW = f"{sys.executable} -m trainwatch.tui.cli"
+
+
+def test_snapshot_of_its_own_shell_is_not_a_job():
+    proc = run_in_shell(f"{TW} snapshot --window 0 $$; exit $?")  # `; exit` keeps bash as the parent
+    assert_clean_error(proc, "is not a Python training job", "one of trainwatch's own parent processes")
+    assert proc.returncode == 4
+    assert "healthy" not in (proc.stdout + proc.stderr).lower()
+
+
+def test_snapshot_of_itself_is_not_a_job():
+    proc = run_in_shell(f"exec {TW} snapshot --window 0 $$")  # exec: $$ is trainwatch itself
+    assert_clean_error(proc, "is trainwatch itself, not a training job")
+    assert proc.returncode == 4
+
+
+def test_a_python_parent_without_torch_is_not_a_job():
+    code = ("import os, subprocess, sys; sys.exit(subprocess.call([sys.executable, '-m', 'trainwatch.tui.cli', "
+            "'snapshot', '--window', '0', str(os.getpid())]))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert_clean_error(proc, "is not a Python training job", "own parent processes")
+    assert proc.returncode == 4
+
+
+def test_a_job_started_from_the_same_shell_is_still_found():
+    script = (f"{sys.executable} -c 'import time; time.sleep(30)' & job=$!; "
+              f"sleep 0.5; {TW} snapshot --json --window 0 $$; rc=$?; kill $job; echo \"job=$job\" >&2; exit $rc")
+    proc = run_in_shell(script)
+    assert proc.returncode == 0, proc.stderr
+    job = int(proc.stderr.split("job=")[-1].split()[0])
+    assert json.loads(proc.stdout)["job"]["pid"] == job  # the sleeper, not trainwatch
+
+
+@pytest.mark.parametrize("how", ["file", "pipe"])
+def test_attach_with_stdout_redirected_refuses_without_escape_codes(tmp_path, how):
+    target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        if how == "file":
+            with open(tmp_path / "out.txt", "w") as out:
+                proc = subprocess.run([sys.executable, "-m", "trainwatch.tui.cli", "attach", str(target.pid)],
+                                      stdout=out, stderr=subprocess.PIPE, text=True, timeout=60)
+            written = (tmp_path / "out.txt").read_text()
+        else:
+            proc = trainwatch("attach", str(target.pid))
+            written = proc.stdout
+        assert_clean_error(proc, "trainwatch attach shows a live screen and needs a terminal",
+                               "stdout is not one", "use `trainwatch snapshot PID`")
+        assert proc.returncode == 2
+        assert written == ""  # no escape codes, nothing at all
+    finally:
+        target.kill()
+        target.wait()
+
+
+def test_open_with_stdout_redirected_points_at_summary(tmp_path):
+    from test_tui_samples import straggler
+
+    bundle = tmp_path / "trainwatch-node1-4242-20231114T223000Z"
+    bundle.mkdir()
+    (bundle / "bundle.json").write_text('{"format": "trainwatch-bundle"}')
+    (bundle / "snapshot.json").write_text(straggler().to_json())
+    proc = trainwatch("open", str(bundle))
+    assert_clean_error(proc, "trainwatch open shows a live screen and needs a terminal",
+                       "use `trainwatch open BUNDLE --summary`")
+    assert proc.returncode == 2 and proc.stdout == ""
+
+
+def test_unknown_option_is_a_usage_error():
+    proc = trainwatch("snapshot", "--no-such-option", "1")
+    assert proc.returncode == 2 and "unrecognized arguments: --no-such-option" in proc.stderr
+
+
+def test_bad_option_values_are_usage_errors():
+    for args, needle in ((("watch", "1", "--dump-on", "everything"), "unknown --dump-on value: everything"),
+                         (("dump", "1", "--signal", "SIGNOPE"), "unknown signal 'SIGNOPE'")):
+        proc = trainwatch(*args)
+        assert_clean_error(proc, needle)
+        assert proc.returncode == 2
 
 
 def test_job_id_from_a_login_node_whose_nodes_cannot_be_reached():
@@ -74,6 +172,7 @@ def test_job_id_from_a_login_node_whose_nodes_cannot_be_reached():
     proc = trainwatch("snapshot", "--match-job-id", "4242", "--hosts", "127.0.0.1", "--ssh-option", "Port=1",
                       "--remote-timeout", "5")
     assert_clean_error(proc, "no node of the job could be read", "127.0.0.1: unreachable")
+    assert proc.returncode == 1  # nothing at all could be read: not a partial view (9)
 
 
 def test_job_id_with_no_node_to_ask():

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import io
-import sys
+import re
 import threading
-import types
 from dataclasses import replace
 
 from rich.console import Console
@@ -74,7 +73,7 @@ async def test_rows_update_in_place_and_cursor_stays():
         original = table.add_row
         table.add_row = lambda *a, **k: added.append(k) or original(*a, **k)
         table.clear = lambda *a, **k: (_ for _ in ()).throw(AssertionError("table cleared"))
-        await pilot.press("j", "j")
+        await pilot.press("k")  # from the culprit (rank 3) up to rank 2
         assert table.selected_key == "node1:2"
         await pilot.press("s")
         await until(pilot, lambda: app.polls == 2)
@@ -89,12 +88,11 @@ async def test_detail_pane_shows_threads_user_frame_and_native_toggle():
     app, source = make_app(straggler())
     async with app.run_test(size=(120, 40)) as pilot:
         await until(pilot, lambda: app.polls == 1)
-        await pilot.press("j", "j", "j")
-        text = screen_text(app)
+        text = screen_text(app)  # the culprit, rank 3, is selected from the start
         assert "rank 3 · pid 5003" in text
         assert "main thread sleeps in the user's code" in text
         assert "▶ train.py:108 train" in text  # the user's frame is marked
-        assert "1 native frames hidden" in text
+        assert "1 native frame hidden" in text
         assert "<built-in> sleep" not in text
         await pilot.press("n")
         assert "<built-in> sleep" in screen_text(app)
@@ -228,35 +226,66 @@ async def test_read_only_mode_has_no_sampling_keys():
         assert "quit" in footer and "sample" not in footer and "dump" not in footer
 
 
-async def test_dump_without_bundle_module_says_so(monkeypatch):
-    monkeypatch.setitem(sys.modules, "trainwatch.probes.bundle", None)  # makes the import fail
-    app, _ = make_app(straggler())
-    notes = []
-    async with app.run_test(size=(80, 24)) as pilot:
-        await until(pilot, lambda: app.polls == 1)
-        app.notify = lambda message, **kw: notes.append(message)
-        await pilot.press("d")
-        assert any("not available" in n for n in notes)
-
-
-async def test_dump_calls_write_bundle_in_a_worker(monkeypatch, tmp_path):
+async def test_dump_writes_in_a_worker_with_judgement_paused_and_keeps_the_path_on_screen(monkeypatch, tmp_path):
     calls = []
+    monkeypatch.chdir(tmp_path)
+    bundle = tmp_path / "trainwatch-node1-4242-20231114T223000Z"
 
-    def write_bundle(source_pid, snapshot, out_dir, *, tar=False, redact=True):
-        calls.append((source_pid, snapshot.verdict.kind, out_dir, threading.current_thread().name))
-        return out_dir
+    def write_bundle(source_pid, snapshot, out_dir, **options):
+        calls.append((source_pid, snapshot.verdict.kind, out_dir, threading.current_thread().name,
+                      source.paused))
+        return bundle
 
-    monkeypatch.setitem(sys.modules, "trainwatch.probes.bundle", types.SimpleNamespace(write_bundle=write_bundle))
-    app, _ = make_app(straggler(), dump_dir=tmp_path)
-    notes = []
+    monkeypatch.setattr("trainwatch.probes.source.write_bundle", write_bundle)
+    app, source = make_app(straggler(), dump_dir=tmp_path)
     async with app.run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: app.polls == 1)
-        app.notify = lambda message, **kw: notes.append(message)
         await pilot.press("d")
-        await until(pilot, lambda: any("evidence written" in n for n in notes))
-    (pid, kind, out, thread) = calls[0]
+        await until(pilot, lambda: app.dumps)
+        await pilot.pause(0.3)
+        text = screen_text(app)
+        assert "✔ evidence: ./trainwatch-node1-4242-20231114T223000Z" in text  # one line, not a toast
+        assert not app.query("Toast")
+        await pilot.press("s")
+        await until(pilot, lambda: app.polls == 2)
+        assert "./trainwatch-node1-4242-20231114T223000Z" in screen_text(app)  # stays after the next sample
+    (pid, kind, out, thread, paused) = calls[0]
     assert pid == 4242 and kind == "straggler" and out == tmp_path  # write_bundle names the folder
     assert thread != threading.main_thread().name
+    assert paused  # the dump's py-spy attaches do not count as the ranks' progress
+    assert app.dumps == [bundle]
+
+
+async def test_a_long_dump_path_keeps_the_bundle_name_whole_on_one_line(monkeypatch, tmp_path):
+    deep = tmp_path.joinpath(*["a-rather-long-folder-name"] * 4)
+    bundle = deep / "trainwatch-node1-4242-20231114T223000Z"
+    monkeypatch.setattr("trainwatch.probes.source.write_bundle", lambda *a, **k: bundle)
+    app, _ = make_app(straggler(), dump_dir=deep)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.polls == 1)
+        await pilot.press("d")
+        await until(pilot, lambda: app.dumps)
+        await pilot.pause(0.3)
+        line = next(line for line in screen_text(app).splitlines() if "evidence:" in line)
+        assert line.rstrip().endswith("a-rather-long-folder-name/trainwatch-node1-4242-20231114T223000Z")
+        assert "✔ evidence: …" in line
+    assert app.dumps == [bundle]
+
+
+async def test_dump_failure_is_shown_where_the_path_would_be(monkeypatch, tmp_path):
+    from trainwatch.probes.errors import OutputError
+
+    def write_bundle(source_pid, snapshot, out_dir, **options):
+        raise OutputError(f"cannot create the bundle in {out_dir}: No space left on device")
+
+    monkeypatch.setattr("trainwatch.probes.source.write_bundle", write_bundle)
+    app, _ = make_app(straggler(), dump_dir=tmp_path)
+    async with app.run_test(size=(200, 40)) as pilot:
+        await until(pilot, lambda: app.polls == 1)
+        await pilot.press("d")
+        await until(pilot, lambda: "dump failed" in screen_text(app))
+        assert "No space left on device" in screen_text(app)
+        assert app.dumps == []
 
 
 async def test_stuck_poll_does_not_freeze_the_screen_or_block_quit():
@@ -310,3 +339,31 @@ async def test_enter_and_tab_move_focus_between_panes():
         assert app.focused.id == "detail"
         await pilot.press("enter")
         assert app.focused.id == "ranks"
+
+
+async def test_help_says_what_q_does_in_each_mode():
+    import argparse
+
+    from trainwatch.tui.commands.demo import demo_app
+
+    def quit_line(app) -> str:  # the help box's row for q, e.g. "│ q   quit; the job keeps running … │"
+        return next(line for line in screen_text(app).splitlines() if re.search(r"│\s*q\s{2,}\S", line))
+
+    async def shown(app) -> tuple[str, str]:
+        async with app.run_test(size=(100, 30)) as pilot:
+            await until(pilot, lambda: app.polls == 1)
+            footer = screen_text(app).rstrip("\n").splitlines()[-1]
+            await pilot.press("question_mark")
+            await pilot.pause()
+            return quit_line(app), footer
+
+    attach_help, attach_footer = await shown(make_app(healthy())[0])
+    assert "quit; the job keeps running (trainwatch only reads it)" in attach_help
+    open_help, _ = await shown(make_app(healthy(), live=False)[0])
+    assert open_help.split("q", 1)[1].strip().startswith("quit") and "job" not in open_help
+    args = argparse.Namespace(interval=60.0, scenario="straggler")
+    demo = demo_app(ListSource(healthy()), args)
+    demo.clock = clock
+    demo_help, demo_footer = await shown(demo)
+    assert "quit and stop the demo job" in demo_help
+    assert "quit+stop demo" in demo_footer and "quit+stop" not in attach_footer

@@ -18,7 +18,13 @@ def dead_pid() -> int:
     return proc.pid
 
 
-def test_attach_bad_pid_is_a_clear_error_before_any_screen(capsys):
+@pytest.fixture
+def terminal(monkeypatch):
+    """stdout as a terminal, as when a person runs `trainwatch attach` (pytest captures it)."""
+    monkeypatch.setattr("trainwatch.tui.commands.common.stdout_is_terminal", lambda: True)
+
+
+def test_attach_bad_pid_is_a_clear_error_before_any_screen(capsys, terminal):
     pid = dead_pid()
     code = main(["attach", str(pid)])
     err = capsys.readouterr().err
@@ -27,9 +33,40 @@ def test_attach_bad_pid_is_a_clear_error_before_any_screen(capsys):
     assert "Traceback" not in err
 
 
-def test_attach_rejects_a_zero_interval(capsys):
-    assert main(["attach", "1", "--interval", "0"]) == 1
+def test_attach_rejects_a_zero_interval(capsys, terminal):
+    assert main(["attach", "1", "--interval", "0"]) == 2  # usage
     assert "--interval must be more than 0" in capsys.readouterr().err
+
+
+def test_attach_out_that_cannot_be_written_fails_before_the_screen(capsys, terminal, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main(["attach", "1", "--out", str(blocker / "bundles")]) == 8
+    err = capsys.readouterr().err
+    assert f"cannot create {blocker / 'bundles'}" in err and "pass a writable --out DIR" in err
+
+
+def test_attach_closes_its_source_and_prints_the_bundles_on_exit(monkeypatch, capsys, terminal, tmp_path):
+    from test_tui_samples import ListSource, straggler
+
+    import trainwatch.probes.live as live
+    import trainwatch.tui.app as app_module
+
+    source = ListSource(straggler())
+    source.job = None  # what wrap_remote reads when no other node is named
+    monkeypatch.setattr(live, "open_source", lambda pid, window: source)
+    seen = {}
+
+    def run(app):  # stands in for the screen: a person pressed d, then q
+        seen["dump_dir"] = app.dump_dir
+        app.dumps.append(tmp_path / "out" / "trainwatch-node1-4242-20231114T223000Z")
+
+    monkeypatch.setattr(app_module.TrainwatchApp, "run", run)
+    assert main(["attach", "4242", "--out", str(tmp_path / "out")]) == 0
+    assert seen["dump_dir"] == tmp_path / "out" and (tmp_path / "out").is_dir()
+    assert source.closed
+    out = capsys.readouterr().out
+    assert f"trainwatch: evidence bundle written to {tmp_path / 'out' / 'trainwatch-node1-4242-20231114T223000Z'}" in out
 
 
 def test_demo_without_torch_says_how_to_get_it(monkeypatch, capsys):
@@ -54,3 +91,19 @@ def test_demo_no_tui_prints_the_table_and_stops_its_job(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "torchrun" in out and "train.py" in out
     assert stopped and stopped[0] is not None  # the demo job is gone
+
+
+def test_snapshot_closes_the_multi_node_source_it_wrapped(monkeypatch, capsys):
+    """The wrapper (a MultiNodeSource in real life) is what gets closed: it ends remote calls."""
+    from test_tui_samples import ListSource, straggler
+
+    import trainwatch.tui.commands.snapshot as snapshot_cmd
+
+    local = ListSource(straggler())
+    wrapped = ListSource(straggler())
+    monkeypatch.setattr(snapshot_cmd, "LocalSource", lambda pid, window, samples: local)
+    monkeypatch.setattr(snapshot_cmd, "find_pyspy", lambda: None)
+    monkeypatch.setattr(snapshot_cmd, "wrap_remote", lambda args, source: wrapped)
+    assert main(["snapshot", "4242", "--json"]) == 0
+    assert wrapped.closed and len(wrapped.calls) == 1
+    assert '"kind": "straggler"' in capsys.readouterr().out

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 
 from trainwatch.probes.snapshot import (
@@ -91,6 +93,32 @@ def crashed() -> Snapshot:
     )
 
 
+def gpu_wait() -> Snapshot:
+    """Rank 1 blocks on its GPU (a synchronize) while the others wait for it; steps are known."""
+    base = healthy()
+    waiting = tuple(replace(r, state="stuck", phase="collective", op="all_reduce", stuck_for_s=15.0, cpu_pct=2.0,
+                            where="train.py:44 sync_gradients", user_frame="train.py:44 sync_gradients",
+                            threads=_collective_stack(), step=1200, step_period_s=0.41)
+                    for r in base.ranks if r.rank != 1)
+    slow = replace(base.ranks[1], state="stuck", phase="gpu_wait", op="synchronize", stuck_for_s=15.0,
+                   cpu_pct=100.0, where="train.py:71 log_loss", user_frame="train.py:71 log_loss",
+                   detail="the host waits for its GPU (torch.cuda.synchronize)", step=1199, step_period_s=0.43,
+                   threads=(ThreadStack("MainThread", tid=201, is_main=True, active=True, frames=(
+                       Frame("synchronize", "torch/cuda/__init__.py", 954),
+                       Frame("log_loss", "/job/train.py", 71),
+                       Frame("train", "/job/train.py", 104),
+                   )),))
+    return replace(
+        base, ranks=tuple(sorted((*waiting, slow), key=lambda r: r.rank)),
+        groups=(Group(ranks=(0, 2, 3), phase="collective", op="all_reduce", where="train.py:44 sync_gradients",
+                      label="0,2-3"),
+                Group(ranks=(1,), phase="gpu_wait", op="synchronize", where="train.py:71 log_loss", label="1",
+                      culprit=True)),
+        verdict=Verdict("straggler", culprits=(1,), since=NOW - 15,
+                        summary="rank 1 waits on its GPU at train.py:71 log_loss while ranks 0,2-3 wait in all_reduce"),
+    )
+
+
 class ListSource:
     """Test double for the data boundary: hands out snapshots in order, then repeats the last."""
 
@@ -98,6 +126,7 @@ class ListSource:
         self.items = list(snapshots)
         self.calls: list[frozenset[int]] = []
         self.closed = False
+        self.paused = False
 
     def poll(self, native_for: frozenset[int] = frozenset()) -> Snapshot:
         self.calls.append(native_for)
@@ -109,7 +138,15 @@ class ListSource:
     def close(self) -> None:
         self.closed = True
 
+    @contextmanager
+    def paused_judgement(self) -> Iterator[None]:
+        self.paused = True
+        try:
+            yield
+        finally:
+            self.paused = False
+
 
 def test_samples_round_trip_as_json():
-    for snap in (healthy(), straggler(), crashed()):
+    for snap in (healthy(), straggler(), crashed(), gpu_wait()):
         assert Snapshot.from_json(snap.to_json()) == snap

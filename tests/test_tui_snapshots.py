@@ -6,7 +6,7 @@ import pytest
 
 from trainwatch.tui.app import TrainwatchApp
 
-from test_tui_samples import ListSource, clock, crashed, healthy, straggler
+from test_tui_samples import ListSource, clock, crashed, gpu_wait, healthy, straggler
 
 SAMPLES = {"healthy": healthy, "straggler": straggler, "crashed": crashed}
 
@@ -28,10 +28,19 @@ def test_monitor_snapshot(snap_compare, name, size):
     assert snap_compare(app, terminal_size=size, run_before=_settle)
 
 
-def test_culprit_detail_snapshot(snap_compare):
-    """The straggler's own detail: its frame in the user's code highlighted."""
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
+def test_culprit_detail_snapshot(snap_compare, size):
+    """The view opens on the straggler: its where and its frame in the user's code (highlighted)
+    are on screen without scrolling, even at 80x24."""
     app = TrainwatchApp(ListSource(straggler()), interval=60.0, clock=clock)
-    assert snap_compare(app, terminal_size=(120, 40), press=["j", "j", "j"], run_before=_settle)
+    assert snap_compare(app, terminal_size=size, run_before=_settle)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
+def test_gpu_wait_with_steps_snapshot(snap_compare, size):
+    """gpu_wait in the waiting colour; the step column where it fits, the step in the detail always."""
+    app = TrainwatchApp(ListSource(gpu_wait()), interval=60.0, clock=clock)
+    assert snap_compare(app, terminal_size=size, run_before=_settle)
 
 
 def test_help_snapshot(snap_compare):

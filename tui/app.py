@@ -1,17 +1,18 @@
-"""The live monitor: a Textual app fed by any source with ``poll(native_for=...)`` and ``close()``.
+"""The live monitor: a Textual app fed by a :class:`~trainwatch.probes.source.Source`.
 
 Polls run one at a time in a thread worker; the next one is armed only when the previous
 one has been handled, so a slow or stuck probe never piles up work or freezes the screen.
+Each finished poll arrives as one frozen snapshot in a message; widgets redraw from it inside
+one ``batch_update``. The source belongs to whoever opened it, who also closes it.
 """
 
 from __future__ import annotations
 
-import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
 
 from rich.text import Text
 from textual import work
@@ -27,7 +28,9 @@ from textual.worker import get_current_worker
 from trainwatch.probes.errors import TrainwatchError
 from trainwatch.probes.ranklog import RankLogs
 from trainwatch.probes.snapshot import PROBLEM_VERDICTS, Rank, Snapshot, compact_ranks
+from trainwatch.probes.source import Source, write_evidence
 
+from .widgets import format as fmt
 from .widgets.alerts import AlertBar
 from .widgets.detail import DetailPane
 from .widgets.groups import GroupsPane
@@ -40,14 +43,6 @@ from .widgets.ranks import RanksTable
 INTERVALS = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0)
 MAX_LOG_FILES = 16
 LIVE_ACTIONS = {"native", "sample", "pause", "slower", "faster", "dump"}
-
-
-class Source(Protocol):
-    """What the app reads: a live job, a bundle, or a merge of remote nodes."""
-
-    def poll(self, native_for: frozenset[int] = frozenset()) -> Snapshot: ...
-
-    def close(self) -> None: ...
 
 
 class SnapshotReady(Message):
@@ -83,10 +78,21 @@ def read_log_tails(snapshot: Snapshot, logs: RankLogs | None = None) -> dict[str
     return {r.key: logs.tail(r.log_path, r.rank, r.local_rank) for r in with_log if r.log_path in paths}
 
 
+def culprit_key(snapshot: Snapshot | None, ranks: list[Rank]) -> str | None:
+    """The row key of the verdict's first culprit among ``ranks`` (None without one)."""
+    if snapshot is None:
+        return None
+    for number in snapshot.verdict.culprits:
+        for rank in ranks:
+            if rank.rank == number:
+                return rank.key
+    return None
+
+
 class TrainwatchApp(App[None]):
     """Ranks table, stack groups and the selected rank's detail, refreshed from ``source``."""
 
-    CSS_PATH = "trainwatch.tcss"
+    CSS_PATH = Path(__file__).with_name("trainwatch.tcss")  # absolute: subclasses live elsewhere
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide")]
     ENABLE_COMMAND_PALETTE = False
     BINDINGS = [
@@ -106,9 +112,13 @@ class TrainwatchApp(App[None]):
         Binding("ctrl+z", "suspend_process", "suspend", show=False),
     ]
 
+    QUIT_HELP = "quit; the job keeps running (trainwatch only reads it)"
+
     def __init__(self, source: Source, interval: float = 2.0, title: str = "trainwatch",
                  live: bool = True, clock: Callable[[], float] = time.time,
-                 dump_dir: Path | None = None) -> None:
+                 dump_dir: Path | None = None, quit_help: str | None = None) -> None:
+        """``dump_dir``: where ``d`` writes bundles (default: the current directory).
+        ``quit_help``: what ``q`` does, for the help screen."""
         super().__init__()
         self.source = source
         self.interval = interval
@@ -116,6 +126,9 @@ class TrainwatchApp(App[None]):
         self.live = live
         self.clock = clock
         self.dump_dir = dump_dir
+        self.quit_help = quit_help or (self.QUIT_HELP if live else "quit")
+        self.dumps: list[Path] = []  # bundles written by `d`, printed when the app ends
+        self.dump_status: Text | None = None  # the alerts line about the last `d`
         self.snapshot: Snapshot | None = None
         self.history = History()
         self.log_tails: dict[str, tuple[str, ...] | None] = {}  # Rank.key -> telling tail
@@ -129,6 +142,7 @@ class TrainwatchApp(App[None]):
         self._timer: Timer | None = None
         self._clock_timer: Timer | None = None  # redraws durations (uptime, "for 12s") every second
         self._alerted: str | None = None  # problem verdict already announced
+        self._detail_key: str | None = None  # the rank the detail pane shows
         self._closed = False
 
     # ----- layout
@@ -232,7 +246,7 @@ class TrainwatchApp(App[None]):
         self._alerted = kind
         self.bell()
         summary = snapshot.verdict.summary or f"culprits: {compact_ranks(snapshot.verdict.culprits) or 'n/a'}"
-        self.notify(summary, title=kind.upper(), severity="error", timeout=10)
+        self.notify(summary, title=kind.upper(), severity="error", timeout=5)  # the header keeps it
 
     # ----- drawing
 
@@ -276,10 +290,11 @@ class TrainwatchApp(App[None]):
             now = self.clock()
             snapshot = self.snapshot
             self.query_one(JobHeader).show(snapshot, now, self.status_text())
-            self.query_one(AlertBar).show(snapshot.warnings if snapshot else (), self.error)
+            self.query_one(AlertBar).show(snapshot.warnings if snapshot else (), self.error, self.dump_status)
             culprits = frozenset(snapshot.verdict.culprits) if snapshot else frozenset()
             table = self.query_one(RanksTable)
-            table.show(self.visible_ranks(), culprits, self.history)
+            ranks = self.visible_ranks()
+            table.show(ranks, culprits, self.history, default=culprit_key(snapshot, ranks))
             table.border_title = f"ranks · filter: {self.filter_text}" if self.filter_text else "ranks"
             self.query_one(GroupsPane).show(snapshot)
             self._redraw_detail()
@@ -288,7 +303,11 @@ class TrainwatchApp(App[None]):
         rank = self.selected_rank()
         native = rank is not None and native_id(rank) in self.native_for
         tail = self.log_tails.get(rank.key) if rank and rank.log_path else None
-        self.query_one(DetailPane).show(rank, self.clock(), native, tail)
+        key = rank.key if rank else None
+        fresh, self._detail_key = key != self._detail_key, key
+        self.query_one(DetailPane).show(rank, self.clock(), native, tail, fresh=fresh)
+        if fresh and rank is not None and rank.rank is not None:
+            self.query_one(GroupsPane).follow(rank.rank)
 
     def _tick(self) -> None:
         if self._closed:
@@ -314,14 +333,26 @@ class TrainwatchApp(App[None]):
 
     def action_move(self, delta: int) -> None:
         table = self.query_one(RanksTable)
-        if table.row_count:
-            table.move_cursor(row=max(0, min(table.row_count - 1, table.cursor_row + delta)))
+        if delta > 0:
+            table.action_cursor_down()
+        else:
+            table.action_cursor_up()
+
+    def on_groups_pane_picked(self, message: GroupsPane.Picked) -> None:
+        """A group picked in the groups pane selects its first rank (the filter permitting)."""
+        wanted = set(message.group.ranks)
+        rank = next((r for r in self.visible_ranks() if r.rank in wanted), None)
+        if rank is None:
+            self.notify(f"the filter hides ranks {message.group.label}; Esc clears it", timeout=3)
+            return
+        self.query_one(RanksTable).choose(rank.key)
 
     def action_next_pane(self) -> None:
         self.screen.focus_next()
 
     def action_help(self) -> None:
-        self.push_screen(HelpScreen(live=self.live))
+        self.push_screen(HelpScreen(live=self.live, quit_help=self.quit_help,
+                                    dump_dir=fmt.display_path(self.dump_dir or Path.cwd())))
 
     def action_sample(self) -> None:
         if self._polling_since is not None:
@@ -391,30 +422,36 @@ class TrainwatchApp(App[None]):
         self.query_one(RanksTable).focus()
 
     def action_dump(self) -> None:
-        try:
-            from trainwatch.probes.bundle import write_bundle
-        except ImportError:
-            self.notify("dumping evidence is not available in this build", severity="warning", timeout=5)
-            return
         if self.snapshot is None:
             self.notify("nothing sampled yet", severity="warning", timeout=3)
             return
         out = self.dump_dir or Path.cwd()  # write_bundle names its own trainwatch-<host>-<pid>-<time> folder
-        self.notify(f"dumping evidence into {out} …", timeout=3)
-        self._dump(write_bundle, self.snapshot, out)
+        self._set_dump_status(Text.assemble(("… ", "bold"), f"writing evidence into {fmt.display_path(out)}"))
+        self._dump(self.snapshot, out)
+
+    def _set_dump_status(self, status: Text) -> None:
+        self.dump_status = status
+        self.query_one(AlertBar).show(self.snapshot.warnings if self.snapshot else (), self.error, status)
+
+    def _dumped(self, path: Path) -> None:
+        self.dumps.append(path)
+        room = self.size.width - len("✔ evidence: ") - 2  # the alerts' padding
+        shown = fmt.fit_path(path, room)
+        self._set_dump_status(Text.assemble(("✔ ", "bold green"), "evidence: ", (shown, "bold")))
+
+    def _dump_failed(self, why: str) -> None:
+        self._set_dump_status(Text.assemble(("✖ ", "bold red"), (f"dump failed: {why}", "red")))
 
     @work(thread=True, group="dump", exclusive=True, exit_on_error=False)
-    def _dump(self, write_bundle: Callable[..., Path], snapshot: Snapshot, out: Path) -> None:
-        paused = getattr(self.source, "paused_judgement", None)  # live sources: the dump's py-spy is not progress
+    def _dump(self, snapshot: Snapshot, out: Path) -> None:
         try:
-            with paused() if paused else contextlib.nullcontext():
-                path = write_bundle(snapshot.job.pid, snapshot, out)
+            path = write_evidence(self.source, snapshot, out)  # the dump's py-spy is not progress
         except TrainwatchError as exc:
-            self.call_from_thread(self.notify, f"dump failed: {exc.message}", severity="error", timeout=10)
+            self.call_from_thread(self._dump_failed, exc.message)
         except OSError as exc:
-            self.call_from_thread(self.notify, f"dump failed: {exc}", severity="error", timeout=10)
+            self.call_from_thread(self._dump_failed, f"{exc.strerror or exc}: {exc.filename or ''}")
         else:
-            self.call_from_thread(self.notify, f"evidence written to {path}", timeout=10)
+            self.call_from_thread(self._dumped, Path(os.path.abspath(path)))
 
     # ----- shutdown
 

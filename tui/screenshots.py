@@ -27,7 +27,7 @@ SIZE = (120, 40)
 
 
 async def capture(job: DemoJob, verdict: str, out: Path, timeout: float = 60.0) -> str:
-    """Attach to the job headless, wait for ``verdict``, select the culprit, save the SVG."""
+    """Attach to the job headless, wait for ``verdict`` (the view selects the culprit), save the SVG."""
     from trainwatch.probes.live import open_source
 
     source = open_source(job.proc.pid, window=2.0)
@@ -44,24 +44,12 @@ async def capture(job: DemoJob, verdict: str, out: Path, timeout: float = 60.0) 
                 held_from = (held_from or app.polls) if seen == verdict else None
                 if held_from is not None and app.polls >= held_from + 2:  # a settled picture
                     break
-            await select_culprit(pilot, app)
             app.clear_notifications()
             await pilot.pause(0.3)
             app.save_screenshot(out.name, str(out.parent))
     finally:
         source.close()
     return seen
-
-
-async def select_culprit(pilot, app: TrainwatchApp) -> None:
-    if app.snapshot is None or not app.snapshot.verdict.culprits:
-        return
-    culprit = app.snapshot.verdict.culprits[0]
-    for _ in range(len(app.snapshot.ranks)):
-        rank = app.selected_rank()
-        if rank is not None and rank.rank == culprit:
-            return
-        await pilot.press("j")
 
 
 def main(argv: list[str] | None = None) -> int:

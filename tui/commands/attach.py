@@ -3,37 +3,47 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from trainwatch.probes.errors import TrainwatchError
+from trainwatch.probes.errors import UsageError
+from trainwatch.tui.commands.common import pid_arg, require_terminal, writable_dir
 from trainwatch.tui.commands.snapshot import add_remote, wrap_remote
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("attach", help="live view of a running job: which rank is stuck where, and why")
-    parser.add_argument("pid", type=int, help="launcher (torchrun, ...), a rank, or any ancestor of the job")
+    parser.add_argument("pid", type=pid_arg, help="launcher (torchrun, ...), a rank, or any ancestor of the job")
     parser.add_argument("--interval", type=float, default=2.0, metavar="S",
                         help="seconds between samples (default: 2; + and - change it live)")
     parser.add_argument("--window", type=float, default=2.0, metavar="S",
                         help="seconds the first sample watches for progress (default: 2)")
+    parser.add_argument("--out", type=Path, default=None, metavar="DIR",
+                        help="where `d` writes evidence bundles (default: the current directory)")
     add_remote(parser)
     parser.set_defaults(func=run)
 
 
 def check_interval(value: float) -> float:
     if not value > 0:
-        raise TrainwatchError(f"--interval must be more than 0 seconds (got {value:g})")
+        raise UsageError(f"--interval must be more than 0 seconds (got {value:g})")
     return value
 
 
 def run(args: argparse.Namespace) -> int:
     from trainwatch.probes.live import open_source
 
+    require_terminal("trainwatch attach", "use `trainwatch snapshot PID` for one verdict, "
+                                          "or `trainwatch watch PID` for a log of events")
     interval = check_interval(args.interval)
+    out = writable_dir(args.out or Path.cwd())
     source = open_source(args.pid, window=max(0.0, args.window))  # bad PIDs fail here, before the screen
     try:
-        feed = wrap_remote(args, source, wait_s=interval)  # a slow node never delays a refresh
+        source = wrap_remote(args, source, wait_s=interval)  # a slow node never delays a refresh
         from trainwatch.tui.app import TrainwatchApp
-        TrainwatchApp(feed, interval=interval, title=f"trainwatch {args.pid}").run()
+        app = TrainwatchApp(source, interval=interval, title=f"trainwatch {args.pid}", dump_dir=out)
+        app.run()
     finally:
-        source.close()
+        source.close()  # the multi-node source also ends its ssh/srun/kubectl calls and closes the local one
+    for path in app.dumps:
+        print(f"trainwatch: evidence bundle written to {path}")
     return 0

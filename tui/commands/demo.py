@@ -13,7 +13,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from trainwatch.probes.errors import TrainwatchError
+from trainwatch.probes.errors import TrainwatchError, UsageError
+from trainwatch.tui.commands.common import require_terminal
 from trainwatch.tui.planted import SCENARIOS, stop_job_tree
 
 PLANTED = Path(__file__).resolve().parents[1] / "planted.py"  # copied next to the job as train.py
@@ -86,9 +87,11 @@ def require_torch() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    require_torch()
     if not 1 <= args.ranks <= 64:
-        raise TrainwatchError(f"--ranks must be between 1 and 64 (got {args.ranks})")
+        raise UsageError(f"--ranks must be between 1 and 64 (got {args.ranks})")
+    if not args.no_tui:
+        require_terminal("trainwatch demo", "use `trainwatch demo --no-tui` for one snapshot table")
+    require_torch()
     job = DemoJob(args.scenario, args.ranks, args.deadline).start()
     try:
         print(f"trainwatch: starting a {args.ranks}-rank '{args.scenario}' demo job…", file=sys.stderr)
@@ -99,13 +102,25 @@ def run(args: argparse.Namespace) -> int:
             if args.no_tui:
                 show_once(source)
             else:
-                from trainwatch.tui.app import TrainwatchApp
-                TrainwatchApp(source, interval=args.interval, title=f"trainwatch demo: {args.scenario}").run()
+                demo_app(source, args).run()
         finally:
             source.close()
     finally:
         job.stop()
     return 0
+
+
+def demo_app(source, args: argparse.Namespace):
+    """The live view, but ``q`` also stops the demo job (trainwatch demo started it; nobody else did)."""
+    from textual.binding import Binding
+
+    from trainwatch.tui.app import TrainwatchApp
+
+    class DemoApp(TrainwatchApp):
+        BINDINGS = [Binding("q", "quit", "quit+stop demo")]
+
+    return DemoApp(source, interval=args.interval, title=f"trainwatch demo: {args.scenario}",
+                   quit_help="quit and stop the demo job (trainwatch demo started it; attach never stops a job)")
 
 
 def show_once(source) -> None:

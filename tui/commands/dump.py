@@ -7,13 +7,14 @@ import signal
 import sys
 from pathlib import Path
 
-from trainwatch.probes.errors import TrainwatchError
+from trainwatch.probes.errors import PARTIAL_EXIT, UsageError
+from trainwatch.tui.commands.common import pid_arg
 from trainwatch.tui.commands.snapshot import add_remote, resolve_pid, wrap_remote
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("dump", help="write an evidence bundle (stacks, Flight Recorder, /proc, logs)")
-    parser.add_argument("pid", type=int, nargs="?", help="launcher, rank, or any ancestor of the job")
+    parser.add_argument("pid", type=pid_arg, nargs="?", help="launcher, rank, or any ancestor of the job")
     parser.add_argument("--match", metavar="ADDR:PORT", help="find the local job by MASTER_ADDR:MASTER_PORT")
     parser.add_argument("--match-job-id", metavar="ID", help="find the local job by TORCHELASTIC_RUN_ID/SLURM_JOB_ID")
     parser.add_argument("--out", type=Path, default=Path.cwd(), help="directory to write the bundle in")
@@ -41,7 +42,7 @@ def parse_signal(name: str | None) -> int | None:
     try:
         return int(signal.Signals[text])
     except KeyError:
-        raise TrainwatchError(f"unknown signal {name!r}", "use a name like SIGUSR1 or a number") from None
+        raise UsageError(f"unknown signal {name!r}", "use a name like SIGUSR1 or a number") from None
 
 
 def _terminate(signum: int, frame: object) -> None:
@@ -58,9 +59,9 @@ def run(args: argparse.Namespace) -> int:
               "do not share this bundle", file=sys.stderr)
     signal.signal(signal.SIGTERM, _terminate)
     pid = resolve_pid(args)
-    local = open_source(pid, window=args.window)
-    source = wrap_remote(args, local)
+    source = open_source(pid, window=args.window)
     try:
+        source = wrap_remote(args, source)
         snapshot = source.poll()
         path = write_bundle(pid, snapshot, args.out, tar=args.tar, redact=not args.no_redact,
                             reason=args.reason, native=not args.no_native, fault_signal=fault_signal)
@@ -71,4 +72,4 @@ def run(args: argparse.Namespace) -> int:
     finally:
         source.close()
     print(path)
-    return 2 if any(h.error for h in snapshot.hosts) else 0
+    return PARTIAL_EXIT if any(h.error for h in snapshot.hosts) else 0

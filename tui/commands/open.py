@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from trainwatch.tui.commands.common import require_terminal
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("open", help="open an evidence bundle (directory or .tar.gz) read-only")
@@ -22,6 +24,7 @@ def run(args: argparse.Namespace) -> int:
         if args.summary:
             sys.stdout.write(source.summary())
             return 0
+        require_terminal("trainwatch open", "use `trainwatch open BUNDLE --summary` to print summary.md")
         from trainwatch.tui.app import TrainwatchApp
 
         TrainwatchApp(source, live=False, title=f"trainwatch: {args.bundle.name}").run()

@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 from trainwatch.probes import procfs, rundir
-from trainwatch.probes.errors import OutputError, TrainwatchError
+from trainwatch.probes.errors import OutputError, TrainwatchError, UsageError
+from trainwatch.tui.commands.common import require_terminal
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -37,9 +38,12 @@ def run(args: argparse.Namespace) -> int:
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        raise TrainwatchError("no command to run", "trainwatch run -- torchrun --nproc-per-node 4 train.py")
+        raise UsageError("no command to run", "trainwatch run -- torchrun --nproc-per-node 4 train.py")
     if shutil.which(command[0]) is None:
-        raise TrainwatchError(f"command not found: {command[0]}", "check the spelling and your PATH")
+        raise UsageError(f"command not found: {command[0]}", "check the spelling and your PATH")
+    if args.attach:
+        require_terminal("trainwatch run --attach", "leave out --attach, and use `trainwatch watch PID` "
+                                                    "or `trainwatch snapshot PID` on the job")
     run_dir = (args.out or rundir.default_run_dir()).resolve()
     _make_run_dir(run_dir)
     env, added = rundir.armed_env(run_dir, dict(os.environ))
@@ -149,8 +153,14 @@ def _attach(pid: int, window: float) -> None:
         return
     time.sleep(1.0)  # let the launcher start its ranks before discovery
     try:
-        TrainwatchApp(open_source(pid, window), interval=2.0).run()
+        source = open_source(pid, window)
     except TrainwatchError as exc:
         print(f"trainwatch: {exc}", file=sys.stderr)
+    else:
+        try:
+            TrainwatchApp(source, interval=2.0,
+                          quit_help="close the live view; the job keeps running (Ctrl-C then stops it)").run()
+        finally:
+            source.close()
     print(f"trainwatch: live view closed; waiting for the job (pid {pid}); Ctrl-C stops it",
           file=sys.stderr, flush=True)

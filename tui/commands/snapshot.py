@@ -9,16 +9,17 @@ from types import SimpleNamespace
 from rich.console import Console
 
 from trainwatch.probes.discover import find_job_matching
-from trainwatch.probes.errors import NotAJob, TrainwatchError
+from trainwatch.probes.errors import PARTIAL_EXIT, NotAJob, UsageError
 from trainwatch.probes.live import LocalSource
 from trainwatch.probes.pyspy import find_pyspy
+from trainwatch.tui.commands.common import pid_arg
 
 COLLECTIVE_WAIT_S = 2.0  # the ranks' Flight Recorder, fetched while the window is sampled
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("snapshot", help="sample every rank once over a window and print the verdict")
-    parser.add_argument("pid", type=int, nargs="?", help="launcher, rank, or any ancestor of the job")
+    parser.add_argument("pid", type=pid_arg, nargs="?", help="launcher, rank, or any ancestor of the job")
     parser.add_argument("--window", type=float, default=3.0, help="seconds to watch for progress (0: one sample)")
     parser.add_argument("--samples", type=int, default=3, help="stack samples per rank within the window")
     parser.add_argument("--json", action="store_true", help="print one JSON document (the public snapshot schema)")
@@ -45,7 +46,8 @@ def resolve_pid(args: argparse.Namespace) -> int:
         return args.pid
     if getattr(args, "match", None) or getattr(args, "match_job_id", None):
         return find_job_matching(master=args.match, job_id=args.match_job_id).root_pid
-    raise TrainwatchError("give a PID (or --match ADDR:PORT / --match-job-id ID)")
+    raise UsageError("give a PID (or --match ADDR:PORT / --match-job-id ID)",
+                     "e.g. `trainwatch snapshot $(pgrep -f torchrun | head -1)`")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,17 +61,18 @@ def run(args: argparse.Namespace) -> int:
         find_pyspy()  # fail early and clearly: without py-spy there is nothing to show
         source = LocalSource(pid, window=args.window, samples=args.samples, collective_wait=COLLECTIVE_WAIT_S)
         try:
-            wrapped = wrap_remote(args, source)
-            snapshot = wrapped.poll(native_for=_all_ranks(source) if args.native else frozenset())
+            native = _all_ranks(source) if args.native else frozenset()
+            source = wrap_remote(args, source)
+            snapshot = source.poll(native_for=native)
         finally:
-            source.close()
+            source.close()  # a multi-node source ends its remote calls and closes the local one
     if args.json:
         sys.stdout.write(snapshot.to_json() + "\n")
     else:
         from trainwatch.tui.render import render_table
         Console().print(render_table(snapshot))
     partial = any(h.error for h in snapshot.hosts)
-    return 2 if partial else 0
+    return PARTIAL_EXIT if partial else 0
 
 
 def _other_nodes_only(args: argparse.Namespace):

@@ -6,8 +6,9 @@ import argparse
 from pathlib import Path
 
 from trainwatch.probes import watcher
-from trainwatch.probes.errors import OutputError, TrainwatchError
+from trainwatch.probes.errors import OutputError, UsageError
 from trainwatch.probes.live import open_source
+from trainwatch.tui.commands.common import pid_arg
 from trainwatch.tui.commands.snapshot import add_remote, wrap_remote
 
 EPILOG = """\
@@ -15,7 +16,8 @@ One line per event on stdout. Exit status:
   0   the job ended and no problem was seen
   10  a hang, straggler, mismatch or rendezvous problem was seen (and bundled)
   11  a rank crashed (crash records under OUT/crashes, and a 'crashed' bundle)
-  3-8 trainwatch itself could not watch (no such PID, not a job, permissions, ...)
+  1-8 trainwatch itself could not watch (2 bad arguments, 3 no such PID, 4 not a job,
+      5 permissions, ...: see `Exit status` in the README)
 """
 
 
@@ -25,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Watch a running job without a screen (batch jobs, SLURM scripts).",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("pid", type=int, help="PID of the launcher, a rank, or `trainwatch run`")
+    parser.add_argument("pid", type=pid_arg, help="PID of the launcher, a rank, or `trainwatch run`")
     parser.add_argument("--out", type=Path, default=None,
                         help="where bundles and crash records go (default: <run dir>/watch or ./trainwatch-watch-PID)")
     parser.add_argument("--dump-on", default="hang,crash", help="comma list of: hang, crash (default: both)")
@@ -41,14 +43,15 @@ def run(args: argparse.Namespace) -> int:
     dump_on = frozenset(part.strip() for part in args.dump_on.split(",") if part.strip())
     unknown = dump_on - {"hang", "crash"}
     if unknown:
-        raise TrainwatchError(f"unknown --dump-on value: {', '.join(sorted(unknown))}", "use hang, crash or both")
+        raise UsageError(f"unknown --dump-on value: {', '.join(sorted(unknown))}", "use hang, crash or both")
     if args.interval <= 0 or args.hang_after < 0:
-        raise TrainwatchError("--interval must be positive and --hang-after not negative")
+        raise UsageError("--interval must be positive and --hang-after not negative")
     local = open_source(args.pid, args.window, catch_crashes=False)  # the watcher runs its own catcher
     job = local.job  # found from any PID, `trainwatch run`'s own included
     run_dir = Path(job.run_dir) if job.run_dir else None
-    source = wrap_remote(args, local, wait_s=args.interval)
+    source = local
     try:
+        source = wrap_remote(args, local, wait_s=args.interval)
         out = args.out or (run_dir / "watch" if run_dir else Path.cwd() / f"trainwatch-watch-{args.pid}")
         try:
             out.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""Warnings from the snapshot and source errors, shown in full under the header."""
+"""Source errors, the last evidence dump and the snapshot's warnings, shown in full under the header."""
 
 from __future__ import annotations
 
@@ -9,22 +9,22 @@ from . import format as fmt
 
 
 class AlertBar(Static):
-    """One line per warning or error; hidden when there is nothing to say."""
+    """One line per error, dump status or warning; hidden when there is nothing to say."""
 
     DEFAULT_CSS = """
     AlertBar { height: auto; max-height: 4; display: none; }
     AlertBar.-shown { display: block; }
     """
 
-    def show(self, warnings: tuple[str, ...], error: str | None) -> None:
-        text = Text()
+    def show(self, warnings: tuple[str, ...], error: str | None, status: Text | None = None) -> None:
+        """``status``: what the last ``d`` did (writing, the bundle's path, or why it failed)."""
+        lines: list[Text] = []
         if error:
-            text.append("✖ ", style="bold red")
-            text.append(error, style="red")
+            lines.append(Text.assemble(("✖ ", "bold red"), (error, "red")))
+        if status is not None:
+            lines.append(status)
         for warning in warnings:
-            if text:
-                text.append("\n")
-            text.append("⚠ ", style="bold yellow")
-            text.append(warning, style="yellow")
-        self.set_class(bool(text), "-shown")
+            lines.append(Text.assemble(("⚠ ", "bold yellow"), (warning, "yellow")))
+        text = Text("\n").join(lines)
+        self.set_class(bool(lines), "-shown")
         fmt.update_if_changed(self, text)

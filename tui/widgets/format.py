@@ -1,29 +1,12 @@
-"""Small formatters shared by the widgets: every unreadable value prints as ``n/a``."""
+"""Small plain-text formatters shared by the widgets: every unreadable value prints as ``n/a``."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 NA = "n/a"
 SPARK = "▁▂▃▄▅▆▇█"
-
-# Styles use the 16 ANSI colours so they read the same in 256-colour terminals.
-VERDICT_STYLES = {
-    "healthy": "bold black on green",
-    "straggler": "bold black on yellow",
-    "mismatch": "bold white on magenta",
-    "hang": "bold white on red",
-    "rendezvous": "bold black on cyan",
-    "crashed": "bold white on red",
-    "unknown": "bold white on bright_black",
-}
-STATE_STYLES = {
-    "running": "green",
-    "stuck": "bold red",
-    "exited": "red",
-    "missing": "bold magenta",
-    "unknown": "dim",
-}
 
 
 def duration(seconds: float | None) -> str:
@@ -71,15 +54,6 @@ def sparkline(values: Sequence[float | None], top: float = 100.0) -> str:
     return "".join(out)
 
 
-def state_label(rank) -> str:
-    """``running``, ``stuck``, or how an exited rank ended: ``SIGSEGV``, ``exit 1``, ``exited``."""
-    if rank.exit is not None and rank.state != "exited":
-        return "raised"  # an uncaught exception; a non-daemon thread keeps the process alive
-    if rank.exit is not None:
-        return rank.exit.signal or (f"exit {rank.exit.code}" if rank.exit.code is not None else "exited")
-    return rank.state
-
-
 def rank_noun(count: int) -> str:
     return "rank" if count == 1 else "ranks"
 
@@ -99,3 +73,31 @@ def update_if_changed(widget, content, key: object = None, layout: bool = True) 
         return
     widget._shown_key = key
     widget.update(content, layout=layout)
+
+
+def display_path(path: Path) -> str:
+    """``./name`` inside the current directory, ``~/…`` under home, else the absolute path."""
+    path = Path(path).absolute()
+    if path == Path.cwd():
+        return "the current directory"
+    try:
+        return "./" + str(path.relative_to(Path.cwd()))
+    except ValueError:
+        pass
+    home = Path.home()
+    try:
+        return "~/" + str(path.relative_to(home))
+    except ValueError:
+        return str(path)
+
+
+def fit_path(path: Path, width: int) -> str:
+    """``display_path`` in ``width`` cells: the bundle's own name stays whole; its folder loses
+    its start (``…/runs/trainwatch-node1-…``) rather than the line wrapping inside a name."""
+    shown = display_path(path)
+    if len(shown) <= width:
+        return shown
+    name = Path(path).name
+    folder = shown[: len(shown) - len(name)]
+    keep = max(0, width - len(name) - 1)
+    return ("…" + folder[len(folder) - keep:] if keep else "…/") + name

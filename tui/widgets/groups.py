@@ -1,35 +1,37 @@
-"""STAT-style stack groups: which ranks sit in the same place, culprits marked."""
+"""STAT-style stack groups: which ranks sit in the same place, culprits marked.
+
+With focus, ``j``/``k`` (or the arrows) move a cursor over the groups; each move posts
+:class:`GroupsPane.Picked` so the app can select the group's first rank.
+"""
 
 from __future__ import annotations
 
 from rich.text import Text
+from textual.binding import Binding
 from textual.containers import VerticalScroll
+from textual.geometry import Region
+from textual.message import Message
 from textual.widgets import Static
 
 from trainwatch.probes.snapshot import Group, Snapshot
 
 from . import format as fmt
+from .lines import group_line
+
+CURSOR_STYLE = "reverse"
 
 
-def group_line(group: Group, culprit: bool) -> Text:
-    """``ranks 0-6: all_reduce ← train.py:88 step``; a culprit group starts with ▶."""
-    what = group.op or group.phase
-    head = f"{'▶' if culprit else ' '} {fmt.rank_noun(len(group.ranks))} {group.label}: "
-    line = Text(head, style="bold red" if culprit else "bold")
-    line.append(what, style="bold red" if culprit else "")
-    if group.op and group.phase not in ("collective", "unknown", group.op):
-        line.append(f" ({group.phase})", style="dim")
-    if group.where:
-        line.append(" ← ", style="dim")
-        line.append(group.where, style="red" if culprit else "")
-    return line
-
-
-def groups_text(snapshot: Snapshot | None) -> Text:
+def groups_text(snapshot: Snapshot | None, cursor: int | None = None) -> Text:
+    """The groups (the one at ``cursor`` highlighted), the collectives' divergence, then notes."""
     if snapshot is None:
         return Text("no sample yet", style="dim")
     culprits = set(snapshot.verdict.culprits)
-    lines = [group_line(g, g.culprit or bool(culprits & set(g.ranks))) for g in snapshot.groups]
+    lines = []
+    for index, group in enumerate(snapshot.groups):
+        line = group_line(group, group.culprit or bool(culprits & set(group.ranks)))
+        if index == cursor:
+            line.stylize(CURSOR_STYLE)
+        lines.append(line)
     if not lines:
         lines.append(Text("no stacks in this sample", style="dim"))
     collectives = snapshot.collectives
@@ -41,10 +43,54 @@ def groups_text(snapshot: Snapshot | None) -> Text:
 
 
 class GroupsPane(VerticalScroll):
-    """Scrollable list of stack groups and the snapshot's notes."""
+    """Scrollable list of stack groups and the snapshot's notes; a cursor while focused."""
+
+    BINDINGS = [
+        Binding("j,down", "move(1)", "next group", show=False),
+        Binding("k,up", "move(-1)", "previous group", show=False),
+    ]
+
+    class Picked(Message):
+        """The user moved the cursor onto ``group``."""
+
+        def __init__(self, group: Group) -> None:
+            super().__init__()
+            self.group = group
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)
+        self.snapshot: Snapshot | None = None
+        self.cursor = 0
 
     def compose(self):
         yield Static(id="groups-body")
 
     def show(self, snapshot: Snapshot | None) -> None:
-        fmt.update_if_changed(self.query_one("#groups-body", Static), groups_text(snapshot))
+        self.snapshot = snapshot
+        count = len(snapshot.groups) if snapshot else 0
+        self.cursor = min(self.cursor, max(0, count - 1))
+        self._draw()
+
+    def follow(self, rank: int) -> None:
+        """Put the cursor on the group of the rank selected elsewhere (not while the user moves it)."""
+        groups = self.snapshot.groups if self.snapshot else ()
+        index = next((i for i, g in enumerate(groups) if rank in g.ranks), None)
+        if index is not None and not self.has_focus:
+            self.cursor = index
+
+    def _draw(self) -> None:
+        cursor = self.cursor if self.has_focus and self.snapshot and self.snapshot.groups else None
+        fmt.update_if_changed(self.query_one("#groups-body", Static), groups_text(self.snapshot, cursor))
+
+    def watch_has_focus(self, focused: bool) -> None:
+        if self.is_mounted:
+            self._draw()
+
+    def action_move(self, delta: int) -> None:
+        groups = self.snapshot.groups if self.snapshot else ()
+        if not groups:
+            return
+        self.cursor = max(0, min(len(groups) - 1, self.cursor + delta))
+        self._draw()
+        self.scroll_to_region(Region(0, self.cursor, 1, 1), animate=False)
+        self.post_message(self.Picked(groups[self.cursor]))

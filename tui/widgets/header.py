@@ -7,9 +7,10 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from trainwatch.probes.snapshot import Snapshot, compact_ranks
+from trainwatch.probes.snapshot import Snapshot
 
 from . import format as fmt
+from .lines import verdict_line
 
 
 def job_line(snapshot: Snapshot | None, now: float) -> Text:
@@ -27,18 +28,6 @@ def job_line(snapshot: Snapshot | None, now: float) -> Text:
     if snapshot.source.startswith("bundle"):
         parts.append(snapshot.source)
     return Text.assemble(("trainwatch", "bold"), " · ", " · ".join(parts))
-
-
-def verdict_line(snapshot: Snapshot | None, now: float) -> Text:
-    if snapshot is None:
-        return Text(" … ", style=fmt.VERDICT_STYLES["unknown"])
-    verdict = snapshot.verdict
-    badge = Text(f" {verdict.kind.upper()} ", style=fmt.VERDICT_STYLES.get(verdict.kind, fmt.VERDICT_STYLES["unknown"]))
-    held = f" for {fmt.duration(now - verdict.since)}" if verdict.since else ""
-    summary = verdict.summary
-    if not summary and verdict.culprits:
-        summary = f"culprit {fmt.rank_noun(len(verdict.culprits))} {compact_ranks(verdict.culprits)}"
-    return Text.assemble(badge, (held, "bold"), " ", summary)
 
 
 class JobHeader(Static):

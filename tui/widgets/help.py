@@ -9,7 +9,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 KEYS = (
-    ("↑ ↓  j k", "select a rank"),
+    ("↑ ↓  j k", "select a rank (in the groups pane: a group, and its first rank)"),
     ("Enter  Tab", "move focus between panes (ranks, groups, detail)"),
     ("n", "toggle native (C/C++) stacks for the selected rank"),
     ("s", "sample now"),
@@ -17,9 +17,9 @@ KEYS = (
     ("+  -", "longer / shorter refresh interval"),
     ("/", "filter ranks: a rank list (0-3,7) or words (stuck, dataloader)"),
     ("Esc", "clear the filter"),
-    ("d", "dump hang evidence to a bundle"),
+    ("d", "dump hang evidence to a bundle in {dump_dir}"),
     ("?", "this help"),
-    ("q", "quit (the job is not touched)"),
+    ("q", "{quit}"),
     ("ctrl+z", "suspend to the shell"),
 )
 LIVE_ONLY = {"n", "s", "p", "+  -", "d"}
@@ -39,9 +39,13 @@ class HelpScreen(ModalScreen[None]):
         Binding("escape,question_mark,q", "close", "close", show=False),
     ]
 
-    def __init__(self, live: bool = True) -> None:
+    def __init__(self, live: bool = True, quit_help: str = "quit", dump_dir: str = "the current directory") -> None:
+        """``quit_help``: what ``q`` does here (the job keeps running, or the demo job stops);
+        ``dump_dir``: where ``d`` writes, as shown to the user."""
         super().__init__()
         self.live = live
+        self.quit_help = quit_help
+        self.dump_dir = dump_dir
 
     def compose(self) -> ComposeResult:
         table = Table.grid(padding=(0, 2))
@@ -49,7 +53,7 @@ class HelpScreen(ModalScreen[None]):
         table.add_column()
         for key, what in KEYS:
             if self.live or key not in LIVE_ONLY:
-                table.add_row(key, what)
+                table.add_row(key, what.format(quit=self.quit_help, dump_dir=self.dump_dir))
         box = Static(table)
         box.border_title = "trainwatch keys"
         box.border_subtitle = "Esc closes"

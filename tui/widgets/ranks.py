@@ -1,4 +1,13 @@
-"""The ranks table: one row per rank, keyed by ``Rank.key`` and updated cell by cell."""
+"""The ranks table: one row per rank, keyed by ``Rank.key`` and updated cell by cell.
+
+Columns are chosen to fit the width: rank, state, phase, op and ``where`` always; CPU%, step,
+GPU, RSS and pid only while ``where`` keeps room, so no cell is ever cut at the screen's edge
+(what does not fit is in the detail pane). The rank column is pinned when the table is wider
+than the screen anyway.
+
+The table remembers the row the user chose (arrows, ``j``/``k``, a click, a group): that row stays
+selected across polls and filters. Until the user chooses, the verdict's culprit is selected.
+"""
 
 from __future__ import annotations
 
@@ -7,29 +16,55 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from rich.text import Text
+from textual import events
 from textual.widgets import DataTable
+from textual.widgets.data_table import ColumnKey
 
 from trainwatch.probes.snapshot import Rank
 
 from . import format as fmt
 from .history import History
+from .lines import phase_text, state_text
 
 SPARK_LEN = 6
+PADDING = 2  # DataTable's cell padding, both sides together
+WHERE_MIN = 30  # optional columns are shown only while `where` keeps this many cells
+WHERE_MAX = 60
+SCROLLBAR = 1  # the vertical scrollbar's width (see trainwatch.tcss)
 
-# (column key, heading); the order puts what answers "who is stuck where" first.
-COLUMNS = (
-    ("rank", "rank"),
-    ("state", "state"),
-    ("phase", "phase"),
-    ("op", "op"),
-    ("where", "where"),
-    ("stuck", "stuck"),
-    ("cpu", "CPU%"),
-    ("rss", "RSS"),
-    ("gpu", "GPU%"),
-    ("gmem", "GPU mem"),
-    ("pid", "pid"),
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    key: str
+    heading: str
+    width: int  # cells of content, without padding
+
+
+CORE = (ColumnSpec("state", "state", 11), ColumnSpec("phase", "phase", 10), ColumnSpec("op", "op", 14))
+COLUMNS_ALWAYS = ("rank", "state", "phase", "op", "where")
+OPTIONAL = (  # in the order they are given room, and shown
+    ColumnSpec("cpu", "CPU%", 5 + SPARK_LEN),
+    ColumnSpec("step", "step", 8),
+    ColumnSpec("gpu", "GPU%", 5 + SPARK_LEN),
+    ColumnSpec("gmem", "GPU mem", 11),
+    ColumnSpec("rss", "RSS", 6),
+    ColumnSpec("pid", "pid", 7),
 )
+
+
+def plan_columns(width: int, rank_width: int, with_step: bool) -> tuple[ColumnSpec, ...]:
+    """The columns that fit in ``width`` cells, ``where`` taking what the others leave."""
+    fixed = (ColumnSpec("rank", "rank", rank_width), *CORE)
+    room = width - SCROLLBAR - sum(c.width + PADDING for c in fixed) - PADDING
+    extra = []
+    for column in OPTIONAL:
+        if column.key == "step" and not with_step:
+            continue
+        if room - (column.width + PADDING) >= WHERE_MIN:
+            extra.append(column)
+            room -= column.width + PADDING
+    where = ColumnSpec("where", "where", max(12, min(room, WHERE_MAX)))
+    return (*fixed, where, *extra)
 
 
 @dataclass(frozen=True)
@@ -43,16 +78,14 @@ class RankCell:
         return self.text
 
 
+def rank_label(rank: Rank, culprit: bool) -> str:
+    return ("▶" if culprit else " ") + (str(rank.rank) if rank.rank is not None else f"pid{rank.pid}")
+
+
 def rank_cell(rank: Rank, culprit: bool) -> RankCell:
-    label = str(rank.rank) if rank.rank is not None else f"pid{rank.pid}"
-    text = Text(("▶" if culprit else " ") + label, style="bold red" if culprit else "")
+    text = Text(rank_label(rank, culprit), style="bold red" if culprit else "")
     order = (rank.host, rank.rank if rank.rank is not None else math.inf, rank.pid or 0)
     return RankCell(text, order)
-
-
-def state_cell(rank: Rank) -> Text:
-    style = fmt.STATE_STYLES["exited"] if rank.exit is not None else fmt.STATE_STYLES.get(rank.state, "")
-    return Text(fmt.state_label(rank), style=style)
 
 
 def gpu_cells(rank: Rank, history: History) -> tuple[Text, Text]:
@@ -68,35 +101,43 @@ def gpu_cells(rank: Rank, history: History) -> tuple[Text, Text]:
 
 
 def row_cells(rank: Rank, culprit: bool, history: History) -> dict[str, object]:
+    """Every cell of a rank's row (the table shows those its columns ask for)."""
     cpu = Text(f"{fmt.pct(rank.cpu_pct):>4} ")
     cpu.append(fmt.sparkline(history.cpu(rank.key)[-SPARK_LEN:]), style="green")
     gpu, gmem = gpu_cells(rank, history)
-    stuck_style = "bold red" if rank.state == "stuck" else ""
     return {
         "rank": rank_cell(rank, culprit),
-        "state": state_cell(rank),
-        "phase": Text(rank.phase),
-        "op": Text(rank.op or "-"),
-        "where": Text(fmt.shorten(rank.where, 34) if rank.where else "-"),
-        "stuck": Text(fmt.duration(rank.stuck_for_s) if rank.stuck_for_s else "-", style=stuck_style),
+        "state": state_text(rank),
+        "phase": phase_text(rank.phase),
+        "op": Text(rank.op or ""),
+        "where": Text(rank.where or ""),
         "cpu": cpu,
-        "rss": Text(fmt.size(rank.rss_bytes)),
+        "step": Text(str(rank.step) if rank.step is not None else ""),
         "gpu": gpu,
         "gmem": gmem,
+        "rss": Text(fmt.size(rank.rss_bytes)),
         "pid": Text(str(rank.pid) if rank.pid is not None else fmt.NA),
     }
+
+
+def fit(cell: object, width: int) -> object:
+    """A cell cut to its column with an ellipsis, never mid-word at the column's edge."""
+    if isinstance(cell, Text) and cell.cell_len > width:
+        cell = cell.copy()
+        cell.truncate(width, overflow="ellipsis")
+    return cell
 
 
 class RanksTable(DataTable):
     """Rows are added once per rank key and then only their changed cells are updated."""
 
     def __init__(self, **kwargs: object) -> None:
-        super().__init__(cursor_type="row", zebra_stripes=False, **kwargs)
-        self._cells: dict[str, dict[str, object]] = {}
-
-    def on_mount(self) -> None:
-        for key, label in COLUMNS:
-            self.add_column(label, key=key)
+        super().__init__(cursor_type="row", zebra_stripes=False, fixed_columns=1, **kwargs)
+        self._cells: dict[str, dict[str, object]] = {}  # what each row shows now
+        self._rows: dict[str, dict[str, object]] = {}  # every cell of each row, shown or not
+        self._plan: tuple[ColumnSpec, ...] = ()
+        self._with_step = False
+        self.chosen: str | None = None  # the row the user picked; None until they do
 
     @property
     def selected_key(self) -> str | None:
@@ -104,27 +145,110 @@ class RanksTable(DataTable):
             return None
         return self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
 
-    def show(self, ranks: Iterable[Rank], culprits: frozenset[int], history: History) -> None:
-        """Bring the rows in line with ``ranks``: update changed cells, add and drop rows."""
+    # ----- what the user picks
+
+    def choose(self, key: str) -> None:
+        """Select ``key`` as the user's own choice (it then survives polls and filters)."""
+        self.chosen = key
+        if key in self._cells:
+            self.move_cursor(row=self.get_row_index(key))
+
+    def _user_moved(self) -> None:
+        self.chosen = self.selected_key
+
+    def action_cursor_up(self) -> None:
+        super().action_cursor_up()
+        self._user_moved()
+
+    def action_cursor_down(self) -> None:
+        super().action_cursor_down()
+        self._user_moved()
+
+    def action_page_up(self) -> None:
+        super().action_page_up()
+        self._user_moved()
+
+    def action_page_down(self) -> None:
+        super().action_page_down()
+        self._user_moved()
+
+    def action_scroll_top(self) -> None:
+        super().action_scroll_top()
+        self._user_moved()
+
+    def action_scroll_bottom(self) -> None:
+        super().action_scroll_bottom()
+        self._user_moved()
+
+    async def _on_click(self, event: events.Click) -> None:
+        await super()._on_click(event)
+        self._user_moved()
+
+    # ----- drawing
+
+    def show(self, ranks: Iterable[Rank], culprits: frozenset[int], history: History,
+             default: str | None = None) -> None:
+        """Bring the rows in line with ``ranks``: update changed cells, add and drop rows.
+
+        The cursor goes to the user's chosen row when it is shown, else to ``default`` (the
+        culprit) until the user has chosen, else it stays where it is.
+        """
         ranks = list(ranks)
-        selected = self.selected_key
-        wanted = {r.key for r in ranks}
-        for key in [k for k in self._cells if k not in wanted]:
+        self._rows = {r.key: row_cells(r, r.rank in culprits, history) for r in ranks}
+        self._with_step = any(r.step is not None for r in ranks)
+        for key in [k for k in self._cells if k not in self._rows]:
             self.remove_row(key)
             del self._cells[key]
+        self._relayout()
+        self._fill()
+        target = self.chosen if self.chosen in self._cells else None
+        if target is None and self.chosen is None and default in self._cells:
+            target = default
+        if target is not None and target != self.selected_key:
+            self.move_cursor(row=self.get_row_index(target))
+
+    def on_resize(self, event: events.Resize) -> None:
+        if self._relayout():
+            self._fill()
+
+    def _relayout(self) -> bool:
+        """Choose the columns for the current width; True when they changed."""
+        width = self.size.width
+        if not width:
+            width = self.app.size.width
+        rank_width = max([4, *(c["rank"].text.cell_len for c in self._rows.values())])
+        plan = plan_columns(width, rank_width, self._with_step)
+        if plan == self._plan:
+            return False
+        shown = [c.key.value for c in self.ordered_columns]
+        same = 0
+        while same < min(len(shown), len(plan)) and shown[same] == plan[same].key:
+            same += 1
+        for key in shown[same:]:
+            self.remove_column(key)
+        for spec in plan[:same]:
+            self.columns[ColumnKey(spec.key)].width = spec.width
+        for spec in plan[same:]:
+            self.add_column(spec.heading, key=spec.key, width=spec.width, default=Text(""))
+        self._plan = plan
+        for cells in self._cells.values():  # every cell is drawn again at its new width
+            cells.clear()
+        self.refresh(layout=True)
+        return True
+
+    def _fill(self) -> None:
+        """Add new rows and update the cells that changed, cut to their column's width."""
         added = False
-        for rank in ranks:
-            cells = row_cells(rank, rank.rank in culprits, history)
-            old = self._cells.get(rank.key)
+        for key, row in self._rows.items():
+            cells = {spec.key: fit(row[spec.key], spec.width) for spec in self._plan}
+            old = self._cells.get(key)
             if old is None:
-                self.add_row(*cells.values(), key=rank.key)
+                self.add_row(*cells.values(), key=key)
                 added = True
             else:
                 for column, value in cells.items():
-                    if old[column] != value:
-                        self.update_cell(rank.key, column, value, update_width=True)
-            self._cells[rank.key] = cells
+                    if old.get(column) != value:
+                        self.update_cell(key, column, value)
+            self._cells[key] = cells
         if added:
             self.sort("rank", key=lambda cell: cell.order)
-        if selected in self._cells:
-            self.move_cursor(row=self.get_row_index(selected), scroll=False)

@@ -1,0 +1,46 @@
+"""Argument checks shared by the commands: PIDs, a terminal for the live view, output folders."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from trainwatch.probes.errors import OutputError, UsageError
+
+PID_MAX = 2**31 - 1  # pid_t; larger numbers are no PID at all
+
+
+def pid_arg(text: str) -> int:
+    """argparse ``type`` for a PID: a positive whole number (``-1``, ``0`` and ``abc`` are refused)."""
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a PID is a positive whole number, not {text!r}") from None
+    if not 0 < value <= PID_MAX:
+        raise argparse.ArgumentTypeError(f"a PID is a positive whole number, not {text}")
+    return value
+
+
+def stdout_is_terminal() -> bool:
+    return sys.stdout.isatty()
+
+
+def require_terminal(command: str, instead: str) -> None:
+    """The live view draws on a terminal; redirected to a file it would write escape codes."""
+    if not stdout_is_terminal():
+        raise UsageError(f"{command} shows a live screen and needs a terminal, but stdout is not one "
+                         "(redirected to a file or a pipe)", instead)
+
+
+def writable_dir(path: Path, option: str = "--out") -> Path:
+    """``path`` as an absolute directory that exists (created if needed) and can be written."""
+    path = path.expanduser().resolve()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"cannot create {path}: {exc.strerror or exc}", f"pass a writable {option} DIR") from None
+    if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
+        raise OutputError(f"cannot write into {path}", f"pass a writable {option} DIR")
+    return path
