@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -55,3 +58,16 @@ def test_fast_step_hang_is_flagged_within_the_window(planted):
         source.close()
     assert (first.verdict.kind, first.verdict.culprits) == ("straggler", (2,)), first.verdict
     assert elapsed < 2.0 + 1.5  # one window plus the sampling itself
+
+
+def test_cli_stuck_after_overrides_the_threshold(planted):
+    job = planted("straggler", nproc=2, deadline=60)
+    cmd = [sys.executable, "-m", "trainwatch.tui", "snapshot", str(job.pid), "--json", "--window", "2"]
+    default = json.loads(subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout)
+    patient = json.loads(subprocess.run(cmd + ["--stuck-after", "120"], capture_output=True, text=True,
+                                        timeout=60).stdout)
+    assert default["verdict"]["kind"] == "straggler"
+    assert [r["state"] for r in default["ranks"]] == ["stuck", "stuck"]
+    assert [r["state"] for r in patient["ranks"]] == ["running", "running"]  # 2 s is not 120 s
+    bad = subprocess.run(cmd + ["--stuck-after", "0"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "seconds greater than 0" in bad.stderr and "Traceback" not in bad.stderr

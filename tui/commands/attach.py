@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from trainwatch.probes.errors import UsageError
-from trainwatch.tui.commands.common import pid_arg, require_terminal, writable_dir
+from trainwatch.tui.commands.common import add_stuck_after, pid_arg, require_terminal, writable_dir
 from trainwatch.tui.commands.snapshot import add_remote, wrap_remote
 
 
@@ -17,6 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="seconds between samples (default: 2; + and - change it live)")
     parser.add_argument("--window", type=float, default=2.0, metavar="S",
                         help="seconds the first sample watches for progress (default: 2)")
+    add_stuck_after(parser)
     parser.add_argument("--out", type=Path, default=None, metavar="DIR",
                         help="where `d` writes evidence bundles (default: the current directory)")
     add_remote(parser)
@@ -36,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
                                           "or `trainwatch watch PID` for a log of events")
     interval = check_interval(args.interval)
     out = writable_dir(args.out or Path.cwd())
-    source = open_source(args.pid, window=max(0.0, args.window))  # bad PIDs fail here, before the screen
+    # Bad PIDs fail here, before the screen.
+    source = open_source(args.pid, window=max(0.0, args.window), stuck_after=args.stuck_after)
     try:
         source = wrap_remote(args, source, wait_s=interval)  # a slow node never delays a refresh
         from trainwatch.tui.app import TrainwatchApp

@@ -44,3 +44,21 @@ def writable_dir(path: Path, option: str = "--out") -> Path:
     if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
         raise OutputError(f"cannot write into {path}", f"pass a writable {option} DIR")
     return path
+
+
+def positive_seconds(text: str) -> float:
+    """argparse ``type`` for a duration in seconds greater than 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seconds, not {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"seconds greater than 0, not {text}")
+    return value
+
+
+def add_stuck_after(parser: argparse.ArgumentParser) -> None:
+    """``--stuck-after S``: a fixed threshold instead of each rank's own rhythm."""
+    parser.add_argument("--stuck-after", type=positive_seconds, default=None, metavar="S",
+                        help="call a rank stuck after S seconds without progress (default: each rank's own "
+                             "rhythm: the window, 2x its longest recent quiet stretch, or 3 step periods)")

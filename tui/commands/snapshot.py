@@ -12,7 +12,7 @@ from trainwatch.probes.discover import find_job_matching
 from trainwatch.probes.errors import PARTIAL_EXIT, NotAJob, UsageError
 from trainwatch.probes.live import LocalSource
 from trainwatch.probes.pyspy import find_pyspy
-from trainwatch.tui.commands.common import pid_arg
+from trainwatch.tui.commands.common import add_stuck_after, pid_arg
 
 COLLECTIVE_WAIT_S = 2.0  # the ranks' Flight Recorder, fetched while the window is sampled
 
@@ -21,6 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("snapshot", help="sample every rank once over a window and print the verdict")
     parser.add_argument("pid", type=pid_arg, nargs="?", help="launcher, rank, or any ancestor of the job")
     parser.add_argument("--window", type=float, default=3.0, help="seconds to watch for progress (0: one sample)")
+    add_stuck_after(parser)
     parser.add_argument("--samples", type=int, default=3, help="stack samples per rank within the window")
     parser.add_argument("--json", action="store_true", help="print one JSON document (the public snapshot schema)")
     parser.add_argument("--native", action="store_true", help="include native (C/C++) frames")
@@ -59,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
         snapshot = _other_nodes_only(args)  # a login node: the job runs only on the nodes named
     else:
         find_pyspy()  # fail early and clearly: without py-spy there is nothing to show
-        source = LocalSource(pid, window=args.window, samples=args.samples, collective_wait=COLLECTIVE_WAIT_S)
+        source = LocalSource(pid, window=args.window, samples=args.samples, collective_wait=COLLECTIVE_WAIT_S,
+                             stuck_after=args.stuck_after)
         try:
             native = _all_ranks(source) if args.native else frozenset()
             source = wrap_remote(args, source)

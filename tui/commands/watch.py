@@ -8,7 +8,7 @@ from pathlib import Path
 from trainwatch.probes import watcher
 from trainwatch.probes.errors import OutputError, UsageError
 from trainwatch.probes.live import open_source
-from trainwatch.tui.commands.common import pid_arg
+from trainwatch.tui.commands.common import add_stuck_after, pid_arg
 from trainwatch.tui.commands.snapshot import add_remote, wrap_remote
 
 EPILOG = """\
@@ -35,6 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="seconds a problem verdict must persist before a bundle is written (default 300)")
     parser.add_argument("--interval", type=float, default=5.0, help="seconds between full samples (default 5)")
     parser.add_argument("--window", type=float, default=1.0, help=argparse.SUPPRESS)
+    add_stuck_after(parser)
     add_remote(parser)
     parser.set_defaults(func=run)
 
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown --dump-on value: {', '.join(sorted(unknown))}", "use hang, crash or both")
     if args.interval <= 0 or args.hang_after < 0:
         raise UsageError("--interval must be positive and --hang-after not negative")
-    local = open_source(args.pid, args.window, catch_crashes=False)  # the watcher runs its own catcher
+    local = open_source(args.pid, args.window, catch_crashes=False, stuck_after=args.stuck_after)  # the watcher runs its own catcher
     job = local.job  # found from any PID, `trainwatch run`'s own included
     run_dir = Path(job.run_dir) if job.run_dir else None
     source = local
