@@ -10,7 +10,7 @@ from trainwatch.probes.snapshot import ExitInfo, Verdict
 from trainwatch.probes.summary import render
 from trainwatch.tui.app import read_log_tails
 from trainwatch.tui.widgets.detail import detail_text
-from trainwatch.tui.widgets.format import state_label
+from trainwatch.tui.widgets.lines import state_label
 
 from test_tui_samples import NOW, straggler
 
