@@ -27,6 +27,7 @@ from .history import History
 from .lines import phase_text, state_text
 
 SPARK_LEN = 6
+STEP_SPARK_LEN = 4  # the step's recent periods, scaled to the slowest shown
 PADDING = 2  # DataTable's cell padding, both sides together
 WHERE_MIN = 30  # optional columns are shown only while `where` keeps this many cells
 WHERE_MAX = 60
@@ -44,7 +45,7 @@ CORE = (ColumnSpec("state", "state", 11), ColumnSpec("phase", "phase", 10), Colu
 COLUMNS_ALWAYS = ("rank", "state", "phase", "op", "where")
 OPTIONAL = (  # in the order they are given room, and shown
     ColumnSpec("cpu", "CPU%", 5 + SPARK_LEN),
-    ColumnSpec("step", "step", 8),
+    ColumnSpec("step", "step", 7 + STEP_SPARK_LEN),
     ColumnSpec("gpu", "GPU%", 5 + SPARK_LEN),
     ColumnSpec("gmem", "GPU mem", 11),
     ColumnSpec("rss", "RSS", 6),
@@ -100,6 +101,16 @@ def gpu_cells(rank: Rank, history: History) -> tuple[Text, Text]:
     return util, Text(mem)
 
 
+def step_cell(rank: Rank, history: History) -> Text:
+    """``1205 ▂▂▃█``: the step and a sparkline of its recent periods (a taller bar is a slower step)."""
+    cell = Text(f"{rank.step:>6} " if rank.step is not None else " " * 7)
+    periods = history.step_period(rank.key)[-STEP_SPARK_LEN:]
+    known = [p for p in periods if p is not None]
+    if known:
+        cell.append(fmt.sparkline(periods, top=max(known)), style="magenta")
+    return cell
+
+
 def row_cells(rank: Rank, culprit: bool, history: History) -> dict[str, object]:
     """Every cell of a rank's row (the table shows those its columns ask for)."""
     cpu = Text(f"{fmt.pct(rank.cpu_pct):>4} ")
@@ -112,7 +123,7 @@ def row_cells(rank: Rank, culprit: bool, history: History) -> dict[str, object]:
         "op": Text(rank.op or ""),
         "where": Text(rank.where or ""),
         "cpu": cpu,
-        "step": Text(str(rank.step) if rank.step is not None else ""),
+        "step": step_cell(rank, history),
         "gpu": gpu,
         "gmem": gmem,
         "rss": Text(fmt.size(rank.rss_bytes)),
