@@ -54,7 +54,7 @@ def test_attach_closes_its_source_and_prints_the_bundles_on_exit(monkeypatch, ca
 
     source = ListSource(straggler())
     source.job = None  # what wrap_remote reads when no other node is named
-    monkeypatch.setattr(live, "open_source", lambda pid, window: source)
+    monkeypatch.setattr(live, "open_source", lambda pid, window, **kwargs: source)
     seen = {}
 
     def run(app):  # stands in for the screen: a person pressed d, then q
@@ -101,7 +101,7 @@ def test_snapshot_closes_the_multi_node_source_it_wrapped(monkeypatch, capsys):
 
     local = ListSource(straggler())
     wrapped = ListSource(straggler())
-    monkeypatch.setattr(snapshot_cmd, "LocalSource", lambda pid, window, samples: local)
+    monkeypatch.setattr(snapshot_cmd, "LocalSource", lambda pid, window, samples, **kwargs: local)
     monkeypatch.setattr(snapshot_cmd, "find_pyspy", lambda: None)
     monkeypatch.setattr(snapshot_cmd, "wrap_remote", lambda args, source: wrapped)
     assert main(["snapshot", "4242", "--json"]) == 0
