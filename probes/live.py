@@ -99,10 +99,11 @@ class LocalSource:
                 for proc in job.ranks:
                     self._usage(proc.pid, time.time())  # a CPU baseline, so the first snapshot has CPU% too
             samples: dict[int, StackSample] = {}
+            started = time.monotonic()
             for i in range(rounds):
-                if i:
-                    time.sleep(pause)
-                samples = self._sample(job, native_for, resolve=i == rounds - 1)
+                if i:  # on a schedule: time spent sampling (native dumps included) comes out of the pause
+                    time.sleep(max(0.0, started + i * pause - time.monotonic()))
+                samples = self._sample(job, native_for, resolve=i >= rounds - 2)
             self._polls += 1
             self._take_crash_records()
             return self._build(job, samples, notes)
@@ -136,8 +137,9 @@ class LocalSource:
         return self.job
 
     def _sample(self, job: JobProcesses, native_for: frozenset[int], resolve: bool = True) -> dict[int, StackSample]:
-        """One sampling round. ``resolve``: take native samples where needed (the last round of a poll
-        only, so they cost one pass of native dumps, not one per round)."""
+        """One sampling round. ``resolve``: take native samples where needed (the last two rounds of a
+        poll: the first of them finds an unchanged stack, its dumps overlap the pause before the last,
+        which then reuses them from the cache)."""
         try:
             find_pyspy()
             self._pyspy_missing = None

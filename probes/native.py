@@ -13,7 +13,9 @@ decides the judgement:
 * no native sample exists yet for this exact Python stack. A cached result that said "compute"
   is retaken after ``RECHECK_COMPUTE_S`` (the line may have moved on to a sync point since).
 
-At most ``MAX_PER_POLL`` ranks get one per poll (a whole 8-GPU node in one poll), ``PARALLEL`` at a
+Ranks whose Python stacks are identical share one native sample (STAT-style equivalence classes:
+the seven ranks waiting in DDP's backward while the eighth sleeps cost one dump, not seven); the
+others say which PID's sample decided their phase. At most ``MAX_PER_POLL`` ranks get one per poll (a whole 8-GPU node in one poll), ``PARALLEL`` at a
 time, so py-spy's memory stays bounded.
 """
 
@@ -65,7 +67,6 @@ class NativeCache:
 
     def store(self, pid: int, signature: tuple, threads: tuple[ThreadStack, ...],
               classification: Classification, now: float) -> None:
-        self.taken += 1
         self._results[pid] = NativeResult(signature, threads, classification, now)
 
     def forget(self, pid: int) -> None:
@@ -94,16 +95,24 @@ def resolve_natively(samples: dict[int, StackSample], classified: dict[int, Clas
             classified[pid] = cached.classification
     if not wanted:
         return samples, classified
-    for pid, native in take_native(wanted[:MAX_PER_POLL]).items():
+    classes: dict[tuple, list[int]] = {}  # one native sample per distinct Python stack
+    for pid in wanted:
+        classes.setdefault(stack_signature(main_thread(samples[pid].threads)), []).append(pid)
+    representatives = {min(pids): signature for signature, pids in classes.items()}
+    for pid, native in take_native(sorted(representatives)[:MAX_PER_POLL]).items():
         # Counters after our own native attach: its wake-ups must not count as the rank's.
         plain = samples[pid] = replace(samples[pid], after=native.after or samples[pid].after)
-        if native.threads is None:
-            continue  # keep the plain sample; CPU then counts as work, as before
-        signature = stack_signature(main_thread(plain.threads))
-        if stack_signature(main_thread(native.threads)) != signature:
-            continue  # it moved while we looked: the plain sample stands
+        signature = representatives[pid]
+        if native.threads is None or stack_signature(main_thread(native.threads)) != signature:
+            continue  # no sample, or it moved while we looked: the plain sample stands
         cls = classify(native.threads)
+        cache.taken += 1
         cache.store(pid, signature, native.threads, cls, now)
         samples[pid] = replace(plain, threads=native.threads)
         classified[pid] = cls
+        shared = replace(cls, detail=f"phase from a native sample of PID {pid}, which has the same Python stack")
+        for other in classes[signature]:
+            if other != pid:
+                cache.store(other, signature, samples[other].threads, shared, now)
+                classified[other] = shared
     return samples, classified

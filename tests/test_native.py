@@ -1,0 +1,57 @@
+"""The automatic native sample: when it is taken, and how one sample serves ranks with the same stack."""
+
+from __future__ import annotations
+
+from trainwatch.probes.native import NativeCache, resolve_natively
+from trainwatch.probes.phases import classify, main_thread, stack_signature
+from trainwatch.probes.procfs import ThreadCounters
+from trainwatch.probes.progress import ProgressTracker
+from trainwatch.probes.sampler import StackSample
+from trainwatch.probes.snapshot import Frame, ThreadStack
+
+SITE = "/venv/lib/python3.11/site-packages"
+COUNTERS = ThreadCounters(cpu_ticks=10, voluntary=5, involuntary=1)
+
+
+def backward_stack(pid: int, native: bool = False) -> tuple[ThreadStack, ...]:
+    frames = [Frame("Tensor.backward", f"{SITE}/torch/_tensor.py", 623), Frame("step", "/w/train.py", 40)]
+    if native:
+        frames = [Frame("pthread_cond_wait", "libc.so.6", native=True),
+                  Frame("c10d::Reducer::finalize_backward", "libtorch_cpu.so", native=True), *frames]
+    return (ThreadStack("MainThread", pid, tuple(frames), active=False, is_main=True),)
+
+
+def test_ranks_with_the_same_python_stack_share_one_native_sample():
+    pids = [101, 102, 103]
+    tracker, cache, asked = ProgressTracker(), NativeCache(), []
+    samples = {pid: StackSample(pid, backward_stack(pid), COUNTERS, COUNTERS) for pid in pids}
+    for pid in pids:  # seen once before with the same stack: unchanged now
+        tracker.observe(pid, stack_signature(main_thread(samples[pid].threads)), "compute", COUNTERS, COUNTERS, 1.0)
+
+    def take(wanted: list[int]) -> dict[int, StackSample]:
+        asked.extend(wanted)
+        return {pid: StackSample(pid, backward_stack(pid, native=True), COUNTERS, COUNTERS) for pid in wanted}
+
+    classified = {pid: classify(s.threads) for pid, s in samples.items()}
+    assert {c.phase for c in classified.values()} == {"compute"}  # what the Python stack alone says
+    _, resolved = resolve_natively(samples, classified, cache, tracker, 2.0, take)
+    assert asked == [101] and cache.taken == 1  # one dump for three ranks
+    assert {(c.phase, c.op) for c in resolved.values()} == {("collective", "all_reduce (DDP gradients)")}
+    assert resolved[102].detail == "phase from a native sample of PID 101, which has the same Python stack"
+    # Next poll, same stacks: all three come from the cache, no new dump.
+    _, again = resolve_natively(samples, classified, cache, tracker, 3.0, take)
+    assert asked == [101] and again[103].phase == "collective"
+
+
+def test_no_native_sample_for_a_moving_or_waking_rank():
+    tracker, cache = ProgressTracker(), NativeCache()
+    sample = StackSample(7, backward_stack(7), COUNTERS, COUNTERS)
+    cls = classify(sample.threads)
+    signature = stack_signature(main_thread(sample.threads))
+    assert not cache.wanted(7, signature, cls, unchanged=False, woke=False, now=1.0)  # its stack moved
+    assert not cache.wanted(7, signature, cls, unchanged=True, woke=True, now=1.0)  # it keeps waking
+    assert cache.wanted(7, signature, cls, unchanged=True, woke=False, now=1.0)
+    collective = classify((ThreadStack("MainThread", 7, (
+        Frame("all_reduce", f"{SITE}/torch/distributed/distributed_c10d.py", 2800),
+        Frame("step", "/w/train.py", 44)), is_main=True),))
+    assert not cache.wanted(7, signature, collective, unchanged=True, woke=False, now=1.0)  # clear already
