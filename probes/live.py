@@ -99,11 +99,12 @@ class LocalSource:
                 for proc in job.ranks:
                     self._usage(proc.pid, time.time())  # a CPU baseline, so the first snapshot has CPU% too
             samples: dict[int, StackSample] = {}
-            started = time.monotonic()
+            first_done = 0.0
             for i in range(rounds):
-                if i:  # on a schedule: time spent sampling (native dumps included) comes out of the pause
-                    time.sleep(max(0.0, started + i * pause - time.monotonic()))
+                if i:  # on a schedule from the first round: sampling time (native dumps too) comes out of the pause
+                    time.sleep(max(0.0, first_done + i * pause - time.monotonic()))
                 samples = self._sample(job, native_for, resolve=i >= rounds - 2)
+                first_done = first_done or time.monotonic()
             self._polls += 1
             self._take_crash_records()
             return self._build(job, samples, notes)
