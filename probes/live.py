@@ -22,7 +22,7 @@ from trainwatch.probes.native import PARALLEL as NATIVE_PARALLEL, NativeCache, r
 from trainwatch.probes.phases import (Classification, classify, is_stdlib, is_user, main_thread, stack_signature,
                                       where_frame)
 from trainwatch.probes.process import JobProcesses, RankProcess
-from trainwatch.probes.progress import ProgressTracker
+from trainwatch.probes.progress import CompletedCollectives, ProgressTracker
 from trainwatch.probes.pyspy import find_pyspy
 from trainwatch.probes.sampler import StackSample, sample_all
 from trainwatch.probes.snapshot import (PROBLEM_VERDICTS, CollectiveState, Job, Rank, Snapshot, Verdict,
@@ -50,7 +50,7 @@ class LocalSource:
         self._native = NativeCache()
         self.auto_native = auto_native  # off: judge from Python stacks alone (for comparison)
         self._familiar: dict[int, frozenset[str]] = {}
-        self._completed: dict[tuple[int, str], int] = {}  # (rank, process group) -> last completed collective
+        self._completed = CompletedCollectives()  # Flight Recorder progress
         self._workers: dict[tuple[int, tuple], str | None] = {}  # (pid, stack) -> stuck DataLoader worker
         self.stuck_after = stuck_after  # fixed threshold in seconds; None: each rank's own rhythm
         self._steps = StepReader(every=FULL_REFRESH_EVERY)
@@ -258,20 +258,11 @@ class LocalSource:
     def _collectives_advanced(self, state: CollectiveState | None, job: JobProcesses, now: float) -> bool:
         """Completed collectives that advanced since the last poll are progress, whatever the stacks
         showed (a rank may sit at the same sync point every time it is sampled). True if any did."""
-        if state is None:
-            return False
-        pids = {proc.rank: proc.pid for proc in job.ranks if proc.rank is not None}
-        advanced = False
-        for row in state.ranks:
-            key = (row.rank, row.pg)
-            done = row.last_completed
-            if done is None:
-                continue
-            if key in self._completed and done > self._completed[key] and row.rank in pids:
-                self.tracker.mark_progress(pids[row.rank], now)
-                advanced = True
-            self._completed[key] = max(done, self._completed.get(key, done))
-        return advanced
+        moved = self._completed.advanced(state)
+        for proc in job.ranks:
+            if proc.rank in moved:
+                self.tracker.mark_progress(proc.pid, now)
+        return bool(moved)
 
     def _with_worker(self, rank: Rank) -> Rank:
         """A rank stuck waiting for its DataLoader: name the worker that holds it up (sampled once per stack)."""

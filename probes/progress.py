@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trainwatch.probes.procfs import ThreadCounters
-from trainwatch.probes.snapshot import WAITING_PHASES
+from trainwatch.probes.snapshot import WAITING_PHASES, CollectiveState
 
 MIN_WAKEUPS = 2
 GAPS_KEPT = 16  # recent quiet stretches that set a rank's rhythm
@@ -125,3 +125,22 @@ class ProgressTracker:
 
     def forget(self, pid: int) -> None:
         self._tracks.pop(pid, None)
+
+
+class CompletedCollectives:
+    """Per rank and process group, the last completed collective seen in the Flight Recorder."""
+
+    def __init__(self) -> None:
+        self._done: dict[tuple[int, str], int] = {}
+
+    def advanced(self, state: CollectiveState | None) -> set[int]:
+        """Ranks whose completed collectives advanced since the previous state (first sight: none)."""
+        moved: set[int] = set()
+        for row in state.ranks if state is not None else ():
+            if row.last_completed is None:
+                continue
+            key = (row.rank, row.pg)
+            if key in self._done and row.last_completed > self._done[key]:
+                moved.add(row.rank)
+            self._done[key] = max(row.last_completed, self._done.get(key, row.last_completed))
+        return moved

@@ -55,3 +55,17 @@ def test_no_native_sample_for_a_moving_or_waking_rank():
         Frame("all_reduce", f"{SITE}/torch/distributed/distributed_c10d.py", 2800),
         Frame("step", "/w/train.py", 44)), is_main=True),))
     assert not cache.wanted(7, signature, collective, unchanged=True, woke=False, now=1.0)  # clear already
+
+
+def test_completed_collectives_advancing_are_progress():
+    from trainwatch.probes.progress import CompletedCollectives
+    from trainwatch.probes.snapshot import CollectiveState, RankCollective
+
+    def state(done0: int, done1: int) -> CollectiveState:
+        return CollectiveState("hook", (RankCollective(0, last_completed=done0, pending_seq=done0 + 1),
+                                        RankCollective(1, last_completed=done1)))
+    seen = CompletedCollectives()
+    assert seen.advanced(state(543, 543)) == set()  # first sight: nothing to compare with
+    assert seen.advanced(state(543, 550)) == {1}  # rank 1 completed more; rank 0 still behind #544
+    assert seen.advanced(state(543, 550)) == set()
+    assert seen.advanced(None) == set()

@@ -106,3 +106,17 @@ def test_counters_in_the_recordings_are_a_spin():
     for name in ("nccl_ddp", "nccl_trainer"):
         text = (PYSPY / f"{name}-counters.txt").read_text()
         assert "voluntary +0" in text and "cpu ticks +20" in text
+
+
+def test_nccl_item_hang_with_its_flight_recorder_names_the_pending_all_reduce():
+    # The Flight Recorder dump taken through the hook during the same recorded hang.
+    from trainwatch.probes import flightrec
+    fr = Path(__file__).parent / "fixtures" / "fr" / "h100" / "hook-dump_nccl_trace_json-hung.json"
+    state = flightrec.analyze({0: flightrec.load_trace(fr.read_bytes())})
+    (row,) = state.ranks
+    rank = replay("nccl_item-pid557", 557, wakeups_per_sample=0)
+    verdict = judge([rank], Job("torchrun", 1, "h"), state, now=row.pending_since + 27.4)
+    assert verdict.kind == "hang"
+    assert verdict.summary.startswith(
+        "rank 0 waits on its GPU (item()) at gpujob.py:100 main behind all_reduce #544 (pending 27 s) for")
+    assert "no collective state" not in verdict.summary  # the pending collective says why it waits
