@@ -11,9 +11,9 @@ import psutil
 import pytest
 
 from jobs import PlantedJob
-from trainwatch.probes import procfs
+from trainwatch.probes.evidence.watcher import CrashCatcher, Watcher
 from trainwatch.probes.live import LocalSource
-from trainwatch.probes.watcher import CrashCatcher, Watcher
+from trainwatch.probes.read import procfs
 
 pytestmark = pytest.mark.job
 

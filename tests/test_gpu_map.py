@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from trainwatch.probes.gpu_map import (
+from trainwatch.probes.read.gpu_map import (
     DeviceId, expected_device, host_pid_map, parse_nspid, parse_visible_devices, pick_device,
     proc_in_initial_pid_ns, read_nspid, sharing,
 )

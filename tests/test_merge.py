@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from trainwatch.probes.groups import group_ranks
-from trainwatch.probes.merge import NodeView, describe_hosts, is_partial, merge_nodes
+from trainwatch.probes.judge.groups import group_ranks
+from trainwatch.probes.remote.merge import NodeView, describe_hosts, is_partial, merge_nodes
 from trainwatch.probes.snapshot import (
     CollectiveState, Frame, HostInfo, Job, Rank, RankCollective, Snapshot, ThreadStack,
 )
 
-from trainwatch.probes.verdict import judge
+from trainwatch.probes.judge.verdict import judge
 
 
 def rank(n: int, host: str, pid: int, phase: str = "collective", **kw) -> Rank:

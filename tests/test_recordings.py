@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from trainwatch.probes.native import NativeCache, resolve_natively
-from trainwatch.probes.phases import classify, main_thread, stack_signature
-from trainwatch.probes.procfs import ThreadCounters
-from trainwatch.probes.progress import ProgressTracker
-from trainwatch.probes.pyspy import parse_dump
-from trainwatch.probes.sampler import StackSample
+from trainwatch.probes.judge.native import NativeCache, resolve_natively
+from trainwatch.probes.judge.phases import classify, main_thread, stack_signature
+from trainwatch.probes.judge.progress import ProgressTracker
+from trainwatch.probes.judge.verdict import judge
+from trainwatch.probes.read.procfs import ThreadCounters
+from trainwatch.probes.read.pyspy import parse_dump
+from trainwatch.probes.read.sampler import StackSample
 from trainwatch.probes.snapshot import Job, Rank
-from trainwatch.probes.verdict import judge
 
 PYSPY = Path(__file__).parent / "fixtures" / "h100" / "pyspy"
 WINDOW = 3.0

@@ -19,7 +19,7 @@ import pytest
 
 from jobs import free_port
 from sshd import Sshd, TwoNodeJob, remote_trainwatch, unavailable_reason
-from trainwatch.probes.remote import (
+from trainwatch.probes.remote.remote import (
     PARTIAL_EXIT, Runner, SshRemote, collect_remote_bundles, fetch_snapshot, snapshot_args,
 )
 

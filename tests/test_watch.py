@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from jobs import PlantedJob
-from trainwatch.probes.watcher import EXIT_CRASH, EXIT_PROBLEM, Episodes
+from trainwatch.probes.evidence.watcher import EXIT_CRASH, EXIT_PROBLEM, Episodes
 from trainwatch.probes.snapshot import Verdict
 
 TRAINWATCH = [sys.executable, "-m", "trainwatch.tui.cli"]

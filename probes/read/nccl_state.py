@@ -11,7 +11,7 @@ Sources, in the order the bundle tries them:
 3. ``torch.distributed.debug`` worker servers, found under ``debug_server/rank<N>`` in the
    job's TCPStore (read in a subprocess, only when this interpreter has torch);
 4. NCCL RAS (NCCL >= 2.24) on ``NCCL_RAS_ADDR`` (default ``localhost:28028``): ``STATUS``;
-5. the trainwatch hook of armed ranks (see :mod:`trainwatch.probes.hookclient`);
+5. the trainwatch hook of armed ranks (see :mod:`trainwatch.probes.read.hookclient`);
 6. the ``NCCL_*`` / ``TORCH_NCCL_*`` / ``TORCH_FR_*`` / ``CUDA_*`` settings and the
    ``NCCL_DEBUG_FILE`` logs.
 

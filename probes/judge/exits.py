@@ -4,7 +4,7 @@ Both the live view (:class:`ExitLedger`, through ``LocalSource``) and the headle
 (``watcher.CrashCatcher``) record exits with :func:`read_exit`, order them with
 :func:`first_to_die`, and describe them with :func:`describe_exit`. What a dead rank left:
 its zombie's exit status, the kernel log (a fault naming its PID), an armed run's faulthandler
-file and ``exit.json``, torchelastic's error file, and its log (``probes/ranklog.py``).
+file and ``exit.json``, torchelastic's error file, and its log (``probes/read/ranklog.py``).
 A rank whose main thread is in interpreter shutdown while its log shows an uncaught exception
 counts as crashed even while a non-daemon thread keeps its process alive.
 """
@@ -19,15 +19,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Hashable, TypeVar
 
-from trainwatch.probes import crashlog, procfacts, procfs, rundir
-from trainwatch.probes.kernlog import kernel_fault
-from trainwatch.probes.process import JobProcesses, RankProcess
-from trainwatch.probes.ranklog import LogReason, RankLogs
-from trainwatch.probes.redact import Redactor, scrub
+from trainwatch.probes import rundir
+from trainwatch.probes.evidence.redact import Redactor, scrub
+from trainwatch.probes.judge import crashlog
+from trainwatch.probes.read import procfacts, procfs
+from trainwatch.probes.read.kernlog import kernel_fault
+from trainwatch.probes.read.process import JobProcesses, RankProcess
+from trainwatch.probes.read.ranklog import LogReason, RankLogs
 from trainwatch.probes.snapshot import ExitInfo, Rank, ThreadStack
 
 if TYPE_CHECKING:
-    from trainwatch.probes.phases import Classification
+    from trainwatch.probes.judge.phases import Classification
 
 TEARDOWN_SIGNALS = frozenset({"SIGTERM", "SIGKILL", "SIGINT", "SIGHUP"})
 # Deaths seen this close together are one moment: the most telling one is taken as the first.
@@ -132,7 +134,7 @@ def first_to_die(exits: Iterable[tuple[K, ExitInfo]]) -> K | None:
 def infer_ranks(job: JobProcesses) -> list[RankProcess]:
     """The job's rank processes; one whose RANK could not be read (it died before anyone looked:
     a zombie's environment is gone) gets the one local rank nobody else has, when that is unique."""
-    from trainwatch.probes.discover import expected_local_ranks
+    from trainwatch.probes.read.discover import expected_local_ranks
 
     known = {p.rank for p in job.ranks if p.rank is not None}
     gaps = [(local, g) for local, g in sorted(expected_local_ranks(job).items()) if g not in known]
@@ -324,7 +326,7 @@ class ExitLedger:
               classes: Mapping[int, Classification], stacks: Mapping[int, tuple[ThreadStack, ...]],
               now: float) -> list[Rank]:
         """The live ranks (lingering ones with their exception) and the exited ones, first marked."""
-        from trainwatch.probes.discover import expected_local_ranks
+        from trainwatch.probes.read.discover import expected_local_ranks
 
         live = [self._lingering(rank, seen.get(rank.pid or -1), now) for rank in live]
         first = first_to_die([*self._exits.items(), *self._raised.items()])

@@ -1,6 +1,6 @@
 """The in-process hook: arms one rank of a job so its evidence survives a crash or a hang.
 
-Loaded by ``probes/armed/sitecustomize.py`` (``trainwatch run``), or by hand::
+Loaded by ``probes/hook/armed/sitecustomize.py`` (``trainwatch run``), or by hand::
 
     import trainwatch.probes.hook  # first line of the training script
 
@@ -39,7 +39,8 @@ from pathlib import Path
 try:
     from trainwatch.probes import rundir
 except ImportError:  # loaded by path into an interpreter without trainwatch installed
-    _spec = importlib.util.spec_from_file_location("_trainwatch_rundir", Path(__file__).with_name("rundir.py"))
+    _here = Path(__file__).resolve().parent  # probes/hook/; the run directory's layout lives in probes/rundir.py
+    _spec = importlib.util.spec_from_file_location("_trainwatch_rundir", _here.parent / "rundir.py")
     rundir = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(rundir)
 
@@ -271,7 +272,7 @@ def all_stacks() -> str:
     return "\n".join(parts)
 
 
-FR_FORMAT = "trainwatch-fr/2"  # read by trainwatch.probes.flightrec.hook_reply_traces
+FR_FORMAT = "trainwatch-fr/2"  # read by trainwatch.probes.judge.flightrec.hook_reply_traces
 # NCCL keeps its own recorder; the generic one (gloo and other backends) is empty on NCCL jobs.
 FR_DUMPS = (("nccl", "_dump_nccl_trace_json", {"includeCollectives": True, "onlyActive": False}),
             ("generic", "_dump_fr_trace_json", {}))

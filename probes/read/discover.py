@@ -9,9 +9,9 @@ from pathlib import Path
 
 import psutil
 
-from trainwatch.probes import procfs
 from trainwatch.probes.errors import AccessDenied, NoSuchProcess, NotAJob
-from trainwatch.probes.process import JOB_ENV, JobProcesses, RankProcess
+from trainwatch.probes.read import procfs
+from trainwatch.probes.read.process import JOB_ENV, JobProcesses, RankProcess
 
 LAUNCHER_MODULES = {
     "torch.distributed.run": "torchrun", "torch.distributed.launch": "torchrun",
@@ -97,7 +97,7 @@ def _check_access(proc: psutil.Process) -> None:
     try:
         proc.environ()
     except psutil.AccessDenied:
-        from trainwatch.probes.pyspy import ptrace_remedy
+        from trainwatch.probes.read.pyspy import ptrace_remedy
         raise AccessDenied(f"permission denied reading PID {proc.pid}'s environment", ptrace_remedy(proc.pid)) from None
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
         pass

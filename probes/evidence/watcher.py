@@ -20,15 +20,16 @@ from typing import Callable
 
 import psutil
 
-from trainwatch.probes import exits, procfs
-from trainwatch.probes.discover import LAUNCHERS, find_job
 from trainwatch.probes.errors import TrainwatchError
-from trainwatch.probes.exits import CrashRecord
-from trainwatch.probes.groups import group_ranks
-from trainwatch.probes.process import RankProcess
-from trainwatch.probes.ranklog import RankLogs
+from trainwatch.probes.judge import exits
+from trainwatch.probes.judge.exits import CrashRecord
+from trainwatch.probes.judge.groups import group_ranks
+from trainwatch.probes.judge.verdict import judge
+from trainwatch.probes.read import procfs
+from trainwatch.probes.read.discover import LAUNCHERS, find_job
+from trainwatch.probes.read.process import RankProcess
+from trainwatch.probes.read.ranklog import RankLogs
 from trainwatch.probes.snapshot import Job, Snapshot, Verdict
-from trainwatch.probes.verdict import judge
 
 HANG_KINDS = frozenset({"hang", "straggler", "mismatch", "rendezvous"})
 
@@ -296,10 +297,10 @@ class Watcher:
 
     def _bundle(self, snapshot: Snapshot, reason: str) -> None:
         try:
-            from trainwatch.probes.bundle import write_bundle
+            from trainwatch.probes.evidence.bundle import write_bundle
         except ImportError:
             self.emit(f"{_stamp()} note: evidence bundles are not available in this install "
-                      "(trainwatch.probes.bundle missing); crash records are still saved")
+                      "(trainwatch.probes.evidence.bundle missing); crash records are still saved")
             return
         paused = getattr(self.source, "paused_judgement", None)  # the dump's py-spy is not progress
         try:

@@ -19,7 +19,7 @@ def _arm() -> None:
     except ImportError:  # an interpreter without trainwatch installed: load the file itself
         import importlib.util
         here = os.path.dirname(os.path.abspath(__file__))
-        spec = importlib.util.spec_from_file_location("_trainwatch_hook", os.path.join(here, "..", "hook.py"))
+        spec = importlib.util.spec_from_file_location("_trainwatch_hook", os.path.join(here, "..", "__init__.py"))
         module = importlib.util.module_from_spec(spec)
         sys.modules["_trainwatch_hook"] = module
         spec.loader.exec_module(module)

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from trainwatch.probes.errors import TrainwatchError
-from trainwatch.probes.merge import NodeView, merge_nodes
-from trainwatch.probes.remote import (
+from trainwatch.probes.remote.merge import NodeView, merge_nodes
+from trainwatch.probes.remote.remote import (
     DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, NodeResult, Remote, Runner, collect_remote_bundles,
     fetch_snapshot, snapshot_args,
 )

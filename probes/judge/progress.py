@@ -9,7 +9,7 @@ progress. Signs of progress between two samples:
   wake-up is what a signal such as faulthandler's does to a thread that stays blocked);
 * it burnt CPU while not in a waiting phase (a long compute line is still work; a thread
   spinning inside a collective, a lock or a CUDA synchronize is not: the phase comes from a
-  native sample when the Python stack alone is ambiguous, see :mod:`trainwatch.probes.native`);
+  native sample when the Python stack alone is ambiguous, see :mod:`trainwatch.probes.judge.native`);
 * something outside the stacks saw it advance (its Flight Recorder's completed collectives).
 
 A rank is judged against its own rhythm: the threshold for "stuck" is the window, or twice the
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trainwatch.probes.procfs import ThreadCounters
+from trainwatch.probes.read.procfs import ThreadCounters
 from trainwatch.probes.snapshot import WAITING_PHASES
 
 MIN_WAKEUPS = 2

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from trainwatch.probes import flightrec, nccl_state, procfacts, procfs
 from trainwatch.probes.errors import TrainwatchError
+from trainwatch.probes.judge import flightrec
+from trainwatch.probes.read import nccl_state, procfacts, procfs
 from trainwatch.probes.snapshot import ThreadStack
 
 FAULTHANDLER_NOT_ARMED = "faulthandler not armed: start the job with `trainwatch run` to get these"
@@ -125,7 +126,7 @@ def _proc(plan: RankPlan, ev: RankEvidence) -> None:
 
 
 def _stacks(plan: RankPlan, ev: RankEvidence) -> None:
-    from trainwatch.probes import pyspy
+    from trainwatch.probes.read import pyspy
 
     stacks, why = bounded(lambda: pyspy.dump_stacks(plan.pid, native=False, timeout=plan.step_timeout),
                           plan.step_timeout + 2)
@@ -150,7 +151,7 @@ def _stacks(plan: RankPlan, ev: RankEvidence) -> None:
 def _hook(plan: RankPlan, ev: RankEvidence) -> None:
     if plan.hook_socket is None:
         return
-    from trainwatch.probes import hookclient
+    from trainwatch.probes.read import hookclient
 
     reply = hookclient.request(plan.hook_socket, "stacks", timeout=plan.step_timeout)
     if reply.ok:
@@ -180,7 +181,7 @@ def _hook(plan: RankPlan, ev: RankEvidence) -> None:
 
 def _faulthandler(plan: RankPlan, ev: RankEvidence) -> None:
     """Signal the rank only when it catches the signal and it is known to be faulthandler's."""
-    from trainwatch.probes import hookclient
+    from trainwatch.probes.read import hookclient
 
     signal_no, out_file = None, None
     if plan.run_dir is not None:
@@ -327,7 +328,7 @@ def _settings_and_logs(plan: RankPlan, ev: RankEvidence) -> None:
             ev.files[f"nccl-debug-{Path(found.origin or 'log').name}"] = found.data
     log = plan.log_path
     if log is None and plan.run_dir is not None and plan.rank is not None:
-        from trainwatch.probes import hookclient
+        from trainwatch.probes.read import hookclient
 
         candidate = hookclient.rank_log_file(plan.run_dir, plan.rank)
         log = str(candidate) if candidate.exists() else None

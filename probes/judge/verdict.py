@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Mapping, Sequence
 
-from trainwatch.probes.flightrec import age_text
-from trainwatch.probes import exits
-from trainwatch.probes.exits import TEARDOWN_SIGNALS, raised_while_alive
-from trainwatch.probes.process import JobProcesses
+from trainwatch.probes.judge import exits
+from trainwatch.probes.judge.exits import TEARDOWN_SIGNALS, raised_while_alive
+from trainwatch.probes.judge.flightrec import age_text
+from trainwatch.probes.judge.steps import step_note
+from trainwatch.probes.read.process import JobProcesses
 from trainwatch.probes.snapshot import PROBLEM_VERDICTS, CollectiveState, Job, Rank, Verdict, compact_ranks
-from trainwatch.probes.steps import step_note
 
 
 def who(ranks: Sequence[int]) -> str:

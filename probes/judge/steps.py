@@ -28,8 +28,8 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from trainwatch.probes.phases import is_user
-from trainwatch.probes.procfs import ThreadCounters
+from trainwatch.probes.judge.phases import is_user
+from trainwatch.probes.read.procfs import ThreadCounters
 from trainwatch.probes.snapshot import Frame, Rank, compact_ranks
 
 LOOP_NAMES = ("global_step", "step", "iteration", "iter_num", "iter", "it", "batch_idx", "epoch", "i")

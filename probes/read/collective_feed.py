@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from trainwatch.probes import flightrec, hookclient, nccl_state, procfacts
-from trainwatch.probes.process import JobProcesses, RankProcess
+from trainwatch.probes.judge import flightrec
+from trainwatch.probes.read import hookclient, nccl_state, procfacts
+from trainwatch.probes.read.process import JobProcesses, RankProcess
 from trainwatch.probes.snapshot import CollectiveState
 
 HOOK_TIMEOUT_S = 2.0

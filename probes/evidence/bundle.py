@@ -28,13 +28,14 @@ from pathlib import Path
 
 import psutil
 
-from trainwatch.probes import flightrec, nccl_state
-from trainwatch.probes.bundle_rank import RankEvidence, RankPlan, bounded, collect_rank
 from trainwatch.probes.errors import OutputError, TrainwatchError
-from trainwatch.probes.groups import group_ranks
-from trainwatch.probes.redact import Redactor
+from trainwatch.probes.evidence.bundle_rank import RankEvidence, RankPlan, bounded, collect_rank
+from trainwatch.probes.evidence.redact import Redactor
+from trainwatch.probes.judge import flightrec
+from trainwatch.probes.judge.groups import group_ranks
+from trainwatch.probes.judge.verdict import judge
+from trainwatch.probes.read import nccl_state
 from trainwatch.probes.snapshot import Snapshot
-from trainwatch.probes.verdict import judge
 
 BUNDLE_FORMAT = "trainwatch-bundle"
 BUNDLE_VERSION = 1
@@ -83,7 +84,7 @@ class _Writer:
 
 def _plans(job, snapshot: Snapshot, native: bool, fault_signal: int | None,
            debug_urls: dict[int, str]) -> list[RankPlan]:
-    from trainwatch.probes import hookclient
+    from trainwatch.probes.read import hookclient
 
     run_dir = Path(job.run_dir) if job and job.run_dir else None
     sockets = hookclient.armed_ranks(run_dir) if run_dir else {}
@@ -204,7 +205,7 @@ def write_bundle(source_pid: int, snapshot: Snapshot, out_dir: Path, *, tar: boo
 
     Raises :class:`OutputError` when ``out_dir`` cannot hold it (nothing is left behind).
     """
-    from trainwatch.probes.discover import find_job
+    from trainwatch.probes.read.discover import find_job
 
     out_dir = Path(out_dir)
     host = socket.gethostname()
@@ -268,7 +269,7 @@ def write_bundle(source_pid: int, snapshot: Snapshot, out_dir: Path, *, tar: boo
         writer.write("host/process-tree.txt", _process_tree(root, redactor))
         if writer.altered:
             notes.append(f"secrets masked inside binary files: {', '.join(writer.altered)}")
-        from trainwatch.probes.summary import render
+        from trainwatch.probes.evidence.summary import render
 
         writer.write("summary.md", render(bundle_snapshot, evidence, notes, reason=reason,
                                           redacted=redact, sources=sources))

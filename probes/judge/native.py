@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from trainwatch.probes.phases import Classification, classify, main_thread, stack_signature
-from trainwatch.probes.progress import ProgressTracker
-from trainwatch.probes.sampler import StackSample
+from trainwatch.probes.judge.phases import Classification, classify, main_thread, stack_signature
+from trainwatch.probes.judge.progress import ProgressTracker
+from trainwatch.probes.read.sampler import StackSample
 from trainwatch.probes.snapshot import ThreadStack
 
 AMBIGUOUS_PHASES = frozenset({"compute", "unknown"})

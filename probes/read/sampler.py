@@ -6,11 +6,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from trainwatch.probes import procfs
 from trainwatch.probes.errors import TrainwatchError
-from trainwatch.probes.pyspy import DEFAULT_TIMEOUT, RankGone, dump_stacks
+from trainwatch.probes.judge.steps import FrameInts
+from trainwatch.probes.read import procfs
+from trainwatch.probes.read.pyspy import DEFAULT_TIMEOUT, RankGone, dump_stacks
 from trainwatch.probes.snapshot import ThreadStack
-from trainwatch.probes.steps import FrameInts
 
 MAX_PARALLEL = 32
 
@@ -24,7 +24,7 @@ class StackSample:
     error: TrainwatchError | None = None
     reused: bool = False  # no py-spy call: the previous stacks were kept (see ProgressTracker.needs_dump)
     gone: bool = False
-    ints: FrameInts | None = None  # step-like integer locals when read with --locals (see probes/steps.py)
+    ints: FrameInts | None = None  # step-like integer locals when read with --locals (see probes/judge/steps.py)
     at: float | None = None  # unix time of the py-spy call (the middle of it)
 
 

@@ -33,8 +33,8 @@ class NodeView:
 
 
 def _analysis() -> tuple[GroupFn, JudgeFn]:
-    from trainwatch.probes.groups import group_ranks
-    from trainwatch.probes.verdict import judge
+    from trainwatch.probes.judge.groups import group_ranks
+    from trainwatch.probes.judge.verdict import judge
     return group_ranks, judge
 
 

@@ -6,11 +6,12 @@ import platform
 import time
 from importlib import metadata
 
-from trainwatch.probes import exits, flightrec, ranklog
-from trainwatch.probes.bundle_rank import RankEvidence
+from trainwatch.probes.evidence.bundle_rank import RankEvidence
+from trainwatch.probes.judge import exits, flightrec
+from trainwatch.probes.judge.steps import step_label
+from trainwatch.probes.judge.verdict import who
+from trainwatch.probes.read import ranklog
 from trainwatch.probes.snapshot import Rank, Snapshot, compact_ranks
-from trainwatch.probes.steps import step_label
-from trainwatch.probes.verdict import who
 
 
 def _trainwatch_version() -> str:
