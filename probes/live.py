@@ -13,7 +13,10 @@ from dataclasses import replace
 import psutil
 
 from trainwatch.probes.errors import AccessDenied, ToolMissing
+from trainwatch.probes.evidence.redact import redact_argv
+from trainwatch.probes.evidence.watcher import CrashCatcher
 from trainwatch.probes.judge.exits import ExitLedger
+from trainwatch.probes.judge.gpu_warnings import gpu_phase_warnings
 from trainwatch.probes.judge.groups import group_ranks
 from trainwatch.probes.judge.native import PARALLEL as NATIVE_PARALLEL, NativeCache, resolve_natively
 from trainwatch.probes.judge.phases import (Classification, classify, is_stdlib, is_user, main_thread,
@@ -24,6 +27,7 @@ from trainwatch.probes.judge.verdict import judge
 from trainwatch.probes.read import procfs
 from trainwatch.probes.read.collective_feed import CollectiveFeed
 from trainwatch.probes.read.discover import describe_job, expected_local_ranks, find_job
+from trainwatch.probes.read.gpu import GpuProbe
 from trainwatch.probes.read.process import JobProcesses, RankProcess
 from trainwatch.probes.read.pyspy import find_pyspy
 from trainwatch.probes.read.sampler import StackSample, sample_all
@@ -354,10 +358,6 @@ class LocalSource:
         return reading.host, ranks
 
     def _gpu_phase_warnings(self, ranks: list[Rank]) -> tuple[str, ...]:
-        try:
-            from trainwatch.probes.judge.gpu_warnings import gpu_phase_warnings
-        except ImportError:
-            return ()
         return gpu_phase_warnings(ranks)
 
 
@@ -368,7 +368,6 @@ class _CrashThread:
     INTERVAL = 0.5
 
     def __init__(self, job: JobProcesses) -> None:
-        from trainwatch.probes.evidence.watcher import CrashCatcher
         self._catcher = CrashCatcher(job.root_pid, run_dir=Path(job.run_dir) if job.run_dir else None)
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -414,11 +413,7 @@ def _unjudged(verdict: Verdict, ranks: list[Rank], pyspy_missing: ToolMissing | 
     return verdict
 
 
-def _gpu_probe():
-    try:
-        from trainwatch.probes.read.gpu import GpuProbe
-    except ImportError:
-        return None
+def _gpu_probe() -> GpuProbe:
     return GpuProbe()
 
 
@@ -441,10 +436,6 @@ def _job_record(job: JobProcesses) -> Job:
 
 
 def _redacted(cmdline: tuple[str, ...]) -> tuple[str, ...]:
-    try:
-        from trainwatch.probes.evidence.redact import redact_argv
-    except ImportError:
-        return cmdline
     return tuple(redact_argv(list(cmdline)))
 
 

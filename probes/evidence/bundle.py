@@ -31,10 +31,12 @@ import psutil
 from trainwatch.probes.errors import OutputError, TrainwatchError
 from trainwatch.probes.evidence.bundle_rank import RankEvidence, RankPlan, bounded, collect_rank
 from trainwatch.probes.evidence.redact import Redactor
+from trainwatch.probes.evidence.summary import render
 from trainwatch.probes.judge import flightrec
 from trainwatch.probes.judge.groups import group_ranks
 from trainwatch.probes.judge.verdict import judge
-from trainwatch.probes.read import nccl_state
+from trainwatch.probes.read import hookclient, nccl_state
+from trainwatch.probes.read.discover import find_job
 from trainwatch.probes.snapshot import Snapshot
 
 BUNDLE_FORMAT = "trainwatch-bundle"
@@ -84,8 +86,6 @@ class _Writer:
 
 def _plans(job, snapshot: Snapshot, native: bool, fault_signal: int | None,
            debug_urls: dict[int, str]) -> list[RankPlan]:
-    from trainwatch.probes.read import hookclient
-
     run_dir = Path(job.run_dir) if job and job.run_dir else None
     sockets = hookclient.armed_ranks(run_dir) if run_dir else {}
     if job is not None:
@@ -205,8 +205,6 @@ def write_bundle(source_pid: int, snapshot: Snapshot, out_dir: Path, *, tar: boo
 
     Raises :class:`OutputError` when ``out_dir`` cannot hold it (nothing is left behind).
     """
-    from trainwatch.probes.read.discover import find_job
-
     out_dir = Path(out_dir)
     host = socket.gethostname()
     name = bundle_name(host, source_pid)
@@ -269,8 +267,6 @@ def write_bundle(source_pid: int, snapshot: Snapshot, out_dir: Path, *, tar: boo
         writer.write("host/process-tree.txt", _process_tree(root, redactor))
         if writer.altered:
             notes.append(f"secrets masked inside binary files: {', '.join(writer.altered)}")
-        from trainwatch.probes.evidence.summary import render
-
         writer.write("summary.md", render(bundle_snapshot, evidence, notes, reason=reason,
                                           redacted=redact, sources=sources))
         return _finish(partial, final, tar)

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from trainwatch.probes import rundir
 from trainwatch.probes.errors import TrainwatchError
 from trainwatch.probes.judge import flightrec
-from trainwatch.probes.read import nccl_state, procfacts, procfs
+from trainwatch.probes.read import hookclient, nccl_state, procfacts, procfs, pyspy
 from trainwatch.probes.snapshot import ThreadStack
 
 FAULTHANDLER_NOT_ARMED = "faulthandler not armed: start the job with `trainwatch run` to get these"
@@ -126,8 +127,6 @@ def _proc(plan: RankPlan, ev: RankEvidence) -> None:
 
 
 def _stacks(plan: RankPlan, ev: RankEvidence) -> None:
-    from trainwatch.probes.read import pyspy
-
     stacks, why = bounded(lambda: pyspy.dump_stacks(plan.pid, native=False, timeout=plan.step_timeout),
                           plan.step_timeout + 2)
     if stacks is not None:
@@ -151,8 +150,6 @@ def _stacks(plan: RankPlan, ev: RankEvidence) -> None:
 def _hook(plan: RankPlan, ev: RankEvidence) -> None:
     if plan.hook_socket is None:
         return
-    from trainwatch.probes.read import hookclient
-
     reply = hookclient.request(plan.hook_socket, "stacks", timeout=plan.step_timeout)
     if reply.ok:
         ev.files["hook-stacks.txt"] = reply.text
@@ -181,8 +178,6 @@ def _hook(plan: RankPlan, ev: RankEvidence) -> None:
 
 def _faulthandler(plan: RankPlan, ev: RankEvidence) -> None:
     """Signal the rank only when it catches the signal and it is known to be faulthandler's."""
-    from trainwatch.probes.read import hookclient
-
     signal_no, out_file = None, None
     if plan.run_dir is not None:
         signal_no = hookclient.faulthandler_signal(plan.run_dir)
@@ -218,7 +213,6 @@ def _faulthandler(plan: RankPlan, ev: RankEvidence) -> None:
 def _registered_by_hook(plan: RankPlan) -> int | None:
     """The signal this very process registered for faulthandler, per its hook.json: a number,
     0 when its hook registered none, None when there is no record for this PID."""
-    from trainwatch.probes import rundir
     if plan.rank is None:
         return None
     record = rundir.read_json(rundir.hook_json(plan.run_dir, plan.rank)) or {}
@@ -328,8 +322,6 @@ def _settings_and_logs(plan: RankPlan, ev: RankEvidence) -> None:
             ev.files[f"nccl-debug-{Path(found.origin or 'log').name}"] = found.data
     log = plan.log_path
     if log is None and plan.run_dir is not None and plan.rank is not None:
-        from trainwatch.probes.read import hookclient
-
         candidate = hookclient.rank_log_file(plan.run_dir, plan.rank)
         log = str(candidate) if candidate.exists() else None
     if log is None:

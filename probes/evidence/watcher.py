@@ -21,6 +21,7 @@ from typing import Callable
 import psutil
 
 from trainwatch.probes.errors import TrainwatchError
+from trainwatch.probes.evidence.bundle import write_bundle
 from trainwatch.probes.judge import exits
 from trainwatch.probes.judge.exits import CrashRecord
 from trainwatch.probes.judge.groups import group_ranks
@@ -296,12 +297,6 @@ class Watcher:
         self.emit(f"{_stamp()} job ended (pid {self.pid})")
 
     def _bundle(self, snapshot: Snapshot, reason: str) -> None:
-        try:
-            from trainwatch.probes.evidence.bundle import write_bundle
-        except ImportError:
-            self.emit(f"{_stamp()} note: evidence bundles are not available in this install "
-                      "(trainwatch.probes.evidence.bundle missing); crash records are still saved")
-            return
         paused = getattr(self.source, "paused_judgement", None)  # the dump's py-spy is not progress
         try:
             with paused() if paused else contextlib.nullcontext():

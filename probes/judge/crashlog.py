@@ -59,12 +59,6 @@ def classify(text: str) -> str | None:
     return None
 
 
-def matching_line(text: str) -> str | None:
-    """The log line that ``classify`` matched, for the one-line event."""
-    found = fatal_line(text.splitlines())
-    return found[1] if found else None
-
-
 def fatal_line(lines: list[str] | tuple[str, ...]) -> tuple[str, str] | None:
     """(reason, line) for the most telling fatal line: the first pattern that matches any line,
     and of its matches the last one (the latest word on the death)."""

@@ -17,19 +17,18 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Hashable, TypeVar
+from typing import Hashable, TypeVar
 
 from trainwatch.probes import rundir
 from trainwatch.probes.evidence.redact import Redactor, scrub
 from trainwatch.probes.judge import crashlog
+from trainwatch.probes.judge.phases import Classification
 from trainwatch.probes.read import procfacts, procfs
+from trainwatch.probes.read.discover import expected_local_ranks
 from trainwatch.probes.read.kernlog import kernel_fault
 from trainwatch.probes.read.process import JobProcesses, RankProcess
 from trainwatch.probes.read.ranklog import LogReason, RankLogs
 from trainwatch.probes.snapshot import ExitInfo, Rank, ThreadStack
-
-if TYPE_CHECKING:
-    from trainwatch.probes.judge.phases import Classification
 
 TEARDOWN_SIGNALS = frozenset({"SIGTERM", "SIGKILL", "SIGINT", "SIGHUP"})
 # Deaths seen this close together are one moment: the most telling one is taken as the first.
@@ -134,8 +133,6 @@ def first_to_die(exits: Iterable[tuple[K, ExitInfo]]) -> K | None:
 def infer_ranks(job: JobProcesses) -> list[RankProcess]:
     """The job's rank processes; one whose RANK could not be read (it died before anyone looked:
     a zombie's environment is gone) gets the one local rank nobody else has, when that is unique."""
-    from trainwatch.probes.read.discover import expected_local_ranks
-
     known = {p.rank for p in job.ranks if p.rank is not None}
     gaps = [(local, g) for local, g in sorted(expected_local_ranks(job).items()) if g not in known]
     unknown = [p for p in job.ranks if p.rank is None]
@@ -326,8 +323,6 @@ class ExitLedger:
               classes: Mapping[int, Classification], stacks: Mapping[int, tuple[ThreadStack, ...]],
               now: float) -> list[Rank]:
         """The live ranks (lingering ones with their exception) and the exited ones, first marked."""
-        from trainwatch.probes.read.discover import expected_local_ranks
-
         live = [self._lingering(rank, seen.get(rank.pid or -1), now) for rank in live]
         first = first_to_die([*self._exits.items(), *self._raised.items()])
         self._exits = {pid: replace(info, first=pid == first) for pid, info in self._exits.items()}

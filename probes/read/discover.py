@@ -12,6 +12,8 @@ import psutil
 from trainwatch.probes.errors import AccessDenied, NoSuchProcess, NotAJob
 from trainwatch.probes.read import procfs
 from trainwatch.probes.read.process import JOB_ENV, JobProcesses, RankProcess
+from trainwatch.probes.read.pyspy import ptrace_remedy
+from trainwatch.probes.rundir import implicit_run_dir, rank_log_file
 
 LAUNCHER_MODULES = {
     "torch.distributed.run": "torchrun", "torch.distributed.launch": "torchrun",
@@ -97,7 +99,6 @@ def _check_access(proc: psutil.Process) -> None:
     try:
         proc.environ()
     except psutil.AccessDenied:
-        from trainwatch.probes.read.pyspy import ptrace_remedy
         raise AccessDenied(f"permission denied reading PID {proc.pid}'s environment", ptrace_remedy(proc.pid)) from None
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
         pass
@@ -350,7 +351,6 @@ def _rank_process(proc: psutil.Process, env: dict[str, str], default_rank: int |
 
 def _import_armed_dir(ranks: list[RankProcess]) -> str | None:
     """A job armed by `import trainwatch.probes.hook` shows no TRAINWATCH_RUN_DIR in /proc."""
-    from trainwatch.probes.rundir import implicit_run_dir
     for rank in ranks:
         try:
             proc = psutil.Process(rank.pid)
@@ -366,7 +366,6 @@ def _armed_log(env: dict[str, str], rank: int | None) -> str | None:
     """Under `trainwatch run` fd 1 is a pipe to the tee; the rank's log is in the run directory."""
     if not env.get("TRAINWATCH_RUN_DIR") or rank is None:
         return None
-    from trainwatch.probes.rundir import rank_log_file
     path = rank_log_file(Path(env["TRAINWATCH_RUN_DIR"]), rank)
     return str(path) if path.exists() else None
 

@@ -1,16 +1,13 @@
 """Pure mapping between ranks and GPUs: visible devices, PID namespaces, device assignment.
 
-No NVML and no I/O here except the two small ``/proc`` readers at the bottom, so every rule
-is testable with plain data.
+No NVML and no I/O here except the small ``/proc`` reader at the bottom, so every rule is
+testable with plain data.
 
 PID rule (NVML reports PIDs of the initial, "host" PID namespace):
 
-* ``/proc/<pid>/status`` has an ``NSpid:`` line listing the process's PID in every PID
-  namespace from the namespace of *our* ``/proc`` mount down to its own. The first entry is
-  the PID we use; the last is what the process sees as ``os.getpid()``.
 * When our ``/proc`` belongs to the initial namespace (``/proc/self/ns/pid`` is
-  ``pid:[4026531836]``, the kernel's fixed ``PROC_PID_INIT_INO``), the first entry *is* the
-  host PID: NVML PIDs map exactly.
+  ``pid:[4026531836]``, the kernel's fixed ``PROC_PID_INIT_INO``), the PIDs we see *are*
+  host PIDs: NVML PIDs map exactly.
 * Inside a container the host PID of a process is not visible anywhere in ``/proc``. Then an
   NVML PID is accepted only when it equals a local rank PID *and* lies on a device that rank
   may use; everything else stays unmapped. A GPU process is never guessed onto a rank.
@@ -18,7 +15,8 @@ PID rule (NVML reports PIDs of the initial, "host" PID namespace):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 PROC_PID_INIT_INO = 4026531836  # inode of the initial PID namespace (include/linux/proc_ns.h)
@@ -90,31 +88,6 @@ def expected_device(visible: Sequence[int], local_rank: int | None) -> int | Non
     return None
 
 
-def parse_nspid(status_text: str) -> tuple[int, ...]:
-    """The PIDs of the ``NSpid:`` line of /proc/PID/status, outermost first."""
-    for line in status_text.splitlines():
-        if line.startswith("NSpid:"):
-            return tuple(int(p) for p in line.split()[1:] if p.isdigit())
-    return ()
-
-
-def host_pid_map(
-    nspids: dict[int, Sequence[int]], proc_in_initial_ns: bool
-) -> dict[int, int]:
-    """Host PID -> local PID for processes whose host PID we can know exactly.
-
-    ``nspids`` maps each local PID to its parsed NSpid line. Only when our /proc is the initial
-    namespace's is the first NSpid entry a host PID; otherwise nothing maps exactly.
-    """
-    if not proc_in_initial_ns:
-        return {}
-    result: dict[int, int] = {}
-    for local, entries in nspids.items():
-        host = entries[0] if entries else local
-        result[host] = local
-    return result
-
-
 def pick_device(
     on_devices: dict[int, int | None], expected: int | None
 ) -> int | None:
@@ -137,25 +110,10 @@ def sharing(index_by_rank: dict[int, int | None]) -> dict[int, tuple[int, ...]]:
     return result
 
 
-def read_nspid(pid: int) -> tuple[int, ...]:
-    """NSpid of a live process; ``()`` when it is gone or unreadable."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as fh:
-            return parse_nspid(fh.read())
-    except OSError:
-        return ()
-
-
 def proc_in_initial_pid_ns(link: str | None = None) -> bool:
     """Whether our /proc (and we) live in the initial PID namespace."""
-    import os
-
     try:
         target = link if link is not None else os.readlink("/proc/self/ns/pid")
     except OSError:
         return False
     return target == f"pid:[{PROC_PID_INIT_INO}]"
-
-
-def compact(indices: Iterable[int]) -> str:
-    return ",".join(str(i) for i in sorted(set(indices)))

@@ -12,8 +12,10 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from trainwatch.probes.judge.groups import group_ranks as default_group_ranks
+from trainwatch.probes.judge.verdict import judge as default_judge
 from trainwatch.probes.snapshot import (
-    CollectiveState, Group, HostInfo, Rank, RankCollective, Snapshot, Verdict, compact_ranks,
+    CollectiveState, Group, HostInfo, Rank, RankCollective, Snapshot, Verdict,
 )
 
 GroupFn = Callable[..., tuple[Group, ...]]  # group_ranks(ranks, culprits)
@@ -30,12 +32,6 @@ class NodeView:
     stale_s: float | None = None  # the snapshot is an earlier one, this many seconds old
     note: str | None = None
     local: bool = False
-
-
-def _analysis() -> tuple[GroupFn, JudgeFn]:
-    from trainwatch.probes.judge.groups import group_ranks
-    from trainwatch.probes.judge.verdict import judge
-    return group_ranks, judge
 
 
 def _node_labels(views: Sequence[NodeView]) -> dict[int, str]:
@@ -61,9 +57,8 @@ def _own_host(view: NodeView) -> str:
 def merge_nodes(views: Sequence[NodeView], *, group_ranks: GroupFn | None = None,
                 judge: JudgeFn | None = None, world_size: int | None = None) -> Snapshot:
     """One snapshot of the job from every node's view (``source="remote"``)."""
-    if group_ranks is None or judge is None:
-        default_group, default_judge = _analysis()
-        group_ranks, judge = group_ranks or default_group, judge or default_judge
+    group_ranks = group_ranks or default_group_ranks
+    judge = judge or default_judge
     good = [(i, v) for i, v in enumerate(views) if v.snapshot is not None]
     if not good:
         raise ValueError("no node answered")
@@ -166,21 +161,3 @@ def _sorted(ranks: list[Rank]) -> list[Rank]:
 
 def _unique(items) -> list[str]:
     return list(dict.fromkeys(items))
-
-
-def describe_hosts(snapshot: Snapshot) -> str:
-    """``"2 of 3 nodes answered; node03 unreachable"``-style line for status bars and summaries."""
-    failed = [h for h in snapshot.hosts if h.error]
-    names = {h.name for h in snapshot.hosts}
-    text = f"{len(names) - len({h.name for h in failed})} of {len(names)} nodes answered"
-    if failed:
-        text += "; " + "; ".join(f"{h.name}: {h.error}" for h in failed)
-    missing = [r.rank for r in snapshot.ranks if r.state == "missing" and r.rank is not None]
-    if missing:
-        text += f"; ranks {compact_ranks(missing)} missing"
-    return text
-
-
-def is_partial(snapshot: Snapshot) -> bool:
-    """True when some node could not be read (the command should exit with PARTIAL_EXIT)."""
-    return any(h.error for h in snapshot.hosts)
