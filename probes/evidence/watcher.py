@@ -30,9 +30,8 @@ from trainwatch.probes.read import procfs
 from trainwatch.probes.read.discover import LAUNCHERS, find_job
 from trainwatch.probes.read.process import RankProcess
 from trainwatch.probes.read.ranklog import RankLogs
-from trainwatch.probes.snapshot import Job, Snapshot, Verdict
+from trainwatch.probes.snapshot import HANG_VERDICTS, Job, Snapshot, Verdict
 
-HANG_KINDS = frozenset({"hang", "straggler", "mismatch", "rendezvous"})
 
 # `trainwatch watch` exit statuses (documented in its --help)
 EXIT_CLEAN, EXIT_PROBLEM, EXIT_CRASH = 0, 10, 11
@@ -182,7 +181,7 @@ class Episodes:
 
     def observe(self, verdict: Verdict, now: float) -> bool:
         """True once per episode, when the problem has lasted long enough to bundle."""
-        if verdict.kind in HANG_KINDS:
+        if verdict.kind in HANG_VERDICTS:
             self.healthy_since = None
             if self.started is None:
                 self.started = min(verdict.since or now, now)
@@ -262,7 +261,7 @@ class Watcher:
         if verdict.kind != self._last_kind and verdict.kind != "crashed":
             self.emit(f"{_stamp()} verdict {verdict.kind}: {verdict.summary}".rstrip(": "))
             self._last_kind = verdict.kind
-        if verdict.kind in HANG_KINDS:
+        if verdict.kind in HANG_VERDICTS:
             self.saw_problem = True
         if verdict.kind == "crashed":
             self._on_lingering_crash(snapshot)

@@ -25,9 +25,9 @@ from dataclasses import dataclass, replace
 from trainwatch.probes.judge.phases import Classification, classify, main_thread, stack_signature
 from trainwatch.probes.judge.progress import ProgressTracker
 from trainwatch.probes.read.sampler import StackSample
-from trainwatch.probes.snapshot import ThreadStack
+from trainwatch.probes.snapshot import Phase, ThreadStack
 
-AMBIGUOUS_PHASES = frozenset({"compute", "unknown"})
+AMBIGUOUS_PHASES: frozenset[Phase] = frozenset({"compute", "unknown"})
 RECHECK_COMPUTE_S = 15.0
 MAX_PER_POLL = 8
 PARALLEL = 4

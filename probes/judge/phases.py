@@ -6,7 +6,7 @@ import linecache
 import re
 from dataclasses import dataclass
 
-from trainwatch.probes.snapshot import Frame, ThreadStack
+from trainwatch.probes.snapshot import Frame, Phase, ThreadStack
 
 COLLECTIVE_OPS = frozenset({
     "all_reduce", "all_gather", "all_gather_into_tensor", "_allgather_base", "all_gather_object",
@@ -47,7 +47,7 @@ SLEEP_LINE = re.compile(r"\bsleep\(")
 
 @dataclass(frozen=True)
 class Classification:
-    phase: str
+    phase: Phase
     op: str | None
     where: str | None
     user_frame: str | None
@@ -104,7 +104,7 @@ def classify(threads: list[ThreadStack] | tuple[ThreadStack, ...]) -> Classifica
     return Classification(phase, op, where.label() if where else None, user.label() if user else None, detail)
 
 
-def _phase_of(main: ThreadStack) -> tuple[str, str | None]:
+def _phase_of(main: ThreadStack) -> tuple[Phase, str | None]:
     python = [f for f in main.frames if not f.native]
     if any(f.native and f.function.startswith(FINALIZE_SYMBOLS) for f in main.frames):
         return "exiting", "shutdown"
@@ -183,7 +183,7 @@ def _source_line(frame: Frame) -> str:
     return linecache.getline(frame.file, frame.line).strip()
 
 
-def _explain(phase: str, main: ThreadStack, threads) -> str | None:
+def _explain(phase: Phase, main: ThreadStack, threads) -> str | None:
     """For a blocked main thread, point at other threads that are doing something."""
     if phase == "exiting":
         return lingering_detail(main, threads)

@@ -10,7 +10,7 @@ from trainwatch.probes.judge.exits import TEARDOWN_SIGNALS, raised_while_alive
 from trainwatch.probes.judge.flightrec import age_text
 from trainwatch.probes.judge.steps import step_note
 from trainwatch.probes.read.process import JobProcesses
-from trainwatch.probes.snapshot import PROBLEM_VERDICTS, CollectiveState, Job, Rank, Verdict, compact_ranks
+from trainwatch.probes.snapshot import PROBLEM_VERDICTS, CollectiveState, Job, Phase, Rank, Verdict, compact_ranks
 
 
 def who(ranks: Sequence[int]) -> str:
@@ -23,7 +23,7 @@ def verb(ranks: Sequence, singular: str, plural: str) -> str:
 
 
 # Phases in which a rank waits for its peers: in a collective, or (NCCL) blocked on its GPU behind one.
-PEER_WAITS = frozenset({"collective", "gpu_wait"})
+PEER_WAITS: frozenset[Phase] = frozenset({"collective", "gpu_wait"})
 
 
 def place(rank: Rank) -> str:
