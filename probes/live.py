@@ -12,23 +12,27 @@ from dataclasses import replace
 
 import psutil
 
-from trainwatch.probes import procfs
-from trainwatch.probes.collective_feed import CollectiveFeed
-from trainwatch.probes.discover import describe_job, expected_local_ranks, find_job
 from trainwatch.probes.errors import AccessDenied, ToolMissing
-from trainwatch.probes.exits import ExitLedger
-from trainwatch.probes.groups import group_ranks
-from trainwatch.probes.native import PARALLEL as NATIVE_PARALLEL, NativeCache, resolve_natively
-from trainwatch.probes.phases import (Classification, classify, is_stdlib, is_user, main_thread, stack_signature,
-                                      where_frame)
-from trainwatch.probes.process import JobProcesses, RankProcess
-from trainwatch.probes.progress import CompletedCollectives, ProgressTracker
-from trainwatch.probes.pyspy import find_pyspy
-from trainwatch.probes.sampler import StackSample, sample_all
+from trainwatch.probes.evidence.redact import redact_argv
+from trainwatch.probes.evidence.watcher import CrashCatcher
+from trainwatch.probes.judge.exits import ExitLedger
+from trainwatch.probes.judge.gpu_warnings import gpu_phase_warnings
+from trainwatch.probes.judge.groups import group_ranks
+from trainwatch.probes.judge.native import PARALLEL as NATIVE_PARALLEL, NativeCache, resolve_natively
+from trainwatch.probes.judge.phases import (Classification, classify, is_stdlib, is_user, main_thread,
+                                            stack_signature, where_frame)
+from trainwatch.probes.judge.progress import CompletedCollectives, ProgressTracker
+from trainwatch.probes.judge.steps import StepReader, slow_step_warnings
+from trainwatch.probes.judge.verdict import judge
+from trainwatch.probes.read import procfs
+from trainwatch.probes.read.collective_feed import CollectiveFeed
+from trainwatch.probes.read.discover import describe_job, expected_local_ranks, find_job
+from trainwatch.probes.read.gpu import GpuProbe
+from trainwatch.probes.read.process import JobProcesses, RankProcess
+from trainwatch.probes.read.pyspy import find_pyspy
+from trainwatch.probes.read.sampler import StackSample, sample_all
 from trainwatch.probes.snapshot import (PROBLEM_VERDICTS, CollectiveState, Job, Rank, Snapshot, Verdict,
                                         compact_ranks)
-from trainwatch.probes.steps import StepReader, slow_step_warnings
-from trainwatch.probes.verdict import judge
 
 FULL_REFRESH_EVERY = 5  # every few polls, dump every rank anyway (other threads, stale lines)
 
@@ -274,7 +278,7 @@ class LocalSource:
         found = self._workers[key]
         return replace(rank, detail=found) if found else rank
 
-    # -- steps (probes/steps.py) ---------------------------------------------------------------
+    # -- steps (probes/judge/steps.py) ---------------------------------------------------------------
     def _steps_due(self, requests: list) -> frozenset[int]:
         """Ranks whose step-like locals this sampling round reads, with --locals in the same pass:
         every round of the first window and of the full refreshes (every rank is dumped then
@@ -348,10 +352,6 @@ class LocalSource:
         return reading.host, ranks
 
     def _gpu_phase_warnings(self, ranks: list[Rank]) -> tuple[str, ...]:
-        try:
-            from trainwatch.probes.gpu_warnings import gpu_phase_warnings
-        except ImportError:
-            return ()
         return gpu_phase_warnings(ranks)
 
 
@@ -362,7 +362,6 @@ class _CrashThread:
     INTERVAL = 0.5
 
     def __init__(self, job: JobProcesses) -> None:
-        from trainwatch.probes.watcher import CrashCatcher
         self._catcher = CrashCatcher(job.root_pid, run_dir=Path(job.run_dir) if job.run_dir else None)
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -408,11 +407,7 @@ def _unjudged(verdict: Verdict, ranks: list[Rank], pyspy_missing: ToolMissing | 
     return verdict
 
 
-def _gpu_probe():
-    try:
-        from trainwatch.probes.gpu import GpuProbe
-    except ImportError:
-        return None
+def _gpu_probe() -> GpuProbe:
     return GpuProbe()
 
 
@@ -435,10 +430,6 @@ def _job_record(job: JobProcesses) -> Job:
 
 
 def _redacted(cmdline: tuple[str, ...]) -> tuple[str, ...]:
-    try:
-        from trainwatch.probes.redact import redact_argv
-    except ImportError:
-        return cmdline
     return tuple(redact_argv(list(cmdline)))
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 FAULTHANDLER_SIGNAL = int(signal.SIGRTMIN) + 3
 FR_BUFFER_ENTRIES = "2000"
 
-HOOK_DIR = Path(__file__).resolve().parent / "armed"
+HOOK_DIR = Path(__file__).resolve().parent / "hook" / "armed"
 
 
 def rank_dir(run_dir: Path, rank: int) -> Path:
@@ -101,7 +101,7 @@ def armed_env(run_dir: Path, base: dict[str, str]) -> tuple[dict[str, str], dict
 
 
 def write_run_json(run_dir: Path, command: list[str], added: dict[str, str], pid: int | None) -> dict:
-    from trainwatch.probes import procfs  # here, not at the top: the hook loads this file on its own
+    from trainwatch.probes.read import procfs  # here, not at the top: the hook loads this file on its own
     record = {
         "command": list(command),
         "started_at": time.time(),

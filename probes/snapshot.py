@@ -12,19 +12,26 @@ import json
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 SCHEMA_VERSION = 1
 
+# The vocabulary: every phase, state and verdict kind that a probe produces or a view shows.
 # gpu_wait: the host blocks on its GPU (stream/context/event synchronize, .item(), device-to-host copy).
 # exiting: the main thread is in interpreter shutdown (threading._shutdown, atexit).
-PHASES = ("collective", "gpu_wait", "dataloader", "init", "checkpoint", "lock", "sleep", "compute", "exiting",
-          "unknown")
+Phase = Literal["collective", "gpu_wait", "dataloader", "init", "checkpoint", "lock", "sleep", "compute", "exiting",
+                "unknown"]
+State = Literal["running", "stuck", "exited", "missing", "unknown"]
+VerdictKind = Literal["healthy", "straggler", "mismatch", "hang", "rendezvous", "crashed", "unknown"]
+PHASES: tuple[Phase, ...] = typing.get_args(Phase)
+STATES: tuple[State, ...] = typing.get_args(State)
+VERDICTS: tuple[VerdictKind, ...] = typing.get_args(VerdictKind)
 # A rank in one of these waits for something else: CPU it burns there is never progress.
-WAITING_PHASES = frozenset({"collective", "gpu_wait", "dataloader", "init", "lock", "sleep", "exiting"})
-STATES = ("running", "stuck", "exited", "missing", "unknown")
-VERDICTS = ("healthy", "straggler", "mismatch", "hang", "rendezvous", "crashed", "unknown")
-PROBLEM_VERDICTS = frozenset({"straggler", "mismatch", "hang", "rendezvous", "crashed"})
+WAITING_PHASES: frozenset[Phase] = frozenset({"collective", "gpu_wait", "dataloader", "init", "lock", "sleep",
+                                                "exiting"})
+# Verdicts that `watch` dumps evidence for once they persist; with "crashed", the problems.
+HANG_VERDICTS: frozenset[VerdictKind] = frozenset({"hang", "straggler", "mismatch", "rendezvous"})
+PROBLEM_VERDICTS: frozenset[VerdictKind] = HANG_VERDICTS | {"crashed"}
 
 
 @dataclass(frozen=True)
@@ -118,8 +125,8 @@ class Rank:
     pid: int | None = None  # None when missing
     host: str = ""
     local_rank: int | None = None
-    state: str = "unknown"
-    phase: str = "unknown"
+    state: State = "unknown"
+    phase: Phase = "unknown"
     op: str | None = None
     where: str | None = None  # most telling frame, "file:line function"
     user_frame: str | None = None  # innermost frame in the user's own files
@@ -145,7 +152,7 @@ class Rank:
 @dataclass(frozen=True)
 class Group:
     ranks: tuple[int, ...]
-    phase: str
+    phase: Phase
     op: str | None = None
     where: str | None = None
     label: str = ""  # compact rank list, "0-6,8"
@@ -154,7 +161,7 @@ class Group:
 
 @dataclass(frozen=True)
 class Verdict:
-    kind: str = "unknown"
+    kind: VerdictKind = "unknown"
     culprits: tuple[int, ...] = ()
     summary: str = ""
     since: float | None = None  # unix time this verdict first held (live views)
@@ -278,6 +285,8 @@ def _decoder(tp: Any):
         fn = lambda v: float(_expect(v, (int, float), tp))  # noqa: E731
     elif tp in (int, str, bool):
         fn = lambda v: _expect(v, tp, tp)  # noqa: E731
+    elif origin is Literal:  # the vocabulary: read as plain strings, so newer producers stay readable
+        fn = lambda v: _expect(v, str, str)  # noqa: E731
     else:
         fn = lambda v: v  # noqa: E731
     _DECODERS[tp] = fn

@@ -12,7 +12,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from trainwatch.probes.bundle import write_bundle
+from trainwatch.probes.evidence.bundle import write_bundle
 from trainwatch.probes.snapshot import Snapshot
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from trainwatch.probes import rundir
-from trainwatch.probes.collective_feed import CollectiveFeed, collect
-from trainwatch.probes.process import JobProcesses, RankProcess
+from trainwatch.probes.read.collective_feed import CollectiveFeed, collect
+from trainwatch.probes.read.process import JobProcesses, RankProcess
 
 H100_PIPE_DUMP = Path(__file__).parent / "fixtures" / "fr" / "h100" / "pipe-dump-rank0.pickle"
 

@@ -11,9 +11,9 @@ import psutil
 import pytest
 
 from jobs import PlantedJob
-from trainwatch.probes import procfs
+from trainwatch.probes.evidence.watcher import CrashCatcher, Watcher
 from trainwatch.probes.live import LocalSource
-from trainwatch.probes.watcher import CrashCatcher, Watcher
+from trainwatch.probes.read import procfs
 
 pytestmark = pytest.mark.job
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.job
 def snapshot(pid: int, *args: str) -> dict:
     proc = subprocess.run([sys.executable, "-m", "trainwatch.tui.cli", "snapshot", str(pid), "--json", *args],
                           capture_output=True, text=True, timeout=90)
-    assert proc.returncode in (0, 2) and proc.stdout.strip(), f"rc={proc.returncode}\n{proc.stderr}"
+    assert proc.returncode == 0 and proc.stdout.strip(), f"rc={proc.returncode}\n{proc.stderr}"
     assert "Traceback" not in proc.stderr, proc.stderr
     return json.loads(proc.stdout)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from trainwatch.probes.bundle_rank import RankEvidence
+from trainwatch.probes.evidence.bundle_rank import RankEvidence
+from trainwatch.probes.evidence.summary import render
 from trainwatch.probes.snapshot import ExitInfo, Verdict
-from trainwatch.probes.summary import render
 from trainwatch.tui.app import read_log_tails
 from trainwatch.tui.widgets.detail import detail_text
 from trainwatch.tui.widgets.lines import state_label

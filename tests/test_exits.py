@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trainwatch.probes import exits
-from trainwatch.probes.exits import CrashRecord, ExitLedger, abnormal, first_to_die, read_exit
-from trainwatch.probes.phases import classify
-from trainwatch.probes.process import JobProcesses, RankProcess
-from trainwatch.probes.ranklog import RankLogs
-from trainwatch.probes.redact import MASK
+from trainwatch.probes.evidence.redact import MASK
+from trainwatch.probes.evidence.watcher import CrashCatcher
+from trainwatch.probes.judge import exits
+from trainwatch.probes.judge.exits import CrashRecord, ExitLedger, abnormal, first_to_die, read_exit
+from trainwatch.probes.judge.phases import classify
+from trainwatch.probes.judge.verdict import judge
+from trainwatch.probes.read.process import JobProcesses, RankProcess
+from trainwatch.probes.read.ranklog import RankLogs
 from trainwatch.probes.snapshot import ExitInfo, Frame, Job, Rank, ThreadStack
-from trainwatch.probes.verdict import judge
-from trainwatch.probes.watcher import CrashCatcher
 
 GONE_PID = 2**22 + 12345  # above the default pid_max: no such process, no kernel log line
 
@@ -143,7 +143,7 @@ def test_saved_crash_records_hold_no_secrets(tmp_path):
 
 
 def test_kernel_oom_kill_names_the_pid(tmp_path):
-    from trainwatch.probes.kernlog import kernel_fault
+    from trainwatch.probes.read.kernlog import kernel_fault
 
     kmsg = tmp_path / "kmsg"
     kmsg.write_text("3,812,99999,-;Out of memory: Killed process 4242 (python) total-vm:9000kB, anon-rss:800kB\n")

@@ -6,8 +6,9 @@ import subprocess
 import sys
 import time
 
-from trainwatch.probes import procfs, rundir
-from trainwatch.probes.bundle_rank import RankEvidence, RankPlan, _faulthandler
+from trainwatch.probes import rundir
+from trainwatch.probes.evidence.bundle_rank import RankEvidence, RankPlan, _faulthandler
+from trainwatch.probes.read import procfs
 
 OWN_HANDLER = """
 import signal, sys, time

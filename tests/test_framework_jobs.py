@@ -57,7 +57,7 @@ def snapshot(pid: int, timeout: float = 60) -> dict:
     started = time.monotonic()
     proc = subprocess.run([*trainwatch_cli(), "snapshot", str(pid), "--json", *extra],
                           capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode in (0, 2) and proc.stdout.strip(), f"rc={proc.returncode}\n{proc.stderr}"
+    assert proc.returncode == 0 and proc.stdout.strip(), f"rc={proc.returncode}\n{proc.stderr}"
     assert "Traceback" not in proc.stderr, proc.stderr
     data = json.loads(proc.stdout)
     print(f"snapshot took {time.monotonic() - started:.1f}s\n{describe(data)}")
@@ -148,7 +148,7 @@ def test_ddp_uneven_data_rank_leaves_the_loop(framework_job):
     data = snapshot(job.pid)
     said = describe(data)
     verdict, ranks = data["verdict"], by_rank(data)
-    assert verdict["kind"] in ("mismatch", "straggler") and verdict["culprits"] == [2], said
+    assert verdict["kind"] == "mismatch" and verdict["culprits"] == [2], said  # both sides wait in collectives
     barrier_line = line_of("ddp_uneven.py", "dist.barrier()  # rank 2 waits here")
     backward_line = line_of("ddp_uneven.py", "loss.backward()")
     odd = ranks[2]

@@ -1,14 +1,9 @@
-"""Pure rank/GPU mapping rules: CUDA_VISIBLE_DEVICES, NSpid, device choice, sharing."""
+"""Pure rank/GPU mapping rules: CUDA_VISIBLE_DEVICES, PID namespaces, device choice, sharing."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
-from trainwatch.probes.gpu_map import (
-    DeviceId, expected_device, host_pid_map, parse_nspid, parse_visible_devices, pick_device,
-    proc_in_initial_pid_ns, read_nspid, sharing,
+from trainwatch.probes.read.gpu_map import (
+    DeviceId, expected_device, parse_visible_devices, pick_device, proc_in_initial_pid_ns, sharing,
 )
 
 DEVICES = [
@@ -61,34 +56,9 @@ def test_expected_device_follows_local_rank():
     assert expected_device((0, 1), 4) is None
 
 
-def test_parse_nspid():
-    status = "Name:\tpython\nTgid:\t812\nNSpid:\t812\t17\t1\nPPid:\t1\n"
-    assert parse_nspid(status) == (812, 17, 1)
-    assert parse_nspid("Name:\tx\n") == ()
-
-
-def test_host_pid_map_exact_only_in_initial_namespace():
-    nspids = {812: (812, 17), 913: (913,)}
-    assert host_pid_map(nspids, proc_in_initial_ns=True) == {812: 812, 913: 913}
-    assert host_pid_map(nspids, proc_in_initial_ns=False) == {}
-
-
 def test_initial_namespace_detection():
     assert proc_in_initial_pid_ns("pid:[4026531836]")
     assert not proc_in_initial_pid_ns("pid:[4026532001]")
-
-
-def test_read_nspid_of_a_real_child():
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    try:
-        nspid = read_nspid(child.pid)
-        assert nspid and nspid[0] == child.pid
-        if proc_in_initial_pid_ns():
-            assert host_pid_map({child.pid: nspid}, True) == {child.pid: child.pid}
-    finally:
-        child.kill()
-        child.wait()
-    assert read_nspid(child.pid) == ()  # gone: no exception
 
 
 def test_pick_device_prefers_expected_then_most_memory():
@@ -101,7 +71,3 @@ def test_pick_device_prefers_expected_then_most_memory():
 def test_sharing():
     shared = sharing({0: 0, 1: 0, 2: 1, 3: None})
     assert shared == {0: (1,), 1: (0,), 2: (), 3: ()}
-
-
-def test_self_status_is_readable():
-    assert read_nspid(os.getpid())[0] == os.getpid() or not proc_in_initial_pid_ns()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainwatch.probes.gpu_warnings import gpu_phase_warnings, mixed_gpus, no_launcher
+from trainwatch.probes.judge.gpu_warnings import gpu_phase_warnings, mixed_gpus, no_launcher
 from trainwatch.probes.snapshot import GpuDevice, Rank, RankGpu
 
 

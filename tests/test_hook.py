@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from trainwatch.probes import flightrec, hook, hookclient, rundir
+from trainwatch.probes import hook, rundir
+from trainwatch.probes.judge import flightrec
+from trainwatch.probes.read import hookclient
 
 PROBE = """
 import json, os, sys, threading
@@ -53,6 +55,19 @@ def test_rank_is_armed_without_importing_torch(tmp_path):
     record = json.loads(rundir.hook_json(tmp_path / "run", 1).read_text())
     assert record["faulthandler_signal"] == rundir.FAULTHANDLER_SIGNAL
     assert "trainwatch-hook" in rundir.rank_log_file(tmp_path / "run", 1).read_text()  # output teed
+
+
+def test_rank_is_armed_by_an_interpreter_without_trainwatch(tmp_path):
+    """The job's own Python may lack trainwatch: the sitecustomize loads the hook, and it rundir, by path."""
+    base = Path(sys.base_prefix) / "bin" / "python3"
+    has_trainwatch = subprocess.run([base, "-c", "import trainwatch"], capture_output=True).returncode == 0
+    if sys.prefix == sys.base_prefix or has_trainwatch:
+        pytest.skip("needs an interpreter that cannot import trainwatch (the base of this virtualenv)")
+    env = {**armed(tmp_path / "run", RANK="2"), "PYTHONNOUSERSITE": "1"}
+    out = subprocess.run([base, "-c", PROBE], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 0 and "hook not installed" not in out.stderr, out.stderr
+    assert "trainwatch-hook" in json.loads(out.stdout.strip().splitlines()[-1])["threads"]
+    assert json.loads(rundir.hook_json(tmp_path / "run", 2).read_text())["rank"] == 2
 
 
 def test_children_of_a_rank_are_not_armed(tmp_path):

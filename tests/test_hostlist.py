@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from trainwatch.probes.hostlist import (
+from trainwatch.probes.remote.hostlist import (
     HostlistError, expand_nodelist, parse_hostfile_text, parse_hosts, parse_scontrol_job, read_hostfile,
     slurm_hostnames,
 )

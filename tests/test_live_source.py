@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from trainwatch.probes.live import LocalSource
-from trainwatch.probes.pyspy import dump_stacks
+from trainwatch.probes.read.pyspy import dump_stacks
 
 
 def stuck_for(source: LocalSource, rank: int) -> float:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from trainwatch.probes.native import NativeCache, resolve_natively
-from trainwatch.probes.phases import classify, main_thread, stack_signature
-from trainwatch.probes.procfs import ThreadCounters
-from trainwatch.probes.progress import ProgressTracker
-from trainwatch.probes.sampler import StackSample
+from trainwatch.probes.judge.native import NativeCache, resolve_natively
+from trainwatch.probes.judge.phases import classify, main_thread, stack_signature
+from trainwatch.probes.read.procfs import ThreadCounters
+from trainwatch.probes.judge.progress import ProgressTracker
+from trainwatch.probes.read.sampler import StackSample
 from trainwatch.probes.snapshot import Frame, ThreadStack
 
 SITE = "/venv/lib/python3.11/site-packages"
@@ -44,7 +44,7 @@ def test_ranks_with_the_same_python_stack_share_one_native_sample():
 
 
 def test_no_native_sample_for_a_moving_or_waking_rank():
-    tracker, cache = ProgressTracker(), NativeCache()
+    cache = NativeCache()
     sample = StackSample(7, backward_stack(7), COUNTERS, COUNTERS)
     cls = classify(sample.threads)
     signature = stack_signature(main_thread(sample.threads))
@@ -58,7 +58,7 @@ def test_no_native_sample_for_a_moving_or_waking_rank():
 
 
 def test_completed_collectives_advancing_are_progress():
-    from trainwatch.probes.progress import CompletedCollectives
+    from trainwatch.probes.judge.progress import CompletedCollectives
     from trainwatch.probes.snapshot import CollectiveState, RankCollective
 
     def state(done0: int, done1: int) -> CollectiveState:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trainwatch.probes.groups import group_ranks
-from trainwatch.probes.phases import classify
-from trainwatch.probes.pyspy import parse_dump
+from trainwatch.probes.judge.groups import group_ranks
+from trainwatch.probes.judge.phases import classify
+from trainwatch.probes.judge.verdict import judge
+from trainwatch.probes.read.pyspy import parse_dump
 from trainwatch.probes.snapshot import ExitInfo, Frame, Job, Rank, ThreadStack
-from trainwatch.probes.verdict import judge
 
 FIXTURES = Path(__file__).parent / "fixtures" / "pyspy"
 

@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from trainwatch.probes.native import NativeCache, resolve_natively
-from trainwatch.probes.phases import classify, main_thread, stack_signature
-from trainwatch.probes.procfs import ThreadCounters
-from trainwatch.probes.progress import ProgressTracker
-from trainwatch.probes.pyspy import parse_dump
-from trainwatch.probes.sampler import StackSample
+from trainwatch.probes.judge.native import NativeCache, resolve_natively
+from trainwatch.probes.judge.phases import classify, main_thread, stack_signature
+from trainwatch.probes.judge.progress import ProgressTracker
+from trainwatch.probes.judge.verdict import judge
+from trainwatch.probes.read.procfs import ThreadCounters
+from trainwatch.probes.read.pyspy import parse_dump
+from trainwatch.probes.read.sampler import StackSample
 from trainwatch.probes.snapshot import Job, Rank
-from trainwatch.probes.verdict import judge
 
 PYSPY = Path(__file__).parent / "fixtures" / "h100" / "pyspy"
 WINDOW = 3.0
@@ -110,7 +110,7 @@ def test_counters_in_the_recordings_are_a_spin():
 
 def test_nccl_item_hang_with_its_flight_recorder_names_the_pending_all_reduce():
     # The Flight Recorder dump taken through the hook during the same recorded hang.
-    from trainwatch.probes import flightrec
+    from trainwatch.probes.judge import flightrec
     fr = Path(__file__).parent / "fixtures" / "fr" / "h100" / "hook-dump_nccl_trace_json-hung.json"
     state = flightrec.analyze({0: flightrec.load_trace(fr.read_bytes())})
     (row,) = state.ranks

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import psutil
 import pytest
 
-from trainwatch.probes.remote import (
+from trainwatch.probes.remote.remote import (
     KubeRemote, Result, Runner, SlurmRemote, SshRemote, classify_failure, collect_remote_bundles,
     dump_script, fetch_snapshot, kubectl_get_pods_argv, match_args, parse_pods, snapshot_args,
 )

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from trainwatch.probes.errors import TrainwatchError
-from trainwatch.probes.multinode import MultiNodeSource
-from trainwatch.probes.process import JobProcesses, RankProcess
-from trainwatch.probes.remote import KubeRemote, SlurmRemote, SshRemote
+from trainwatch.probes.read.process import JobProcesses, RankProcess
+from trainwatch.probes.remote.multinode import MultiNodeSource
+from trainwatch.probes.remote.remote import KubeRemote, SlurmRemote, SshRemote
 from trainwatch.tui.remote_args import (
     add_remote_arguments, detect_slurm, remotes_from_args, ssh_options, wants_remote, wrap_source,
 )

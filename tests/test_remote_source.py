@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from trainwatch.probes.errors import TrainwatchError
-from trainwatch.probes.groups import group_ranks
-from trainwatch.probes.multinode import MultiNodeSource
+from trainwatch.probes.judge.groups import group_ranks
+from trainwatch.probes.judge.verdict import judge
+from trainwatch.probes.remote.multinode import MultiNodeSource
 from trainwatch.probes.snapshot import Job, Rank, Snapshot
-from trainwatch.probes.verdict import judge
 
 MERGE = {"group_ranks": group_ranks, "judge": judge}
 

@@ -19,8 +19,9 @@ import pytest
 
 from jobs import free_port
 from sshd import Sshd, TwoNodeJob, remote_trainwatch, unavailable_reason
-from trainwatch.probes.remote import (
-    PARTIAL_EXIT, Runner, SshRemote, collect_remote_bundles, fetch_snapshot, snapshot_args,
+from trainwatch.probes.errors import PARTIAL_EXIT
+from trainwatch.probes.remote.remote import (
+    Runner, SshRemote, collect_remote_bundles, fetch_snapshot, snapshot_args,
 )
 
 pytestmark = [pytest.mark.job, pytest.mark.slow,

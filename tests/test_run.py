@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from jobs import PlantedJob
-from trainwatch.probes import hookclient
-from trainwatch.probes.watcher import EXIT_CRASH, CrashCatcher, Watcher
+from trainwatch.probes.evidence.watcher import EXIT_CRASH, CrashCatcher, Watcher
+from trainwatch.probes.read import hookclient
 
 TRAINWATCH = [sys.executable, "-m", "trainwatch.tui.cli"]
 

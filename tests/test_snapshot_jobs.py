@@ -17,7 +17,7 @@ pytestmark = pytest.mark.job
 def snapshot(pid: int, *args: str, timeout: float = 60) -> tuple[int, dict, str]:
     proc = subprocess.run([sys.executable, "-m", "trainwatch.tui.cli", "snapshot", str(pid), "--json", *args],
                           capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode in (0, 2) and proc.stdout.strip(), f"rc={proc.returncode}\n{proc.stderr}"
+    assert proc.returncode == 0 and proc.stdout.strip(), f"rc={proc.returncode}\n{proc.stderr}"
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc.returncode, json.loads(proc.stdout), proc.stderr
 

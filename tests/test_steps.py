@@ -3,12 +3,12 @@ clock, and the words: only allowed integer locals of user frames and the HF loop
 
 from __future__ import annotations
 
-from trainwatch.probes.procfs import ThreadCounters
-from trainwatch.probes.pyspy import parse_dump, parse_locals
-from trainwatch.probes.snapshot import Frame, Rank
-from trainwatch.probes.steps import (
+from trainwatch.probes.judge.steps import (
     StepClock, StepReader, slow_step_warnings, step_from_locals, step_from_seq, step_label, step_note,
 )
+from trainwatch.probes.read.procfs import ThreadCounters
+from trainwatch.probes.read.pyspy import parse_dump, parse_locals
+from trainwatch.probes.snapshot import Frame, Rank
 
 PID = 4242
 SITE = "/venv/lib/python3.11/site-packages"
@@ -142,8 +142,8 @@ def test_slow_step_warning_only_for_a_rank_left_behind():
 def test_steps_shown_in_summary_md_and_the_plain_table():
     from rich.console import Console
 
+    from trainwatch.probes.evidence.summary import render
     from trainwatch.probes.snapshot import Job, Snapshot
-    from trainwatch.probes.summary import render
     from trainwatch.tui.render import render_table
     from trainwatch.tui.widgets.history import History
 

@@ -6,9 +6,9 @@ import os
 import stat
 
 from fake_nvml import FakeGpu, FakeNvml
-from trainwatch.probes.gpu import GpuProbe
-from trainwatch.probes.process import RankProcess
-from trainwatch.probes.xid import (
+from trainwatch.probes.read.gpu import GpuProbe
+from trainwatch.probes.read.process import RankProcess
+from trainwatch.probes.read.xid import (
     KmsgReader, NvmlXidListener, describe, normalize_bus, parse_dmesg_line, parse_kmsg_record,
     parse_xid_message,
 )

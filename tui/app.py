@@ -26,7 +26,7 @@ from textual.widgets import DataTable, Footer, Input
 from textual.worker import get_current_worker
 
 from trainwatch.probes.errors import TrainwatchError
-from trainwatch.probes.ranklog import RankLogs
+from trainwatch.probes.read.ranklog import RankLogs
 from trainwatch.probes.snapshot import PROBLEM_VERDICTS, Rank, Snapshot, compact_ranks
 from trainwatch.probes.source import Source, write_evidence
 

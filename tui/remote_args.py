@@ -15,11 +15,11 @@ import socket
 import subprocess
 from typing import Any
 
-from trainwatch.probes.errors import TrainwatchError
-from trainwatch.probes.hostlist import parse_hosts, read_hostfile, slurm_hostnames, slurm_job_nodelist, unique
-from trainwatch.probes.multinode import MultiNodeSource
-from trainwatch.probes.remote import (
-    DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, PARTIAL_EXIT, KubeRemote, Remote, SlurmRemote, SshRemote,
+from trainwatch.probes.errors import PARTIAL_EXIT, TrainwatchError
+from trainwatch.probes.remote.hostlist import parse_hosts, read_hostfile, slurm_hostnames, slurm_job_nodelist, unique
+from trainwatch.probes.remote.multinode import MultiNodeSource
+from trainwatch.probes.remote.remote import (
+    DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, KubeRemote, Remote, SlurmRemote, SshRemote,
     kubectl_get_pods_argv, match_args, parse_pods,
 )
 

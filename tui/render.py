@@ -6,8 +6,8 @@ from rich.console import Group as RichGroup
 from rich.table import Table
 from rich.text import Text
 
+from trainwatch.probes.judge.steps import step_label
 from trainwatch.probes.snapshot import Rank, Snapshot
-from trainwatch.probes.steps import step_label
 from trainwatch.tui.widgets import format as fmt
 from trainwatch.tui.widgets.lines import group_line, phase_text, state_text, verdict_line
 

@@ -15,8 +15,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fake_nvml import FakeGpu, FakeNvml  # noqa: E402
-from trainwatch.probes.gpu import GpuProbe  # noqa: E402
-from trainwatch.probes.process import RankProcess  # noqa: E402
+from trainwatch.probes.read.gpu import GpuProbe  # noqa: E402
+from trainwatch.probes.read.process import RankProcess  # noqa: E402
 
 
 def fake_job(n: int) -> tuple[FakeNvml, list[RankProcess]]:

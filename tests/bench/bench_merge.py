@@ -13,9 +13,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from trainwatch.probes.merge import NodeView, merge_nodes
-from trainwatch.probes.phases import classify
-from trainwatch.probes.pyspy import parse_dump
+from trainwatch.probes.judge.phases import classify
+from trainwatch.probes.read.pyspy import parse_dump
+from trainwatch.probes.remote.merge import NodeView, merge_nodes
 from trainwatch.probes.snapshot import Frame, HostInfo, Job, Rank, Snapshot, ThreadStack
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "pyspy"

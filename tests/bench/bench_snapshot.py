@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from jobs import PlantedJob  # noqa: E402
 
-from trainwatch.probes.pyspy import find_pyspy  # noqa: E402
+from trainwatch.probes.read.pyspy import find_pyspy  # noqa: E402
 
 
 def main() -> None:

@@ -50,7 +50,7 @@ def _terminate(signum: int, frame: object) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainwatch.probes.bundle import write_bundle
+    from trainwatch.probes.evidence.bundle import write_bundle
     from trainwatch.probes.live import open_source
 
     fault_signal = parse_signal(args.signal)

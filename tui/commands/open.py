@@ -17,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainwatch.probes.bundle_source import BundleSource
+    from trainwatch.probes.evidence.bundle_source import BundleSource
 
     source = BundleSource(args.bundle)
     try:

@@ -11,8 +11,9 @@ import sys
 import time
 from pathlib import Path
 
-from trainwatch.probes import procfs, rundir
+from trainwatch.probes import rundir
 from trainwatch.probes.errors import OutputError, TrainwatchError, UsageError
+from trainwatch.probes.read import procfs
 from trainwatch.tui.commands.common import require_terminal
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)

@@ -8,10 +8,10 @@ from types import SimpleNamespace
 
 from rich.console import Console
 
-from trainwatch.probes.discover import find_job_matching
 from trainwatch.probes.errors import PARTIAL_EXIT, NotAJob, UsageError
 from trainwatch.probes.live import LocalSource
-from trainwatch.probes.pyspy import find_pyspy
+from trainwatch.probes.read.discover import find_job_matching
+from trainwatch.probes.read.pyspy import find_pyspy
 from trainwatch.tui.commands.common import add_stuck_after, pid_arg
 
 COLLECTIVE_WAIT_S = 2.0  # the ranks' Flight Recorder, fetched while the window is sampled

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from trainwatch.probes import watcher
 from trainwatch.probes.errors import OutputError, UsageError
+from trainwatch.probes.evidence import watcher
 from trainwatch.probes.live import open_source
 from trainwatch.tui.commands.common import add_stuck_after, pid_arg
 from trainwatch.tui.commands.snapshot import add_remote, wrap_remote

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from trainwatch.probes.snapshot import WAITING_PHASES, Group, Rank, Snapshot, compact_ranks
+from trainwatch.probes.snapshot import (WAITING_PHASES, Group, Phase, Rank, Snapshot, State, VerdictKind,
+                                        compact_ranks)
 
 from . import format as fmt
 
 # Styles use the 16 ANSI colours so they read the same in 256-colour terminals.
-VERDICT_STYLES = {
+VERDICT_STYLES: dict[VerdictKind, str] = {
     "healthy": "bold black on green",
     "straggler": "bold black on yellow",
     "mismatch": "bold white on magenta",
@@ -22,7 +23,7 @@ VERDICT_STYLES = {
     "crashed": "bold white on red",
     "unknown": "bold white on bright_black",
 }
-STATE_STYLES = {
+STATE_STYLES: dict[State, str] = {
     "running": "green",
     "stuck": "bold red",
     "exited": "red",
@@ -30,7 +31,7 @@ STATE_STYLES = {
     "unknown": "dim",
 }
 WAITING_STYLE = "yellow"  # a phase in which the rank waits on something else (a peer, its GPU, data)
-PHASE_STYLES = {
+PHASE_STYLES: dict[Phase, str] = {
     "compute": "green",
     "checkpoint": "cyan",
     "exiting": "dim",

@@ -1,0 +1,315 @@
+"""Headless watching: catch rank deaths cheaply and often, and bundle evidence once per problem.
+
+:class:`CrashCatcher` reads only /proc (every ~0.2 s) so it sees a rank die before the
+launcher tears the others down; the TUI can call its ``tick()`` between its own polls.
+:class:`Watcher` adds the heavier snapshots (``LocalSource.poll()``) and the bundles.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import socket
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+import psutil
+
+from trainwatch.probes.errors import TrainwatchError
+from trainwatch.probes.evidence.bundle import write_bundle
+from trainwatch.probes.judge import exits
+from trainwatch.probes.judge.exits import CrashRecord
+from trainwatch.probes.judge.groups import group_ranks
+from trainwatch.probes.judge.verdict import judge
+from trainwatch.probes.read import procfs
+from trainwatch.probes.read.discover import LAUNCHERS, find_job
+from trainwatch.probes.read.process import RankProcess
+from trainwatch.probes.read.ranklog import RankLogs
+from trainwatch.probes.snapshot import HANG_VERDICTS, Job, Snapshot, Verdict
+
+
+# `trainwatch watch` exit statuses (documented in its --help)
+EXIT_CLEAN, EXIT_PROBLEM, EXIT_CRASH = 0, 10, 11
+
+
+class CrashCatcher:
+    """Watches the ranks of the job of ``root_pid`` through /proc and records each abnormal death.
+
+    Ranks are found by ``discover.find_job`` (launchers, mp.spawn, srun-style ranks) whenever the
+    job's process family changes; between changes a tick costs a few small /proc reads."""
+
+    def __init__(self, root_pid: int, run_dir: Path | None = None, save_dir: Path | None = None) -> None:
+        self.root_pid = root_pid
+        self.run_dir = Path(run_dir) if run_dir else None
+        self.save_dir = Path(save_dir) if save_dir else None
+        self.records: list[CrashRecord] = []
+        self.exited_ok: list[int] = []  # ranks that ended with status 0
+        self.logs = RankLogs()
+        self._tracked: dict[int, RankProcess] = {}
+        self._done: set[int] = set()  # pids already judged
+        self._family: frozenset[int] | None = None
+        self._job_root: int | None = None
+        self._launcher_log: str | None = None
+
+    @property
+    def rank_pids(self) -> dict[int, int | None]:
+        return {pid: proc.rank for pid, proc in self._tracked.items()}
+
+    def tick(self) -> list[CrashRecord]:
+        """One cheap pass; returns the deaths found in it (also appended to ``records``)."""
+        self._discover()
+        new: list[CrashRecord] = []
+        for pid, proc in list(self._tracked.items()):
+            status = procfs.zombie_exit(pid)
+            alive = status is None and psutil.pid_exists(pid) and procfs.state_letter(pid) not in (None, "Z")
+            if alive:
+                self._copy_error_file(proc)
+                continue
+            del self._tracked[pid]
+            self._done.add(pid)
+            record = self._judge(proc, status)
+            if record is not None:
+                new.append(record)
+        if new:
+            self._mark_first(new)
+        return new
+
+    def job_alive(self) -> bool:
+        return psutil.pid_exists(self.root_pid) and procfs.state_letter(self.root_pid) not in (None, "Z")
+
+    def _discover(self) -> None:
+        family = procfs.descendant_pids(self.root_pid)  # a few small reads, not a /proc scan
+        if family is None:
+            try:
+                family = frozenset(p.pid for p in psutil.Process(self.root_pid).children(recursive=True))
+            except psutil.Error:
+                return
+        if family == self._family:
+            return
+        self._family = family
+        try:
+            job = find_job(self.root_pid)
+        except (TrainwatchError, psutil.Error):
+            return  # not started yet, or gone: try again when the family changes
+        self._job_root = job.root_pid
+        if self.run_dir is None and job.run_dir:
+            self.run_dir = Path(job.run_dir)
+        ranks = exits.infer_ranks(job)
+        for proc in ranks:
+            self.logs.note_writer(proc.pid, proc.log_path)
+        if job.launcher_pid:
+            self._launcher_log = procfs.log_file_of(job.launcher_pid) or self._launcher_log
+            self.logs.note_writer(job.launcher_pid, self._launcher_log)
+        for proc in ranks:
+            if proc.pid in self._tracked or proc.pid in self._done:
+                continue
+            # a rank already dead when first seen has no environment left: tracked when its
+            # number could be inferred (the one missing local rank of a launcher's job)
+            inferred = not proc.env and proc.rank is not None and job.launcher in LAUNCHERS
+            if "RANK" in proc.env or inferred or (job.launcher == "mp.spawn" and proc.rank is not None):
+                self._tracked[proc.pid] = proc
+
+    def _copy_error_file(self, proc: RankProcess) -> str | None:
+        """Copy the torchelastic error file as soon as it exists: a restart deletes its folder."""
+        src = proc.env.get("TORCHELASTIC_ERROR_FILE")
+        if not src or not self.save_dir or not os.path.exists(src):
+            return None
+        dest = self.save_dir / "crashes" / f"rank{proc.rank}-torchelastic-error.json"
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dest)
+        except OSError:
+            return None
+        return str(dest)
+
+    def _judge(self, proc: RankProcess, status: tuple[int | None, str | None] | None) -> CrashRecord | None:
+        error_copy = self._copy_error_file(proc)
+        error_text = exits.read_bounded(error_copy, 256 * 1024) if error_copy else ""
+        record = exits.read_exit(proc, status, now=time.time(), run_dir=self.run_dir, logs=self.logs,
+                                 error_text=error_text, clean=self._clean, launcher_log=self._launcher_log)
+        if record.exit.code == 0 and record.exit.signal is None:
+            self.exited_ok.append(proc.pid)
+            return None
+        if not exits.abnormal(record.exit):
+            return None  # vanished with no sign of trouble: most likely a normal exit
+        return self._save(replace(record, error_file=error_copy))
+
+    def _clean(self, text: str) -> str:
+        return exits.redactor_for([self.root_pid, self._job_root])(text)
+
+    def _mark_first(self, new: list[CrashRecord]) -> None:
+        if any(r.exit.first for r in self.records):
+            self.records.extend(new)
+            return
+        first_pid = exits.first_to_die((r.pid, r.exit) for r in new)
+        ordered = sorted(new, key=lambda r: r.pid != first_pid)
+        first = replace(ordered[0], exit=replace(ordered[0].exit, first=True))
+        self.records.extend([first] + ordered[1:])
+        new[:] = [first] + ordered[1:]
+        if first.saved_to:
+            self._save(first)
+
+    def _save(self, record: CrashRecord) -> CrashRecord:
+        if self.save_dir is None:
+            return record
+        folder = self.save_dir / "crashes"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"rank{record.rank}-pid{record.pid}.json"
+        record = replace(record, saved_to=str(path))
+        clean = exits.redacted(record, self._clean)  # what is written leaves trainwatch: no secrets
+        path.write_text(json.dumps(dataclasses.asdict(clean), indent=2))
+        return record
+
+
+class Episodes:
+    """Exactly one bundle per problem episode: a problem verdict that persists ``hang_after``.
+
+    An episode ends only when the job has looked healthy for ``hang_after`` too: one healthy
+    sample in the middle of a hang (a flapping verdict) must not start a second episode.
+    """
+
+    def __init__(self, hang_after: float) -> None:
+        self.hang_after = hang_after
+        self.started: float | None = None
+        self.healthy_since: float | None = None
+        self.bundled = False
+
+    def observe(self, verdict: Verdict, now: float) -> bool:
+        """True once per episode, when the problem has lasted long enough to bundle."""
+        if verdict.kind in HANG_VERDICTS:
+            self.healthy_since = None
+            if self.started is None:
+                self.started = min(verdict.since or now, now)
+            if not self.bundled and now - self.started >= self.hang_after:
+                self.bundled = True
+                return True
+        elif verdict.kind == "healthy" and self.started is not None:
+            self.healthy_since = self.healthy_since or now
+            if now - self.healthy_since >= self.hang_after:
+                self.started, self.healthy_since, self.bundled = None, None, False
+        return False
+
+
+def with_crashes(snapshot: Snapshot, records: list[CrashRecord]) -> Snapshot:
+    """The snapshot with each dead rank's exit filled in and a ``crashed`` verdict."""
+    by_rank = {r.rank: r for r in records}
+    ranks = []
+    for rank in snapshot.ranks:
+        record = by_rank.pop(rank.rank, None)
+        ranks.append(dataclasses.replace(rank, state="exited", exit=record.exit) if record else rank)
+    for record in by_rank.values():  # died before any snapshot saw it
+        ranks.append(exits.exited_rank(record.pid, record.rank, record.exit, host=snapshot.job.host))
+    ranks = sorted(ranks, key=lambda r: (r.rank is None, r.rank or 0))
+    verdict = judge(ranks, snapshot.job, snapshot.collectives)
+    first = next((r for r in records if r.exit.first), records[0])
+    verdict = dataclasses.replace(verdict, since=first.exit.at)
+    return dataclasses.replace(snapshot, ranks=tuple(ranks), verdict=verdict,
+                               groups=group_ranks(ranks, verdict.culprits))
+
+
+class Watcher:
+    """The loop behind ``trainwatch watch``: events on ``emit``, bundles into ``out_dir``."""
+
+    def __init__(self, pid: int, out_dir: Path, *, dump_on: frozenset[str] = frozenset({"hang", "crash"}),
+                 hang_after: float = 300.0, interval: float = 5.0, crash_interval: float = 0.2,
+                 window: float = 1.0, emit: Callable[[str], None] = print, source=None,
+                 run_dir: Path | None = None) -> None:
+        self.pid, self.out_dir, self.dump_on = pid, Path(out_dir), dump_on
+        self.interval, self.crash_interval, self.emit = interval, crash_interval, emit
+        self.catcher = CrashCatcher(pid, run_dir, self.out_dir)
+        self.episodes = Episodes(hang_after)
+        self.source = source
+        self.window = window
+        self.last: Snapshot | None = None
+        self.bundles: list[Path] = []
+        self.saw_problem = self.saw_crash = False
+        self._crash_bundled = False
+        self._last_kind: str | None = None
+
+    def run(self) -> int:
+        next_poll = 0.0
+        while True:
+            for record in self.catcher.tick():
+                self._on_crash(record)
+            if not self.catcher.job_alive():
+                self._on_job_end()
+                break
+            now = time.monotonic()
+            if now >= next_poll:
+                self._poll()
+                next_poll = time.monotonic() + self.interval
+            time.sleep(self.crash_interval)
+        return EXIT_CRASH if self.saw_crash else EXIT_PROBLEM if self.saw_problem else EXIT_CLEAN
+
+    def _poll(self) -> None:
+        if self.source is None:
+            return
+        try:
+            snapshot = self.source.poll()
+        except Exception as exc:  # the job may be ending under us; the crash path still works
+            self.emit(f"{_stamp()} note: snapshot failed: {exc}")
+            return
+        self.last = snapshot
+        if snapshot.job.run_dir and self.catcher.run_dir is None:
+            self.catcher.run_dir = Path(snapshot.job.run_dir)
+        verdict = snapshot.verdict
+        if verdict.kind != self._last_kind and verdict.kind != "crashed":
+            self.emit(f"{_stamp()} verdict {verdict.kind}: {verdict.summary}".rstrip(": "))
+            self._last_kind = verdict.kind
+        if verdict.kind in HANG_VERDICTS:
+            self.saw_problem = True
+        if verdict.kind == "crashed":
+            self._on_lingering_crash(snapshot)
+        if self.episodes.observe(verdict, time.time()) and "hang" in self.dump_on:
+            self._bundle(snapshot, f"{verdict.kind}: {verdict.summary}")
+
+    def _on_crash(self, record: CrashRecord) -> None:
+        self.saw_crash = True
+        first = " (first to die)" if record.exit.first else ""
+        self.emit(f"{_stamp()} crash {record.describe()}{first}")
+        if record.saved_to:
+            self.emit(f"{_stamp()} crash record {record.saved_to}")
+        if "crash" in self.dump_on and not self._crash_bundled:
+            self._crash_bundled = True
+            base = self.last or _bare_snapshot(self.pid)
+            snapshot = with_crashes(base, self.catcher.records)
+            self._bundle(snapshot, snapshot.verdict.summary)
+
+    def _on_lingering_crash(self, snapshot: Snapshot) -> None:
+        """A culprit raised and lingers (a non-daemon thread keeps it alive): no death for the
+        crash catcher to see, so the snapshot's verdict is the crash event."""
+        culprits = set(snapshot.verdict.culprits)
+        if self.saw_crash or not any(exits.raised_while_alive(r) and r.rank in culprits for r in snapshot.ranks):
+            return
+        self.saw_crash = True
+        self.emit(f"{_stamp()} crash {snapshot.verdict.summary}")
+        if "crash" in self.dump_on and not self._crash_bundled:
+            self._crash_bundled = True
+            self._bundle(snapshot, snapshot.verdict.summary)
+
+    def _on_job_end(self) -> None:
+        self.emit(f"{_stamp()} job ended (pid {self.pid})")
+
+    def _bundle(self, snapshot: Snapshot, reason: str) -> None:
+        paused = getattr(self.source, "paused_judgement", None)  # the dump's py-spy is not progress
+        try:
+            with paused() if paused else contextlib.nullcontext():
+                path = write_bundle(self.pid, snapshot, self.out_dir, reason=reason)
+        except Exception as exc:
+            self.emit(f"{_stamp()} note: bundle failed: {type(exc).__name__}: {exc}")
+            return
+        self.bundles.append(Path(path))
+        self.emit(f"{_stamp()} bundle {path}")
+
+
+def _bare_snapshot(pid: int) -> Snapshot:
+    return Snapshot(job=Job(launcher="unknown", pid=pid, host=socket.gethostname()), taken_at=time.time())
+
+
+def _stamp() -> str:
+    return time.strftime("%H:%M:%S")

@@ -1,0 +1,119 @@
+"""Read what a dying rank left behind: faulthandler traces and known fatal messages in logs."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainwatch.probes.read.logtail import read_tail
+
+# (reason shown to people, pattern) in priority order: the first match names the death.
+# A reason may appear twice: its most telling line is tried first.
+FATAL_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (reason, re.compile(pattern, re.IGNORECASE)) for reason, pattern in (
+        ("CUDA device-side assert", r"device-side assert triggered"),
+        ("CUDA out of memory", r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory"),
+        ("NCCL: duplicate GPU (two ranks on one device)", r"Duplicate GPU detected"),
+        ("NCCL watchdog timeout", r"Watchdog caught collective operation timeout"),
+        ("NCCL watchdog timeout", r"ProcessGroupNCCL.*(?:timeout|timed out)|collective operation timeout"),
+        ("NCCL error", r"NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|ncclRemoteError|"
+                       r"ncclInvalidUsage|ncclInvalidArgument"),
+        ("collective timeout", r"(?:gloo|c10d).*(?:Timed out|timeout)|DistBackendError.*timed out"),
+        ("segmentation fault", r"Fatal Python error: Segmentation fault|Segmentation fault|SIGSEGV"),
+        ("bus error", r"Fatal Python error: Bus error|SIGBUS"),
+        ("aborted", r"Fatal Python error: Aborted|SIGABRT|terminate called after throwing"),
+        ("floating point exception", r"Fatal Python error: Floating[- ]point exception|SIGFPE"),
+        ("illegal instruction", r"Fatal Python error: Illegal instruction|SIGILL"),
+        ("killed by the kernel OOM killer", r"Out of memory: Killed process|oom-kill:"),
+        ("CUDA error", r"CUDA error: [^\n]+|AcceleratorError"),
+        ("a peer rank closed its connection", r"Connection closed by peer|Connection reset by peer"),
+    )
+)
+
+_FATAL_SIGNALS = {
+    "Segmentation fault": "SIGSEGV", "Bus error": "SIGBUS", "Aborted": "SIGABRT",
+    "Floating-point exception": "SIGFPE", "Floating point exception": "SIGFPE",
+    "Illegal instruction": "SIGILL",
+}
+_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)(?: \"([^\"]*)\")? \(most recent call first\):")
+_FRAME = re.compile(r'^\s+File "(.+)", line (\d+|\?\?\?) in (.+)$')
+_SECTION = "=== trainwatch:"
+
+
+@dataclass(frozen=True)
+class FaultTrace:
+    """The last fatal-signal dump in a faulthandler file."""
+
+    signal: str | None  # e.g. "SIGSEGV"
+    frame: str | None  # "file:line function" where the crashing thread was
+    function: str | None
+    text: str  # the dump itself
+
+
+def classify(text: str) -> str | None:
+    """The first known fatal message in ``text``, as a short reason; None if none matches."""
+    for reason, pattern in FATAL_PATTERNS:
+        if pattern.search(text):
+            return reason
+    return None
+
+
+def fatal_line(lines: list[str] | tuple[str, ...]) -> tuple[str, str] | None:
+    """(reason, line) for the most telling fatal line: the first pattern that matches any line,
+    and of its matches the last one (the latest word on the death)."""
+    for reason, pattern in FATAL_PATTERNS:
+        for line in reversed(lines):
+            if pattern.search(line):
+                return reason, line.strip()
+    return None
+
+
+def parse_faulthandler(text: str) -> FaultTrace | None:
+    """The last "Fatal Python error" dump in a faulthandler file (or None: no fatal signal)."""
+    start = text.rfind("Fatal Python error:")
+    if start < 0:
+        return None
+    if text.find(_SECTION, start) >= 0:  # the rank was restarted after this dump: stale
+        return None
+    dump = text[start:]
+    first = dump.splitlines()[0]
+    signal = next((sig for name, sig in _FATAL_SIGNALS.items() if name in first), None)
+    frame = function = None
+    lines = dump.splitlines()
+    for i, line in enumerate(lines):
+        if _THREAD.match(line) and line.startswith("Current thread"):
+            for follow in lines[i + 1:]:
+                found = _FRAME.match(follow)
+                if found:
+                    path, lineno, function = found.groups()
+                    frame = f"{_short(path)}:{lineno} {function}"
+                    break
+            break
+    return FaultTrace(signal=signal, frame=frame, function=function, text=dump.strip())
+
+
+def user_frame(trace: FaultTrace, skip: tuple[str, ...] = ("/site-packages/", "/lib/python")) -> str | None:
+    """The innermost crashing-thread frame outside the standard library and site-packages."""
+    in_current = False
+    for line in trace.text.splitlines():
+        if _THREAD.match(line):
+            if in_current:
+                break
+            in_current = line.startswith("Current thread")
+            continue
+        found = _FRAME.match(line) if in_current else None
+        if found and not any(part in found.group(1) for part in skip):
+            path, lineno, function = found.groups()
+            return f"{_short(path)}:{lineno} {function}"
+    return trace.frame
+
+
+def tail(path: Path, lines: int = 40, max_bytes: int = 256 * 1024) -> str:
+    """The last ``lines`` lines of a (possibly large, possibly missing) text file, as one string."""
+    return "\n".join(read_tail(str(path), lines, max_bytes) or ())
+
+
+def _short(path: str) -> str:
+    parts = path.replace("\\", "/").split("/")
+    return "/".join(parts[-2:]) if len(parts) > 2 else path

@@ -1,0 +1,118 @@
+"""When to take a native (C/C++) sample of a rank, and what it said, cached per Python stack.
+
+The Python stack alone cannot tell a rank spinning in ``cuStreamSynchronize`` behind a stuck NCCL
+collective from one running a long kernel, nor DDP's gradient all_reduce inside ``backward``
+from the backward pass itself. A native sample can, but ``py-spy dump --native`` pauses the rank
+(0.2-1.2 s on a CUDA process) and py-spy itself may use ~500 MB. So it is taken only when it
+decides the judgement:
+
+* the rank's Python stack did not change since the last sample (a moving rank needs none);
+* its place is ambiguous: compute (``backward``, ``forward``, a user line that may hide a CUDA
+  call) or unknown; a Python-visible collective, DataLoader, lock or sleep is clear already;
+* it did not block and wake up since the last look (a rank that keeps waking is working);
+* no native sample exists yet for this exact Python stack. A cached result that said "compute"
+  is retaken after ``RECHECK_COMPUTE_S`` (the line may have moved on to a sync point since).
+
+Ranks whose Python stacks are identical share one native sample (STAT-style equivalence classes:
+the seven ranks waiting in DDP's backward while the eighth sleeps cost one dump, not seven); the
+others say which PID's sample decided their phase. At most ``MAX_PER_POLL`` ranks get one per poll (a whole 8-GPU node in one poll), ``PARALLEL`` at a
+time, so py-spy's memory stays bounded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from trainwatch.probes.judge.phases import Classification, classify, main_thread, stack_signature
+from trainwatch.probes.judge.progress import ProgressTracker
+from trainwatch.probes.read.sampler import StackSample
+from trainwatch.probes.snapshot import Phase, ThreadStack
+
+AMBIGUOUS_PHASES: frozenset[Phase] = frozenset({"compute", "unknown"})
+RECHECK_COMPUTE_S = 15.0
+MAX_PER_POLL = 8
+PARALLEL = 4
+
+
+@dataclass(frozen=True)
+class NativeResult:
+    signature: tuple
+    threads: tuple[ThreadStack, ...]
+    classification: Classification
+    at: float
+
+
+class NativeCache:
+    """Per-PID native samples, valid while the rank's Python stack stays the same."""
+
+    def __init__(self) -> None:
+        self._results: dict[int, NativeResult] = {}
+        self.taken = 0  # native samples taken so far (for benchmarks and notes)
+
+    def lookup(self, pid: int, signature: tuple) -> NativeResult | None:
+        """The native result for this exact Python stack, if one was taken."""
+        result = self._results.get(pid)
+        return result if result is not None and result.signature == signature else None
+
+    def wanted(self, pid: int, signature: tuple, classification: Classification, unchanged: bool,
+               woke: bool, now: float) -> bool:
+        """Whether a native sample of this rank would decide its judgement now."""
+        if not signature or not unchanged or woke or classification.phase not in AMBIGUOUS_PHASES:
+            return False
+        known = self.lookup(pid, signature)
+        if known is None:
+            return True
+        return known.classification.phase == "compute" and now - known.at >= RECHECK_COMPUTE_S
+
+    def store(self, pid: int, signature: tuple, threads: tuple[ThreadStack, ...],
+              classification: Classification, now: float) -> None:
+        self._results[pid] = NativeResult(signature, threads, classification, now)
+
+    def forget(self, pid: int) -> None:
+        self._results.pop(pid, None)
+
+
+def resolve_natively(samples: dict[int, StackSample], classified: dict[int, Classification], cache: NativeCache,
+                     tracker: ProgressTracker, now: float,
+                     take_native: Callable[[list[int]], dict[int, StackSample]],
+                     ) -> tuple[dict[int, StackSample], dict[int, Classification]]:
+    """Replace ambiguous plain samples by native ones (taken now through ``take_native``, or cached
+    for the very same Python stack) and their classification. Call before ``tracker.observe``."""
+    samples, classified = dict(samples), dict(classified)
+    wanted: list[int] = []
+    for pid, cls in classified.items():
+        sample = samples[pid]
+        if any(t.frames and t.frames[0].native for t in sample.threads or ()):
+            continue  # already a native dump (the user asked for one)
+        signature = stack_signature(main_thread(sample.threads))
+        unchanged = tracker.signature(pid) == signature
+        cached = cache.lookup(pid, signature)
+        if cache.wanted(pid, signature, cls, unchanged, tracker.woke(pid, sample.before), now):
+            wanted.append(pid)
+        elif cached is not None:
+            samples[pid] = replace(sample, threads=cached.threads)
+            classified[pid] = cached.classification
+    if not wanted:
+        return samples, classified
+    classes: dict[tuple, list[int]] = {}  # one native sample per distinct Python stack
+    for pid in wanted:
+        classes.setdefault(stack_signature(main_thread(samples[pid].threads)), []).append(pid)
+    representatives = {min(pids): signature for signature, pids in classes.items()}
+    for pid, native in take_native(sorted(representatives)[:MAX_PER_POLL]).items():
+        # Counters after our own native attach: its wake-ups must not count as the rank's.
+        plain = samples[pid] = replace(samples[pid], after=native.after or samples[pid].after)
+        signature = representatives[pid]
+        if native.threads is None or stack_signature(main_thread(native.threads)) != signature:
+            continue  # no sample, or it moved while we looked: the plain sample stands
+        cls = classify(native.threads)
+        cache.taken += 1
+        cache.store(pid, signature, native.threads, cls, now)
+        samples[pid] = replace(plain, threads=native.threads)
+        classified[pid] = cls
+        shared = replace(cls, detail=f"phase from a native sample of PID {pid}, which has the same Python stack")
+        for other in classes[signature]:
+            if other != pid:
+                cache.store(other, signature, samples[other].threads, shared, now)
+                classified[other] = shared
+    return samples, classified

@@ -1,0 +1,238 @@
+"""Classify a rank's main-thread stack into a phase, with the operation and the telling frames."""
+
+from __future__ import annotations
+
+import linecache
+import re
+from dataclasses import dataclass
+
+from trainwatch.probes.snapshot import Frame, Phase, ThreadStack
+
+COLLECTIVE_OPS = frozenset({
+    "all_reduce", "all_gather", "all_gather_into_tensor", "_allgather_base", "all_gather_object",
+    "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "broadcast", "broadcast_object_list",
+    "barrier", "monitored_barrier", "send", "recv", "isend", "irecv", "batch_isend_irecv", "all_to_all",
+    "all_to_all_single", "reduce", "gather", "gather_object", "scatter", "scatter_object_list",
+    "all_reduce_coalesced", "all_gather_coalesced", "wait_tensor", "_store_based_barrier",
+})
+INIT_FUNCTIONS = frozenset({
+    "init_process_group", "new_group", "_new_process_group_helper", "rendezvous", "_create_c10d_store",
+    "_env_rendezvous_handler", "_tcp_rendezvous_handler", "next_rendezvous", "init_device_mesh",
+})
+# Native (C++) names that reveal a collective when Python frames cannot, e.g. DDP's reducer.
+NATIVE_COLLECTIVE = re.compile(r"c10d::|ProcessGroup(NCCL|Gloo)|gloo::|ncclKernel|nccl[A-Z]")
+NATIVE_DDP = re.compile(r"c10d::Reducer::")
+# Native names of the host blocking on its GPU, most telling first: (pattern, op shown).
+NATIVE_GPU_WAIT: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(p), op) for p, op in (
+    (r"_local_scalar_dense_cuda", "item()"),
+    (r"cuMemcpyDtoH|cudaMemcpy(?!Async)|cuMemcpy(?!Async)", "copy to host"),
+    (r"cuEventSynchronize|cudaEventSynchronize", "event synchronize"),
+    (r"cuStreamSynchronize|cudaStreamSynchronize", "stream synchronize"),
+    (r"cuCtxSynchronize|cudaDeviceSynchronize|device_synchronize", "device synchronize"),
+))
+# Python frames of a host waiting on its GPU: (path part, function names).
+PYTHON_GPU_WAIT = (("torch/cuda/", frozenset({"synchronize"})), ("torch/accelerator/", frozenset({"synchronize"})))
+# Layers that only pass a call through: `where` skips them to land on the caller's line. Anchored on
+# the package directory, so a venv under /opt/torch/ does not make every frame plumbing.
+PLUMBING = re.compile(
+    r"(?:(?:site|dist)-packages/|^|/)(?:torch|accelerate|deepspeed/comm|deepspeed/utils|torch_xla|apex|"
+    r"megatron/core/parallel_state|functorch|_pytest)/(?!\.)"
+)
+_SOURCE_TORCH = re.compile(r"/torch/(?:distributed|nn|autograd|utils|cuda|optim|_tensor\.py|_dynamo|amp)")
+SITE_DIRS = ("/site-packages/", "/dist-packages/")
+STDLIB_RE = re.compile(r"/lib/python3\.\d+/(?!site-packages|dist-packages)|^<frozen |^<string>")
+LOCK_LINE = re.compile(r"\bwith\b.*\b(lock|mutex|cond|_lock|rlock)\b|\.acquire\(|\.wait\(", re.I)
+SLEEP_LINE = re.compile(r"\bsleep\(")
+
+
+@dataclass(frozen=True)
+class Classification:
+    phase: Phase
+    op: str | None
+    where: str | None
+    user_frame: str | None
+    detail: str | None = None
+
+
+def bare_name(function: str) -> str:
+    """``Module._call_impl`` -> ``_call_impl`` (py-spy qualifies methods by class on Python 3.11+)."""
+    return function.rsplit(".", 1)[-1]
+
+
+def is_stdlib(frame: Frame) -> bool:
+    return bool(STDLIB_RE.search(frame.file))
+
+
+def is_plumbing(frame: Frame) -> bool:
+    path = frame.file
+    if "-packages/" in path:
+        return bool(PLUMBING.search(path[path.index("-packages/") - 4:]))
+    return bool(_SOURCE_TORCH.search(path)) or bool(PLUMBING.match(path.lstrip("/")))
+
+
+def is_user(frame: Frame) -> bool:
+    """The user's own code: not the standard library, not an installed package, not native."""
+    return not frame.native and not is_stdlib(frame) and not any(d in frame.file for d in SITE_DIRS)
+
+
+def where_frame(frames: tuple[Frame, ...]) -> Frame | None:
+    """Innermost Python frame outside the standard library and plumbing layers."""
+    python = [f for f in frames if not f.native]
+    for frame in python:
+        if not is_stdlib(frame) and not is_plumbing(frame):
+            return frame
+    return python[0] if python else None
+
+
+def main_thread(threads: tuple[ThreadStack, ...] | list[ThreadStack] | None) -> ThreadStack | None:
+    """The main thread (py-spy's thread whose id is the PID), else the first listed."""
+    if not threads:
+        return None
+    return next((t for t in threads if t.is_main), threads[0])
+
+
+def classify(threads: list[ThreadStack] | tuple[ThreadStack, ...]) -> Classification:
+    """Phase of the main thread, its op, the telling frame, and the user's frame."""
+    main = main_thread(threads)
+    if main is None or not main.frames:
+        return Classification("unknown", None, None, None, "no Python stack (not a Python process, or exiting)")
+    frames = main.frames
+    where = where_frame(frames)
+    user = next((f for f in frames if is_user(f)), None)
+    phase, op = _phase_of(main)
+    detail = _explain(phase, main, threads)
+    return Classification(phase, op, where.label() if where else None, user.label() if user else None, detail)
+
+
+def _phase_of(main: ThreadStack) -> tuple[Phase, str | None]:
+    python = [f for f in main.frames if not f.native]
+    if any(f.native and f.function.startswith(FINALIZE_SYMBOLS) for f in main.frames):
+        return "exiting", "shutdown"
+    for frame in python:  # innermost first: the deepest known call decides
+        path, func = frame.file, bare_name(frame.function)
+        if is_exiting(frame):
+            return "exiting", "shutdown"
+        if any(part in path and func in names for part, names in PYTHON_GPU_WAIT):
+            return "gpu_wait", _native_gpu_op(main.frames) or func
+        if "torch/distributed/" in path and func in INIT_FUNCTIONS or "/rendezvous" in path:
+            return "init", func
+        if func in COLLECTIVE_OPS and ("torch/distributed/" in path or "deepspeed/comm/" in path):
+            return "collective", _canonical_op(func)
+        if "torch/utils/data/" in path and ("dataloader" in path or "_utils/" in path):
+            return "dataloader", "next batch"
+        if path.endswith("torch/serialization.py") or "safetensors/" in path or "distributed/checkpoint/" in path:
+            return "checkpoint", func
+    native = [f.function for f in main.frames if f.native]
+    if any(NATIVE_DDP.search(name) for name in native):
+        return "collective", "all_reduce (DDP gradients)"
+    collective = next((name for name in native if NATIVE_COLLECTIVE.search(name)), None)
+    if collective is not None:
+        return "collective", _native_op(collective)
+    gpu_op = _native_gpu_op(main.frames)
+    if gpu_op is not None:
+        return "gpu_wait", gpu_op
+    for frame in python:  # known heavy lifting: the thread may wait on C++ workers, it is still compute
+        op = _compute_op(frame)
+        if op:
+            return "compute", op
+    innermost = python[0] if python else None
+    if innermost is None:
+        return ("compute" if main.active else "unknown"), None
+    if innermost.file.endswith(("threading.py", "queue.py")) or "concurrent/futures" in innermost.file:
+        return "lock", innermost.function
+    line = _source_line(innermost)
+    if SLEEP_LINE.search(line):
+        return "sleep", "sleep"
+    if main.active is False and LOCK_LINE.search(line):
+        return "lock", "acquire"
+    return ("compute" if main.active is not False else "unknown"), None
+
+
+def _compute_op(frame: Frame) -> str | None:
+    path, func = frame.file, bare_name(frame.function)
+    if func == "backward" and ("torch/autograd/" in path or path.endswith("torch/_tensor.py")):
+        return "backward"
+    if "torch/optim/" in path:
+        return "optimizer step"
+    if "torch/nn/modules/" in path and func in ("_call_impl", "_wrapped_call_impl", "forward"):
+        return "forward"
+    return None
+
+
+def _native_gpu_op(frames: tuple[Frame, ...]) -> str | None:
+    """What the host waits on its GPU for, from native frames (None: no such frame)."""
+    names = [f.function for f in frames if f.native]
+    for pattern, op in NATIVE_GPU_WAIT:
+        if any(pattern.search(name) for name in names):
+            return op
+    return None
+
+
+def _canonical_op(func: str) -> str:
+    return {"_store_based_barrier": "barrier"}.get(func, func)
+
+
+def _native_op(symbol: str) -> str:
+    match = re.search(r"(allreduce|allgather|reduce_scatter|broadcast|barrier|alltoall|send|recv)", symbol, re.I)
+    return match.group(1).lower() if match else "collective"
+
+
+def _source_line(frame: Frame) -> str:
+    if not frame.line:
+        return ""
+    return linecache.getline(frame.file, frame.line).strip()
+
+
+def _explain(phase: Phase, main: ThreadStack, threads) -> str | None:
+    """For a blocked main thread, point at other threads that are doing something."""
+    if phase == "exiting":
+        return lingering_detail(main, threads)
+    if phase not in ("lock", "unknown"):
+        return None
+    others = []
+    for thread in threads:
+        if thread is main or not thread.frames:
+            continue
+        frame = where_frame(thread.frames)
+        if frame is not None and is_user(frame):
+            others.append(f"thread {thread.name!r} at {frame.label()}")
+    if not others:
+        return None
+    prefix = "other threads in user code (may hold what the main thread waits for): "
+    return prefix + "; ".join(others[:3])
+
+
+def stack_signature(stack: ThreadStack | None) -> tuple:
+    """Identity of a stack for change detection: every Python frame with its line."""
+    if stack is None:
+        return ()
+    return tuple((f.file, f.function, f.line) for f in stack.frames if not f.native)
+
+
+# Interpreter shutdown: the main thread has finished (or raised) and Python waits for threads or
+# runs exit handlers. The process lingers only while a non-daemon thread (or a handler) runs.
+FINALIZE_SYMBOLS = ("Py_FinalizeEx", "Py_Finalize", "_Py_Finalize", "wait_for_thread_shutdown")
+EXIT_FUNCTIONS = {("threading.py", "_shutdown"), ("atexit.py", "_run_exitfuncs"), ("", "_exithandlers"),
+                  ("thread.py", "_python_exit"), ("util.py", "_exit_function")}
+
+
+def is_exiting(frame: Frame) -> bool:
+    """A frame of interpreter shutdown: ``threading._shutdown``, atexit's handlers."""
+    name = frame.file.replace("\\", "/").rsplit("/", 1)[-1]
+    func = frame.function.rsplit(".", 1)[-1]
+    return (name, func) in EXIT_FUNCTIONS or ("", func) in EXIT_FUNCTIONS
+
+
+def lingering_detail(main: ThreadStack, threads) -> str:
+    """Which threads keep an exiting rank alive. py-spy cannot tell daemon threads apart, so every
+    other thread running Python code is named (a daemon one among them is shown too)."""
+    others = []
+    for thread in threads:
+        if thread is main or not any(not f.native for f in thread.frames) or thread.name.startswith("trainwatch"):
+            continue
+        frame = where_frame(thread.frames)
+        others.append(f"{thread.name!r}" + (f" at {frame.label()}" if frame else ""))
+    if not others:
+        return "main thread exited; the interpreter is shutting down"
+    noun = "non-daemon thread" if len(others) == 1 else "a non-daemon thread among"
+    return f"main thread exited; kept alive by {noun} " + ", ".join(others[:4])

@@ -1,0 +1,146 @@
+"""Decide whether a rank made progress, from repeated stack samples and its main thread's counters.
+
+A rank is *stuck* when, for at least the stuck threshold, its main thread showed no sign of
+progress. Signs of progress between two samples:
+
+* its Python stack changed (any frame or line);
+* it blocked and woke up again, at least twice: its voluntary context switches grew between
+  our dumps (py-spy's own attach adds two, so only the gaps between dumps are counted; a single
+  wake-up is what a signal such as faulthandler's does to a thread that stays blocked);
+* it burnt CPU while not in a waiting phase (a long compute line is still work; a thread
+  spinning inside a collective, a lock or a CUDA synchronize is not: the phase comes from a
+  native sample when the Python stack alone is ambiguous, see :mod:`trainwatch.probes.judge.native`);
+* something outside the stacks saw it advance (its Flight Recorder's completed collectives).
+
+A rank is judged against its own rhythm: the threshold for "stuck" is the window, or twice the
+longest quiet stretch it recently went through before progressing, or three of its step periods,
+whichever is longest. A job with 30-second steps is not called hung after 3 s; one with 50 ms
+steps is flagged after the window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trainwatch.probes.read.procfs import ThreadCounters
+from trainwatch.probes.snapshot import WAITING_PHASES, CollectiveState
+
+MIN_WAKEUPS = 2
+GAPS_KEPT = 16  # recent quiet stretches that set a rank's rhythm
+GAP_FACTOR = 2.0
+STEP_FACTOR = 3.0
+
+
+@dataclass
+class _Track:
+    signature: tuple
+    after: ThreadCounters | None  # counters at the last observation (right after a dump, if any)
+    progress_at: float  # last time progress was seen (or first seen)
+    first_seen: float
+    dumped_after: ThreadCounters | None = None  # counters right after the last real py-spy dump
+    gaps: list[float] = field(default_factory=list)  # recent quiet stretches that ended in progress
+
+
+class ProgressTracker:
+    """Per-PID memory of the last sample; lives as long as a live view or a snapshot window."""
+
+    def __init__(self) -> None:
+        self._tracks: dict[int, _Track] = {}
+
+    def observe(self, pid: int, signature: tuple, phase: str, before: ThreadCounters | None,
+                after: ThreadCounters | None, now: float, dumped: bool = True) -> None:
+        track = self._tracks.get(pid)
+        if track is None:
+            self._tracks[pid] = _Track(signature, after, now, now, dumped_after=after if dumped else None)
+            return
+        if self._progressed(track, signature, phase, before):
+            self.mark_progress(pid, now)
+        track.signature, track.after = signature, after
+        if dumped:
+            track.dumped_after = after
+
+    @staticmethod
+    def _progressed(track: _Track, signature: tuple, phase: str, before: ThreadCounters | None) -> bool:
+        if signature != track.signature:
+            return True
+        if before is None or track.after is None:
+            return False
+        if before.voluntary - track.after.voluntary >= MIN_WAKEUPS:
+            return True
+        return phase not in WAITING_PHASES and before.cpu_ticks > track.after.cpu_ticks
+
+    def mark_progress(self, pid: int, now: float) -> None:
+        """Record progress seen now (by the stacks, or by another source such as Flight Recorder)."""
+        track = self._tracks.get(pid)
+        if track is None or now <= track.progress_at:
+            return
+        track.gaps = (track.gaps + [now - track.progress_at])[-GAPS_KEPT:]
+        track.progress_at = now
+
+    def signature(self, pid: int) -> tuple | None:
+        """The Python stack signature last observed for ``pid``."""
+        track = self._tracks.get(pid)
+        return None if track is None else track.signature
+
+    def woke(self, pid: int, before: ThreadCounters | None) -> bool:
+        """Whether the main thread blocked and woke up repeatedly since the last observation."""
+        track = self._tracks.get(pid)
+        if track is None or track.after is None or before is None:
+            return False
+        return before.voluntary - track.after.voluntary >= MIN_WAKEUPS
+
+    def threshold(self, pid: int, window: float, step_period: float | None = None) -> float:
+        """Seconds without progress after which this rank counts as stuck (see the module doc)."""
+        track = self._tracks.get(pid)
+        rhythm = GAP_FACTOR * max(track.gaps) if track is not None and track.gaps else 0.0
+        steps = STEP_FACTOR * step_period if step_period else 0.0
+        return max(window, rhythm, steps)
+
+    def rebaseline(self, pid: int, counters: ThreadCounters | None) -> None:
+        """Forget counter changes someone else caused (an evidence dump's py-spy attaches)."""
+        track = self._tracks.get(pid)
+        if track is not None and counters is not None:
+            track.after = counters
+
+    def idle_for(self, pid: int, now: float) -> float | None:
+        """Seconds since the rank last showed progress; None if never sampled."""
+        track = self._tracks.get(pid)
+        return None if track is None else now - track.progress_at
+
+    def observed_for(self, pid: int, now: float) -> float:
+        track = self._tracks.get(pid)
+        return 0.0 if track is None else now - track.first_seen
+
+    def needs_dump(self, pid: int, counters: ThreadCounters | None) -> bool:
+        """Whether a fresh stack is worth a py-spy call. Not when the main thread has not run at
+        all since the last dump (its stack cannot differ), nor when it plainly keeps working
+        (woke up repeatedly since the last look: progress is already known; the stack shown
+        may be a few polls old)."""
+        track = self._tracks.get(pid)
+        if track is None or counters is None or track.dumped_after is None or track.after is None:
+            return True
+        if counters == track.dumped_after:
+            return False
+        return counters.voluntary - track.after.voluntary < MIN_WAKEUPS
+
+    def forget(self, pid: int) -> None:
+        self._tracks.pop(pid, None)
+
+
+class CompletedCollectives:
+    """Per rank and process group, the last completed collective seen in the Flight Recorder."""
+
+    def __init__(self) -> None:
+        self._done: dict[tuple[int, str], int] = {}
+
+    def advanced(self, state: CollectiveState | None) -> set[int]:
+        """Ranks whose completed collectives advanced since the previous state (first sight: none)."""
+        moved: set[int] = set()
+        for row in state.ranks if state is not None else ():
+            if row.last_completed is None:
+                continue
+            key = (row.rank, row.pg)
+            if key in self._done and row.last_completed > self._done[key]:
+                moved.add(row.rank)
+            self._done[key] = max(row.last_completed, self._done.get(key, row.last_completed))
+        return moved

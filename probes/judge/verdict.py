@@ -1,0 +1,260 @@
+"""One verdict over all ranks: healthy, straggler, mismatch, hang, rendezvous or crashed."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Mapping, Sequence
+
+from trainwatch.probes.judge import exits
+from trainwatch.probes.judge.exits import TEARDOWN_SIGNALS, raised_while_alive
+from trainwatch.probes.judge.flightrec import age_text
+from trainwatch.probes.judge.steps import step_note
+from trainwatch.probes.read.process import JobProcesses
+from trainwatch.probes.snapshot import PROBLEM_VERDICTS, CollectiveState, Job, Phase, Rank, Verdict, compact_ranks
+
+
+def who(ranks: Sequence[int]) -> str:
+    """``rank 3`` or ``ranks 0-2,5``."""
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {compact_ranks(ranks)}"
+
+
+def verb(ranks: Sequence, singular: str, plural: str) -> str:
+    return singular if len(ranks) == 1 else plural
+
+
+# Phases in which a rank waits for its peers: in a collective, or (NCCL) blocked on its GPU behind one.
+PEER_WAITS: frozenset[Phase] = frozenset({"collective", "gpu_wait"})
+
+
+def place(rank: Rank) -> str:
+    """Where a rank sits, in words: ``all_reduce at train.py:44 sync_gradients``."""
+    what = rank.op if rank.phase == "collective" and rank.op else rank.phase
+    if rank.phase == "dataloader":
+        what = "the DataLoader"
+    elif rank.phase == "gpu_wait":
+        what = f"a GPU wait ({rank.op})" if rank.op else "a GPU wait"
+    return f"{what} at {rank.where}" if rank.where else what
+
+
+def waits(ranks: Sequence[Rank], collectives: CollectiveState | None = None, now: float | None = None) -> str:
+    """What waiting ranks do, in words: ``waits on its GPU (item()) at train.py:100 behind all_reduce #5``."""
+    lead = ranks[0]
+    if lead.phase == "gpu_wait":
+        own = "its" if len(ranks) == 1 else "their"
+        text = f"{verb(ranks, 'waits', 'wait')} on {own} GPU" + (f" ({lead.op})" if lead.op else "")
+        text += f" at {lead.where}" if lead.where else ""
+    else:
+        text = f"{verb(ranks, 'waits', 'wait')} in {place(lead)}"
+    extra = behind(lead.rank, collectives, now) if lead.rank is not None and now is not None else None
+    return f"{text} {extra}" if extra else text
+
+
+def by_place(ranks: Sequence[Rank]) -> list[list[Rank]]:
+    """Ranks grouped by where they are (phase, op, where), biggest group first, then lowest rank."""
+    groups: dict[tuple, list[Rank]] = {}
+    for rank in ranks:
+        groups.setdefault((rank.state == "missing", rank.phase, rank.op, rank.where), []).append(rank)
+    return sorted(groups.values(), key=lambda g: (-len(g), min(_numbers(g), default=0)))
+
+
+def each_at(ranks: Sequence[Rank]) -> str:
+    """Each group of ranks by its own place: ``rank 2 is in sleep at cb.py:9; rank 3 is missing``."""
+    parts = []
+    for group in by_place(ranks):
+        lead = group[0]
+        where = "missing" if lead.state == "missing" else f"in {place(lead)}"
+        parts.append(f"{who(_numbers(group))} {verb(group, 'is', 'are')} {where}")
+    return "; ".join(parts)
+
+
+def _numbers(ranks: Sequence[Rank]) -> list[int]:
+    return sorted(r.rank for r in ranks if r.rank is not None)
+
+
+def abnormal(rank: Rank) -> bool:
+    """An exited rank whose exit was a crash (see ``exits.abnormal``)."""
+    return rank.state == "exited" and exits.abnormal(rank.exit)
+
+
+def judge(ranks: Sequence[Rank], job: Job | JobProcesses | None = None,
+          collectives: CollectiveState | None = None, familiar: Mapping[int, frozenset[str]] | None = None,
+          now: float | None = None) -> Verdict:
+    """The verdict and its culprits; pure, so merged multi-node rank lists judge the same way.
+
+    ``familiar``: per rank, the places (``where``) it was seen at while making progress; it breaks
+    ties between ranks that wait in different places (a place nobody else ever visited is the odd one).
+    ``now``: the time the ranks were observed, for the age of pending collectives.
+    """
+    verdict = (_crashed(ranks) or _rendezvous(ranks, job) or _from_collectives(ranks, collectives, familiar or {}, now)
+               or _from_stacks(ranks, collectives, familiar or {}, now))
+    # Which ranks are at another step; not said of a healthy job (ranks read a few ms apart straddle steps).
+    note = step_note(ranks) if verdict.kind in PROBLEM_VERDICTS else None
+    return replace(verdict, summary=f"{verdict.summary}; {note}") if note else verdict
+
+
+def _crashed(ranks: Sequence[Rank]) -> Verdict | None:
+    exited = [r for r in ranks if r.state == "exited"]
+    if exited and len(exited) == len(ranks) and not any(abnormal(r) for r in exited):
+        return Verdict("healthy", (), f"job finished: all {len(exited)} ranks exited normally")
+    # A rank that raised and lingers (a non-daemon thread keeps its process) is as dead as one that exited.
+    dead = [r for r in exited if abnormal(r)] + [r for r in ranks if raised_while_alive(r)]
+    if not dead:
+        return None
+    first = [r for r in dead if r.exit and r.exit.first]
+    cause = [r for r in dead if r.exit and r.exit.signal not in TEARDOWN_SIGNALS]
+    culprits = first or cause or sorted(dead, key=lambda r: (r.exit.at or 0) if r.exit else 0)[:1]
+    numbers = _numbers(culprits)
+    lead = culprits[0]
+    if raised_while_alive(lead):
+        text = f"{who(numbers)} raised {_raised(lead)}"
+    else:
+        text = f"{who(numbers)} died: {exits.describe_exit(lead.exit) if lead.exit else 'exited'}"
+        if lead.where:
+            text += f" (last seen in {place(lead)})"
+    others = [r for r in dead if r not in culprits]
+    if others:
+        text += f"; {who(_numbers(others))} then ended too"
+    return Verdict("crashed", tuple(numbers), text)
+
+
+def _raised(rank: Rank) -> str:
+    """``RuntimeError: boom (main thread exited; kept alive by non-daemon thread 'worker' …)``."""
+    info = rank.exit
+    what = (exits.headline(info) if info else None) or "an exception"
+    if info and info.reason and info.message and info.message not in what:
+        what += f" ({info.message})"
+    return what + (f" ({rank.detail})" if rank.detail else "")
+
+
+def _rendezvous(ranks: Sequence[Rank], job: Job | JobProcesses | None) -> Verdict | None:
+    if job is not None and job.waiting_rendezvous:
+        return Verdict("rendezvous", (), f"{job.launcher} (PID {job.pid if isinstance(job, Job) else job.root_pid}) "
+                       "is waiting in rendezvous: no rank has started on this node yet; other nodes have not joined")
+    live = [r for r in ranks if r.state in ("running", "stuck")]
+    missing = [r for r in ranks if r.state == "missing"]
+    if live and all(r.phase == "init" and r.state == "stuck" for r in live):
+        text = f"{who(_numbers(live))} {verb(live, 'waits', 'wait')} in {place(live[0])}"
+        text += f"; {who(_numbers(missing))} never joined" if missing else "; waiting for ranks that have not joined"
+        return Verdict("rendezvous", tuple(_numbers(missing)), text)
+    return None
+
+
+def _from_collectives(ranks: Sequence[Rank], state: CollectiveState | None,
+                      familiar: Mapping[int, frozenset[str]], now: float | None) -> Verdict | None:
+    """Flight Recorder order beats stacks: the first sequence number where the ranks disagree.
+
+    Different collectives under one sequence number are a ``mismatch``. Ranks that never
+    reached a collective the others enqueued are elsewhere: a ``straggler``, and only while
+    some rank is stuck (in a running job ranks are a step apart all the time); when the stacks
+    blame the same ranks, their wording (where the culprits are) is kept.
+    """
+    if state is None or not state.divergence:
+        return None
+    text = f"{state.divergence} (Flight Recorder, {state.source})"
+    if not _trailing(state):
+        return Verdict("mismatch", tuple(state.culprits), text)
+    if not any(r.state == "stuck" for r in ranks):
+        return None
+    stacks = _from_stacks(ranks, state, familiar, now)
+    if stacks.kind == "straggler" and set(stacks.culprits) == set(state.culprits):
+        return stacks
+    return Verdict("straggler", tuple(state.culprits), text)
+
+
+def _trailing(state: CollectiveState) -> bool:
+    """True when every culprit's last enqueued collective trails another rank's in some group."""
+    culprits = set(state.culprits)
+
+    def trails(rank: int) -> bool:
+        for row in state.ranks:
+            if row.rank == rank:
+                ahead = [o.last_enqueued or 0 for o in state.ranks if o.pg == row.pg and o.rank not in culprits]
+                if ahead and (row.last_enqueued or 0) < max(ahead):
+                    return True
+        return False
+
+    return bool(culprits) and all(trails(r) for r in culprits)
+
+
+def behind(rank: int, collectives: CollectiveState | None, now: float) -> str | None:
+    """What a rank waits behind, from the Flight Recorder: ``behind all_reduce #544 (pending 27 s)``;
+    None when it has no pending collective. With several groups pending, the oldest is named."""
+    if collectives is None:
+        return None
+    rows = [r for r in collectives.ranks if r.rank == rank and r.pending_seq is not None]
+    if not rows:
+        return None
+    row = min(rows, key=lambda r: (r.pending_since is None, r.pending_since or 0.0, r.pg))
+    text = f"behind {row.pending_op or 'collective'} #{row.pending_seq}"
+    if len({r.pg for r in collectives.ranks}) > 1:
+        text += f" in process group {row.pg}"
+    if row.pending_since is not None and now >= row.pending_since:
+        text += f" (pending {age_text(now - row.pending_since)})"
+    return text
+
+
+def _from_stacks(ranks: Sequence[Rank], collectives: CollectiveState | None,
+                 familiar: Mapping[int, frozenset[str]], now: float | None) -> Verdict:
+    live = [r for r in ranks if r.state in ("running", "stuck")]
+    missing = [r for r in ranks if r.state == "missing"]
+    stuck = [r for r in live if r.state == "stuck"]
+    if not live:
+        return Verdict("unknown", (), "no rank could be sampled")
+    if not stuck:
+        text = f"{len(live)} rank{'s' if len(live) != 1 else ''} making progress"
+        return Verdict("healthy", (), text + (f"; {who(_numbers(missing))} missing" if missing else ""))
+    waiting = [r for r in stuck if r.phase in PEER_WAITS]
+    # A rank still moving between collectives is not the one holding the others up; any other
+    # rank (stuck elsewhere, or running on, on the GPU too) is.
+    elsewhere = [r for r in live if r not in waiting and r.phase != "collective"]
+    if waiting and (elsewhere or missing):
+        culprits = elsewhere + missing
+        text = (f"{each_at(culprits)} while {who(_numbers(waiting))} "
+                f"{waits(by_place(waiting)[0], collectives, now)}")
+        return Verdict("straggler", tuple(_numbers(culprits)), text)
+    if waiting and len(waiting) == len(live):
+        return _mismatch_or_hang(waiting, collectives, familiar, now)
+    culprits = [r for r in stuck if r.phase not in PEER_WAITS]
+    text = f"{who(_numbers(culprits))} {verb(culprits, 'is', 'are')} stuck in {place(culprits[0])}"
+    if len(by_place(culprits)) > 1:
+        text = each_at(culprits).replace(" is in ", " is stuck in ").replace(" are in ", " are stuck in ")
+    if len(culprits) == len(live):
+        return Verdict("hang", tuple(_numbers(culprits)), text)
+    others = [r for r in live if r not in culprits]
+    text += f" while {who(_numbers(others))} {verb(others, 'runs', 'run')} on"
+    return Verdict("straggler", tuple(_numbers(culprits)), text)
+
+
+def _mismatch_or_hang(waiting: list[Rank], collectives: CollectiveState | None,
+                      familiar: Mapping[int, frozenset[str]], now: float | None) -> Verdict:
+    groups = by_place(waiting)
+    if len(groups) == 1:
+        secs = min((r.stuck_for_s or 0.0) for r in waiting)
+        subject = who(_numbers(waiting)) if len(waiting) == 1 else f"all {len(waiting)} ranks"
+        text = f"{subject} {waits(waiting, collectives, now)} for {secs:.0f}s+"
+        if waiting[0].phase == "gpu_wait" and "behind" not in text:
+            text += " (no collective state: a GPU step longer than that would look the same)"
+        return Verdict("hang", (), text + ": no local culprit (a peer on another node, or the network)")
+    odd = _odd_group(groups, familiar)
+    if odd is None:  # no majority and nothing else to go by: say so, blame nobody
+        return Verdict("mismatch", (), f"ranks disagree: {each_at(waiting)}")
+    rest = [r for r in waiting if r not in odd]
+    text = f"{each_at(odd)} while {who(_numbers(rest))} {waits(by_place(rest)[0], collectives, now)}"
+    return Verdict("mismatch", tuple(_numbers(odd)), text)
+
+
+def _odd_group(groups: list[list[Rank]], familiar: Mapping[int, frozenset[str]]) -> list[Rank] | None:
+    """The ranks out of step: everyone outside the one biggest group; on a tie for biggest, the one
+    group whose place no rank of another group ever visited while making progress; else None."""
+    if len(groups[0]) > len(groups[1]):
+        return [r for group in groups[1:] for r in group]
+    strange = []
+    for group in groups:
+        spot = group[0].where
+        others = [r.rank for g in groups if g is not group for r in g if r.rank is not None]
+        if spot and others and not any(spot in familiar.get(n, frozenset()) for n in others):
+            strange.append(group)
+    visited = [g for g in groups if g not in strange]
+    if len(strange) == 1 and visited:
+        return strange[0]
+    return None

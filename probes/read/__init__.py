@@ -1,0 +1,1 @@
+"""Reading the world: processes, /proc, py-spy, logs, the kernel log, NVML, Flight Recorder and armed ranks."""

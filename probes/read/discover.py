@@ -1,0 +1,382 @@
+"""Find a training job from any PID: launcher, rank, DataLoader worker, or a shell above it."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import replace
+from pathlib import Path
+
+import psutil
+
+from trainwatch.probes.errors import AccessDenied, NoSuchProcess, NotAJob
+from trainwatch.probes.read import procfs
+from trainwatch.probes.read.process import JOB_ENV, JobProcesses, RankProcess
+from trainwatch.probes.read.pyspy import ptrace_remedy
+from trainwatch.probes.rundir import implicit_run_dir, rank_log_file
+
+LAUNCHER_MODULES = {
+    "torch.distributed.run": "torchrun", "torch.distributed.launch": "torchrun",
+    "accelerate.commands.launch": "accelerate", "deepspeed.launcher.launch": "deepspeed",
+    "deepspeed.launcher.runner": "deepspeed",
+}
+LAUNCHERS = ("torchrun", "accelerate", "deepspeed")
+LAUNCHER_SCRIPTS = {"torchrun": "torchrun", "accelerate": "accelerate", "deepspeed": "deepspeed"}
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value not in (None, "") else None
+    except ValueError:
+        return None
+
+
+def launcher_kind(cmdline: list[str]) -> str | None:
+    """torchrun / accelerate / deepspeed when this command line is such a launcher."""
+    if not cmdline:
+        return None
+    args = cmdline
+    if "python" in os.path.basename(cmdline[0]):  # python [-u] -m module | python /path/to/torchrun
+        args = [a for a in cmdline[1:] if a not in ("-u", "-O", "-B", "-E", "-s")]
+        if args[:1] == ["-m"] and len(args) > 1:
+            return LAUNCHER_MODULES.get(args[1])
+    name = os.path.basename(args[0]) if args else ""
+    if name == "accelerate":
+        return "accelerate" if "launch" in args[1:2] else None
+    return LAUNCHER_SCRIPTS.get(name)
+
+
+def launcher_layout(cmdline: tuple[str, ...] | list[str]) -> dict[str, int]:
+    """nproc_per_node / nnodes / node_rank from a torchrun-style command line, when given as numbers."""
+    wanted = {"--nproc-per-node": "nproc", "--nproc_per_node": "nproc", "--nnodes": "nnodes",
+              "--node-rank": "node_rank", "--node_rank": "node_rank"}
+    found: dict[str, int] = {}
+    for i, arg in enumerate(cmdline):
+        key, _, value = arg.partition("=")
+        if key in wanted:
+            value = value or (cmdline[i + 1] if i + 1 < len(cmdline) else "")
+            number = _int(value.split(":")[-1])
+            if number is not None:
+                found.setdefault(wanted[key], number)
+    return found
+
+
+def is_python(proc: psutil.Process) -> bool:
+    try:
+        return "python" in os.path.basename(proc.exe() or proc.name()).lower()
+    except psutil.Error:
+        return "python" in _safe(proc.name, "").lower()
+
+
+def _safe(call, default):
+    try:
+        return call()
+    except (psutil.Error, OSError):
+        return default
+
+
+def job_env(proc: psutil.Process) -> dict[str, str] | None:
+    """The job-identifying subset of the environment; None when it cannot be read."""
+    try:
+        env = proc.environ()
+    except psutil.AccessDenied:
+        return None
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, OSError):
+        return {}
+    return {k: env[k] for k in JOB_ENV if k in env}
+
+
+def _identity(env: dict[str, str]) -> tuple:
+    return (env.get("RANK"), env.get("MASTER_ADDR"), env.get("MASTER_PORT"), env.get("TORCHELASTIC_RUN_ID"))
+
+
+def _is_spawn_child(proc: psutil.Process) -> bool:
+    cmd = _safe(proc.cmdline, [])
+    return "--multiprocessing-fork" in cmd or any("multiprocessing.spawn" in a for a in cmd)
+
+
+def _check_access(proc: psutil.Process) -> None:
+    try:
+        proc.environ()
+    except psutil.AccessDenied:
+        raise AccessDenied(f"permission denied reading PID {proc.pid}'s environment", ptrace_remedy(proc.pid)) from None
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        pass
+
+
+def find_job(pid: int) -> JobProcesses:
+    """Walk up and down the process tree from ``pid`` to the job and its ranks."""
+    try:
+        start = psutil.Process(pid)
+        start.status()
+    except psutil.NoSuchProcess:
+        raise NoSuchProcess(f"no process with PID {pid}", "check the PID with `ps -ef | grep python`") from None
+    except psutil.AccessDenied:
+        raise AccessDenied(f"permission denied reading PID {pid}") from None
+    _refuse_self(start)
+    _check_access(start)
+    root, launcher = _find_root(start)
+    if root is not None and launcher == "python" and _is_own_ancestor(root) and not _is_training(root):
+        root = None  # the shell, tmux, pytest... that trainwatch itself runs under
+    if root is None:
+        own = _is_own_ancestor(start)
+        raise NotAJob(
+            f"PID {pid} ({_safe(start.name, '?')}) is not a Python training job and has none beneath it"
+            + (" (it is one of trainwatch's own parent processes, e.g. the shell it runs in)" if own else ""),
+            "pass the PID of the launcher (torchrun, accelerate, deepspeed), a rank, or the shell that started it"
+            + (": `pgrep -af torchrun` lists launchers" if own else ""),
+        )
+    return describe_job(root, launcher)
+
+
+def _refuse_self(proc: psutil.Process) -> None:
+    """trainwatch never takes itself, or the py-spy it runs, as the job."""
+    me = os.getpid()
+    parent = _safe(proc.ppid, None)
+    if proc.pid == me or (parent == me and "py-spy" in _safe(proc.name, "")):
+        what = "trainwatch itself" if proc.pid == me else "a py-spy run by trainwatch"
+        raise NotAJob(f"PID {proc.pid} is {what}, not a training job",
+                      "pass the PID of the job: its launcher (torchrun, ...), a rank, or the shell that started it")
+
+
+def _is_own_ancestor(proc: psutil.Process) -> bool:
+    return proc.pid in {p.pid for p in _safe(psutil.Process(os.getpid()).parents, [])}
+
+
+def _is_training(proc: psutil.Process) -> bool:
+    """A Python process above trainwatch is a job only if it is a rank or has torch loaded."""
+    if "RANK" in (job_env(proc) or {}):
+        return True
+    maps = procfs.read_text(f"/proc/{proc.pid}/maps") or ""
+    return "libtorch" in maps or "/torch/_C" in maps
+
+
+def find_job_matching(master: str | None = None, job_id: str | None = None) -> JobProcesses:
+    """The local job whose ranks have MASTER_ADDR:MASTER_PORT == ``master`` or this job id."""
+    for proc in psutil.process_iter():
+        env = job_env(proc)
+        if not env or "RANK" not in env:
+            continue
+        same_master = master and f"{env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')}" == master
+        same_id = job_id and job_id in (env.get("TORCHELASTIC_RUN_ID"), env.get("SLURM_JOB_ID"))
+        if same_master or same_id:
+            return find_job(proc.pid)
+    wanted = master or job_id
+    raise NotAJob(f"no job with {'master ' if master else 'id '}{wanted} on {socket.gethostname()}")
+
+
+def _find_root(start: psutil.Process) -> tuple[psutil.Process | None, str]:
+    chain = [start] + _safe(start.parents, [])
+    launchers = [(p, launcher_kind(_safe(p.cmdline, []))) for p in chain]
+    # The outermost launcher in the chain (deepspeed's runner above its per-node launch, say).
+    above = [(p, kind) for p, kind in launchers if kind]
+    if above:
+        return above[-1]
+    env = job_env(start) or {}
+    if "RANK" in env:  # a rank without a known launcher (srun, mpirun, a custom script)
+        top = start
+        for parent in chain[1:]:
+            if _identity(job_env(parent) or {}) == _identity(env):
+                top = parent  # we started on a DataLoader worker
+            else:
+                break
+        return top, _outer_name(top)
+    if is_python(start):  # a wrapper (trainwatch run, a job script) with the real job beneath it
+        below, kind = _find_below(start, jobs_only=True)
+        if below is not None:
+            return below, kind
+    if _is_spawn_child(start) and start.parent() and is_python(start.parent()):
+        parent = start.parent()
+        return (parent, "mp.spawn") if _spawn_ranks(parent) else (parent, "python")
+    if is_python(start):
+        return start, "mp.spawn" if _spawn_ranks(start) else "python"
+    return _find_below(start)
+
+
+def _outer_name(proc: psutil.Process) -> str:
+    parent = _safe(proc.parent, None)
+    return os.path.basename(_safe(parent.cmdline, ["?"])[0]) if parent else "python"
+
+
+def _find_below(start: psutil.Process, jobs_only: bool = False) -> tuple[psutil.Process | None, str]:
+    """From a shell, `timeout`, srun or tmux pane: the first launcher or Python process beneath.
+    With ``jobs_only``, only a launcher or a process with RANK counts (below a Python wrapper)."""
+    me = os.getpid()  # never descend into trainwatch itself (`trainwatch snapshot $$` from a shell)
+    frontier = [c for c in _safe(start.children, []) if c.pid != me]
+    while frontier:
+        for child in sorted(frontier, key=lambda p: p.pid):
+            kind = launcher_kind(_safe(child.cmdline, []))
+            if kind:
+                return child, kind
+        for child in sorted(frontier, key=lambda p: p.pid):
+            if jobs_only and "RANK" in (job_env(child) or {}):
+                return _find_root(child)
+            if not jobs_only and is_python(child):
+                return _find_root(child)
+        frontier = [g for c in frontier for g in _safe(c.children, []) if g.pid != me]
+    return None, ""
+
+
+def _spawn_ranks(parent: psutil.Process) -> list[psutil.Process]:
+    children = [c for c in _safe(parent.children, []) if _is_spawn_child(c)]
+    return children if len(children) >= 2 else []
+
+
+def describe_job(root: psutil.Process, launcher: str) -> JobProcesses:
+    """Collect the ranks under ``root`` (or ``root`` itself for a single process)."""
+    host = socket.gethostname()
+    notes: list[str] = []
+    if launcher == "mp.spawn":
+        procs = sorted(_spawn_ranks(root), key=lambda p: _safe(p.create_time, 0))
+        ranks = [_rank_process(p, job_env(p) or {}, default_rank=i) for i, p in enumerate(procs)]
+        notes.append("mp.spawn job: rank numbers inferred from start order")
+    elif launcher in LAUNCHERS:
+        ranks = _ranks_below(root)
+    elif "RANK" in (job_env(root) or {}):  # ranks started directly by srun, mpirun or a script
+        ranks = _sibling_ranks(root)
+    else:  # plain `python train.py`: a job of one rank
+        ranks = [_rank_process(root, job_env(root) or {}, default_rank=0)]
+    known = [r for r in ranks if r.env]
+    first = known[0].env if known else {}
+    layout = launcher_layout(_safe(root.cmdline, [])) if launcher in LAUNCHERS else {}
+    local_world = _int(first.get("LOCAL_WORLD_SIZE")) or layout.get("nproc")
+    world = _int(first.get("WORLD_SIZE")) or (len(ranks) if launcher in ("python", "mp.spawn") else None)
+    if world is None and local_world and layout.get("nnodes"):
+        world = local_world * layout["nnodes"]
+    if launcher in LAUNCHERS and not known and ranks and local_world == len(ranks) and layout.get("nnodes", 1) == 1:
+        # Every rank already gone (environ unreadable): torchrun starts local ranks in order.
+        by_start = sorted(ranks, key=lambda r: (r.create_time, r.pid))
+        ranks = [replace(r, rank=i, local_rank=i) for i, r in enumerate(by_start)]
+        notes.append("rank numbers of exited processes inferred from their start order")
+    return JobProcesses(
+        launcher=launcher,
+        root_pid=root.pid,
+        host=host,
+        ranks=tuple(sorted(ranks, key=lambda r: (r.rank is None, r.rank or 0, r.pid))),
+        launcher_pid=root.pid if launcher in LAUNCHERS or launcher == "mp.spawn" else None,
+        world_size=world,
+        local_world_size=local_world,
+        nnodes=(world // local_world) if world and local_world else None,
+        master_addr=first.get("MASTER_ADDR"),
+        master_port=_int(first.get("MASTER_PORT")),
+        job_id=first.get("TORCHELASTIC_RUN_ID") or first.get("SLURM_JOB_ID"),
+        run_dir=(first.get("TRAINWATCH_RUN_DIR") or (job_env(root) or {}).get("TRAINWATCH_RUN_DIR")
+                 or _import_armed_dir(ranks)),  # the launcher carries it too, before any rank starts
+        cmdline=tuple(_safe(root.cmdline, [])),
+        started_at=_safe(root.create_time, None),
+        waiting_rendezvous=launcher in LAUNCHERS and not ranks,
+        notes=tuple(notes),
+    )
+
+
+def children_map() -> dict[int, list[int]]:
+    """parent PID -> child PIDs, from one pass over /proc (psutil's children() rescans it per call)."""
+    tree: dict[int, list[int]] = {}
+    for proc in psutil.process_iter(["ppid"]):
+        tree.setdefault(proc.info["ppid"] or 0, []).append(proc.pid)
+    return tree
+
+
+def descendants(tree: dict[int, list[int]], pid: int) -> tuple[int, ...]:
+    out, stack = [], list(tree.get(pid, ()))
+    while stack:
+        child = stack.pop()
+        out.append(child)
+        stack.extend(tree.get(child, ()))
+    return tuple(sorted(out))
+
+
+def _ranks_below(root: psutil.Process) -> list[RankProcess]:
+    """Top-most processes with RANK in their environment; their look-alike children are helpers."""
+    tree = children_map()
+    ranks: list[RankProcess] = []
+    frontier = list(tree.get(root.pid, ()))
+    while frontier:
+        nxt = []
+        for pid in frontier:
+            try:
+                child = psutil.Process(pid)
+            except psutil.Error:
+                continue
+            env = job_env(child)
+            if env and "RANK" in env:
+                ranks.append(_rank_process(child, env, children=descendants(tree, pid)))
+            elif env is None or _safe(child.status, "") == psutil.STATUS_ZOMBIE:
+                ranks.append(RankProcess(pid=child.pid, rank=None, create_time=_safe(child.create_time, 0.0)))
+            else:
+                nxt.extend(tree.get(pid, ()))
+        frontier = nxt
+    return ranks
+
+
+def _sibling_ranks(rank: psutil.Process) -> list[RankProcess]:
+    env = job_env(rank) or {}
+    master = (env.get("MASTER_ADDR"), env.get("MASTER_PORT"))
+    parent = _safe(rank.parent, None)
+    siblings = _safe(parent.children, []) if parent else [rank]
+    found = []
+    for proc in siblings:
+        penv = job_env(proc) or {}
+        if "RANK" in penv and (penv.get("MASTER_ADDR"), penv.get("MASTER_PORT")) == master:
+            found.append(_rank_process(proc, penv))
+    return found or [_rank_process(rank, env)]
+
+
+def _is_helper(pid: int) -> bool:
+    """trainwatch's own per-rank log tee is a child of the rank, not part of the job."""
+    cmd = procfs.read_text(f"/proc/{pid}/cmdline") or ""
+    return cmd.rstrip("\0").endswith("trainwatch-tee")
+
+
+def _rank_process(proc: psutil.Process, env: dict[str, str], default_rank: int | None = None,
+                  children: tuple[int, ...] | None = None) -> RankProcess:
+    if children is None:
+        children = tuple(c.pid for c in _safe(lambda: proc.children(recursive=True), []))
+    children = tuple(c for c in children if not _is_helper(c))
+    rank = _int(env.get("RANK"))
+    return RankProcess(
+        pid=proc.pid,
+        rank=rank if rank is not None else default_rank,
+        local_rank=_int(env.get("LOCAL_RANK")) if "LOCAL_RANK" in env else (default_rank if rank is None else None),
+        world_size=_int(env.get("WORLD_SIZE")),
+        local_world_size=_int(env.get("LOCAL_WORLD_SIZE")),
+        group_rank=_int(env.get("GROUP_RANK")),
+        env=env,
+        children=children,
+        cmdline=tuple(_safe(proc.cmdline, [])),
+        create_time=_safe(proc.create_time, 0.0),
+        log_path=procfs.log_file_of(proc.pid) or _armed_log(env, rank),
+    )
+
+
+def _import_armed_dir(ranks: list[RankProcess]) -> str | None:
+    """A job armed by `import trainwatch.probes.hook` shows no TRAINWATCH_RUN_DIR in /proc."""
+    for rank in ranks:
+        try:
+            proc = psutil.Process(rank.pid)
+            path = implicit_run_dir(proc.uids().real, proc.ppid())
+        except psutil.Error:
+            continue
+        if path.is_dir():
+            return str(path)
+    return None
+
+
+def _armed_log(env: dict[str, str], rank: int | None) -> str | None:
+    """Under `trainwatch run` fd 1 is a pipe to the tee; the rank's log is in the run directory."""
+    if not env.get("TRAINWATCH_RUN_DIR") or rank is None:
+        return None
+    path = rank_log_file(Path(env["TRAINWATCH_RUN_DIR"]), rank)
+    return str(path) if path.exists() else None
+
+
+def expected_local_ranks(job: JobProcesses) -> dict[int, int]:
+    """local rank -> global rank for every rank this node should run (homogeneous torchrun layout)."""
+    known = [r for r in job.ranks if r.rank is not None and r.local_rank is not None]
+    if not job.local_world_size:
+        return {}
+    if not known:
+        node_rank = launcher_layout(job.cmdline).get("node_rank", 0)
+        return {local: node_rank * job.local_world_size + local for local in range(job.local_world_size)}
+    base = known[0].rank - known[0].local_rank
+    return {local: base + local for local in range(job.local_world_size)}

@@ -1,0 +1,330 @@
+"""Raw NVML reads: one session per probe, devices read field by field, never a traceback.
+
+Every field that cannot be read is ``None``. "Not supported"-style answers are remembered per
+device and field, so a field a GPU lacks costs one call per probe, not one per tick. A lost GPU
+is marked lost and not called again: calls into a lost GPU can block for seconds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from types import ModuleType
+from typing import Any
+
+from trainwatch.probes.snapshot import GpuDevice, GpuProcess
+
+# Clock-event (throttle) reason bits, stable across NVML versions, with short names.
+THROTTLE_NAMES = (
+    (0x001, "idle"),
+    (0x002, "app-clocks"),
+    (0x004, "power-cap"),
+    (0x008, "hw-slowdown"),
+    (0x010, "sync-boost"),
+    (0x020, "sw-thermal"),
+    (0x040, "hw-thermal"),
+    (0x080, "power-brake"),
+    (0x100, "display-clock"),
+)
+UTIL_FRESH_S = 3.0  # reuse a process's last utilization sample for this long
+_PROCESS_FUNCS = (
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetComputeRunningProcesses_v2",
+    "nvmlDeviceGetComputeRunningProcesses",
+)
+
+
+class _Lost(Exception):
+    """The device stopped answering (GPU is lost / needs a reset)."""
+
+
+@dataclass
+class _DeviceState:
+    handle: Any = None
+    lost: bool = False
+    static: dict[str, Any] = field(default_factory=dict)  # name, uuid, bus id, cc
+    unsupported: set[str] = field(default_factory=set)
+    last_seen_us: int = 0  # newest process-utilization sample timestamp seen
+    util_cache: dict[int, tuple[float, float]] = field(default_factory=dict)  # pid -> (util, at)
+
+
+def throttle_names(mask: int | None) -> tuple[str, ...]:
+    if not mask:
+        return ()
+    return tuple(name for bit, name in THROTTLE_NAMES if mask & bit)
+
+
+def init_error_text(exc: BaseException, nvml: ModuleType | None) -> str:
+    """One sentence saying why NVML cannot be used."""
+    name = type(exc).__name__
+    reasons = {
+        "NVMLError_LibraryNotFound": "libnvidia-ml.so.1 not found (no NVIDIA driver on this host)",
+        "NVMLError_DriverNotLoaded": "the NVIDIA kernel driver is not loaded",
+        "NVMLError_LibRmVersionMismatch": (
+            "NVIDIA driver/library version mismatch (driver upgraded without reboot or "
+            "module reload)"
+        ),
+        "NVMLError_NoPermission": "no permission to open the NVIDIA devices",
+        "NVMLError_FunctionNotFound": "libnvidia-ml.so.1 is too old for this nvidia-ml-py",
+    }
+    if isinstance(exc, ImportError):
+        return "NVML unavailable: the nvidia-ml-py (pynvml) package is not installed"
+    why = reasons.get(name) or str(exc) or name
+    return f"NVML unavailable: {why}"
+
+
+class NvmlSession:
+    """Lazily initialised NVML with cached handles. Not thread-safe: the probe holds a lock."""
+
+    def __init__(self, nvml: ModuleType | None = None) -> None:
+        self._nvml = nvml
+        self._started = False
+        self.error: str | None = None
+        self.driver_version: str | None = None
+        self.cuda_driver_version: str | None = None
+        self.nvml_version: str | None = None
+        self.devices: list[_DeviceState] = []
+        self.process_list_ok: dict[int, bool] = {}  # device -> process list read this tick
+        self._process_func: str | None = None
+        self.clock: Callable[[], float] = time.monotonic
+
+    @property
+    def nvml(self) -> ModuleType | None:
+        return self._nvml
+
+    def start(self) -> bool:
+        """Initialise once; False (with :attr:`error` set) when NVML cannot be used."""
+        if self._started:
+            return self.error is None
+        self._started = True
+        try:
+            if self._nvml is None:
+                import pynvml
+
+                self._nvml = pynvml
+            self._nvml.nvmlInit()
+        except Exception as exc:  # ImportError, NVMLError_*, OSError from ctypes
+            self.error = init_error_text(exc, self._nvml)
+            return False
+        nv = self._nvml
+        self.driver_version = _text(self._system(nv, "nvmlSystemGetDriverVersion"))
+        self.nvml_version = _text(self._system(nv, "nvmlSystemGetNVMLVersion"))
+        cuda = self._system(nv, "nvmlSystemGetCudaDriverVersion")
+        if cuda is None:
+            cuda = self._system(nv, "nvmlSystemGetCudaDriverVersion_v2")
+        if isinstance(cuda, int) and cuda > 0:
+            self.cuda_driver_version = f"{cuda // 1000}.{(cuda % 1000) // 10}"
+        count = self._system(nv, "nvmlDeviceGetCount")
+        for index in range(count or 0):
+            state = _DeviceState()
+            try:
+                state.handle = nv.nvmlDeviceGetHandleByIndex(index)
+            except Exception as exc:
+                state.lost = _is_lost(exc)
+                state.unsupported.add("*")  # no handle: nothing else can be read
+            self.devices.append(state)
+        return True
+
+    def close(self) -> None:
+        if self._started and self.error is None and self._nvml is not None:
+            try:
+                self._nvml.nvmlShutdown()
+            except Exception:
+                pass
+        self._started = False
+        self.error = None
+        self.devices = []
+
+    def read_device(self, index: int) -> GpuDevice:
+        """Everything shown about one device; processes carry host PIDs, ranks unset."""
+        state = self.devices[index]
+        self.process_list_ok[index] = False
+        if state.lost or "*" in state.unsupported:
+            return self._device_from_static(index, state, lost=state.lost)
+        try:
+            self._read_static(state)
+            util = self._get(state, "util", "nvmlDeviceGetUtilizationRates")
+            memory = self._get(state, "memory", "nvmlDeviceGetMemoryInfo")
+            temp = self._get(state, "temp", "nvmlDeviceGetTemperature", 0)  # NVML_TEMPERATURE_GPU
+            power_mw = self._get(state, "power", "nvmlDeviceGetPowerUsage")
+            sm_clock = self._get(state, "sm_clock", "nvmlDeviceGetClockInfo", 1)  # NVML_CLOCK_SM
+            reasons = self._throttle_mask(state)
+            # uncorrected errors since the driver loaded (volatile counter)
+            ecc = self._get(state, "ecc", "nvmlDeviceGetTotalEccErrors", 1, 0)
+            processes = self._processes(index, state)
+        except _Lost:
+            state.lost = True
+            return self._device_from_static(index, state, lost=True)
+        return replace(
+            self._device_from_static(index, state, lost=False),
+            util_pct=_num(getattr(util, "gpu", None)),
+            mem_util_pct=_num(getattr(util, "memory", None)),
+            mem_used_bytes=getattr(memory, "used", None),
+            mem_total_bytes=getattr(memory, "total", None) or state.static.get("mem_total"),
+            temperature_c=_num(temp),
+            power_w=None if power_mw is None else power_mw / 1000.0,
+            sm_clock_mhz=sm_clock,
+            throttle=throttle_names(reasons),
+            ecc_errors=ecc,
+            processes=processes,
+        )
+
+    # -- fields ------------------------------------------------------------------------------
+
+    def _read_static(self, state: _DeviceState) -> None:
+        if state.static.get("done"):
+            return
+        state.static["name"] = _text(self._get(state, "name", "nvmlDeviceGetName"))
+        state.static["uuid"] = _text(self._get(state, "uuid", "nvmlDeviceGetUUID"))
+        pci = self._get(state, "pci", "nvmlDeviceGetPciInfo")
+        state.static["bus_id"] = _text(getattr(pci, "busId", None))
+        cc = self._get(state, "cc", "nvmlDeviceGetCudaComputeCapability")
+        state.static["cc"] = f"{cc[0]}.{cc[1]}" if cc else None
+        state.static["done"] = True
+
+    def _throttle_mask(self, state: _DeviceState) -> int | None:
+        mask = self._get(state, "clock_events", "nvmlDeviceGetCurrentClocksEventReasons")
+        if "clock_events" in state.unsupported:  # drivers before 535 know only the old name
+            mask = self._get(state, "throttle", "nvmlDeviceGetCurrentClocksThrottleReasons")
+        return mask
+
+    def _processes(self, index: int, state: _DeviceState) -> tuple[GpuProcess, ...]:
+        raw = self._running_processes(state)
+        self.process_list_ok[index] = raw is not None
+        if raw is None:
+            return ()
+        memory: dict[int, int | None] = {}
+        for info in raw:
+            pid = int(info.pid)
+            used = getattr(info, "usedGpuMemory", None)
+            if pid in memory and memory[pid] is not None and used is not None:
+                memory[pid] = memory[pid] + used  # one entry per MIG instance
+            else:
+                memory.setdefault(pid, used)
+        utils = self._process_utils(state, memory)
+        return tuple(
+            GpuProcess(pid=pid, mem_used_bytes=used, util_pct=utils.get(pid))
+            for pid, used in sorted(memory.items())
+        )
+
+    def _running_processes(self, state: _DeviceState) -> list[Any] | None:
+        nv = self._nvml
+        names = (self._process_func,) if self._process_func else _PROCESS_FUNCS
+        for name in names:
+            fn = getattr(nv, name, None)
+            if fn is None:
+                continue
+            try:
+                result = fn(state.handle)
+            except Exception as exc:
+                if _is_lost(exc):
+                    raise _Lost() from exc
+                if _type_name(exc) in ("NVMLError_FunctionNotFound", "NVMLLibraryMismatchError"):
+                    continue  # older driver: try the previous struct version
+                return None
+            self._process_func = name
+            return list(result)
+        return None
+
+    def _process_utils(
+        self, state: _DeviceState, pids: dict[int, int | None]
+    ) -> dict[int, float]:
+        """Per-process SM utilization since the last call on this device.
+
+        NVML returns only samples newer than the timestamp we pass, and only for processes
+        that were busy; so we pass the newest timestamp seen on this device (0 the first time),
+        keep each process's last value a few seconds, and report 0 for a listed process with
+        no sample at all.
+        """
+        if "proc_util" in state.unsupported or not pids:
+            return {}
+        now = self.clock()
+        try:
+            samples = self._nvml.nvmlDeviceGetProcessUtilization(state.handle, state.last_seen_us)
+        except Exception as exc:
+            if _is_lost(exc):
+                raise _Lost() from exc
+            if _type_name(exc) == "NVMLError_NotFound":
+                samples = []  # no process was busy since last_seen
+            else:
+                if _unsupported(exc):
+                    state.unsupported.add("proc_util")
+                return {}
+        newest: dict[int, tuple[int, float]] = {}
+        for sample in samples:
+            pid, stamp = int(sample.pid), int(sample.timeStamp)
+            if pid not in newest or stamp >= newest[pid][0]:
+                newest[pid] = (stamp, float(sample.smUtil))
+            state.last_seen_us = max(state.last_seen_us, stamp)
+        for pid, (_stamp, util) in newest.items():
+            state.util_cache[pid] = (util, now)
+        result: dict[int, float] = {}
+        for pid in pids:
+            cached = state.util_cache.get(pid)
+            result[pid] = cached[0] if cached and now - cached[1] <= UTIL_FRESH_S else 0.0
+        for pid in [p for p in state.util_cache if p not in pids]:
+            del state.util_cache[pid]
+        return result
+
+    def _get(self, state: _DeviceState, key: str, func: str, *args: Any) -> Any:
+        if key in state.unsupported:
+            return None
+        fn = getattr(self._nvml, func, None)
+        if fn is None:
+            state.unsupported.add(key)
+            return None
+        try:
+            return fn(state.handle, *args)
+        except Exception as exc:
+            if _is_lost(exc):
+                raise _Lost() from exc
+            if _unsupported(exc):
+                state.unsupported.add(key)
+            return None
+
+    def _system(self, nv: ModuleType, func: str) -> Any:
+        fn = getattr(nv, func, None)
+        if fn is None:
+            return None
+        try:
+            return fn()
+        except Exception:
+            return None
+
+    def _device_from_static(self, index: int, state: _DeviceState, lost: bool) -> GpuDevice:
+        return GpuDevice(
+            index=index,
+            name=state.static.get("name"),
+            uuid=state.static.get("uuid"),
+            bus_id=state.static.get("bus_id"),
+            compute_capability=state.static.get("cc"),
+            lost=lost,
+        )
+
+
+def _type_name(exc: BaseException) -> str:
+    return type(exc).__name__
+
+
+def _is_lost(exc: BaseException) -> bool:
+    return _type_name(exc) in ("NVMLError_GpuIsLost", "NVMLError_ResetRequired")
+
+
+def _unsupported(exc: BaseException) -> bool:
+    return _type_name(exc) in (
+        "NVMLError_NotSupported", "NVMLError_FunctionNotFound", "NVMLError_NoPermission",
+        "NVMLLibraryMismatchError", "NVMLError_InvalidArgument",
+    )
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    return str(value).strip("\x00").strip() or None
+
+
+def _num(value: Any) -> float | None:
+    return None if value is None else float(value)

@@ -1,0 +1,167 @@
+"""Run ``py-spy dump --json`` on one process, bounded, and never leave the target stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Literal, overload
+
+from trainwatch.probes.errors import AccessDenied, NoSuchProcess, ToolMissing, TrainwatchError
+from trainwatch.probes.judge.steps import FrameInts, int_literal, wanted_names
+from trainwatch.probes.read import procfs
+from trainwatch.probes.snapshot import Frame, ThreadStack
+
+DEFAULT_TIMEOUT = 5.0
+CAP_SYS_PTRACE = 19
+
+
+class RankGone(NoSuchProcess):
+    """The process exited while it was being sampled."""
+
+
+def find_pyspy() -> str:
+    """$TRAINWATCH_PYSPY, py-spy on PATH, or next to this interpreter (a venv without activation)."""
+    override = os.environ.get("TRAINWATCH_PYSPY")
+    if override:
+        if not os.access(override, os.X_OK):
+            raise ToolMissing(f"py-spy is not installed at TRAINWATCH_PYSPY={override}",
+                              "pip install py-spy, or point TRAINWATCH_PYSPY at its binary")
+        return override
+    found = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    if not found:
+        raise ToolMissing("py-spy is not installed", "pip install py-spy (it ships with trainwatch's dependencies)")
+    return found
+
+
+@overload
+def dump_stacks(pid: int, native: bool = ..., timeout: float = ...,
+                locals: Literal[False] = ...) -> list[ThreadStack]: ...
+@overload
+def dump_stacks(pid: int, native: bool = ..., timeout: float = ..., *,
+                locals: Literal[True]) -> tuple[list[ThreadStack], FrameInts]: ...
+
+
+def dump_stacks(pid: int, native: bool = False, timeout: float = DEFAULT_TIMEOUT,
+                locals: bool = False) -> list[ThreadStack] | tuple[list[ThreadStack], FrameInts]:
+    """All threads' stacks of ``pid``, innermost frame first. Raises TrainwatchError subclasses.
+
+    ``locals=True`` (not with ``native``) adds ``--locals`` and returns ``(stacks, ints)``: the main
+    thread's step-like integer locals (:func:`parse_locals`); every other local is dropped."""
+    cmd = [find_pyspy(), "dump", "--json", "--pid", str(pid)]
+    if native:
+        cmd.append("--native")
+    if locals:
+        cmd.append("--locals")
+    was_stopped = procfs.state_letter(pid) in ("T", "t")
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _resume_if_we_stopped(pid, was_stopped)
+        raise TrainwatchError(f"py-spy did not answer within {timeout:.0f}s for PID {pid}") from None
+    finally:
+        _resume_if_we_stopped(pid, was_stopped)
+    if proc.returncode != 0:  # with locals, stdout may hold the job's values: explain from stderr only
+        raise _explain_failure(pid, proc.stderr if locals else (proc.stderr or proc.stdout))
+    try:
+        data = json.loads(proc.stdout)
+        stacks = parse_dump(data, pid)
+        return (stacks, parse_locals(data, pid)) if locals else stacks
+    except (json.JSONDecodeError, TypeError, KeyError, AttributeError) as exc:
+        detail = type(exc).__name__ if locals else exc  # never echo a local's value
+        raise TrainwatchError(f"py-spy printed something unreadable for PID {pid}: {detail}") from None
+
+
+def _resume_if_we_stopped(pid: int, was_stopped: bool) -> None:
+    # A py-spy killed mid-attach can leave its SIGSTOP pending; SIGCONT only undoes our own stop.
+    if not was_stopped and procfs.state_letter(pid) in ("T", "t"):
+        time.sleep(0.05)
+        if procfs.state_letter(pid) == "T":
+            os.kill(pid, signal.SIGCONT)
+
+
+def parse_dump(data: list[dict], pid: int) -> list[ThreadStack]:
+    """py-spy's JSON (a list of threads) as ThreadStacks, main thread first."""
+    threads = []
+    for item in data:
+        frames = tuple(
+            Frame(
+                function=f.get("name") or "?",
+                file=f.get("filename") or "?",
+                line=f.get("line") or None,
+                native=f.get("module") is not None,  # py-spy names the shared object of native frames
+            )
+            for f in item.get("frames", [])
+        )
+        tid = item.get("os_thread_id")
+        threads.append(ThreadStack(
+            name=item.get("thread_name") or f"thread {tid}",
+            tid=tid,
+            frames=frames,
+            active=item.get("active"),
+            owns_gil=item.get("owns_gil"),
+            is_main=tid == pid,
+        ))
+    threads.sort(key=lambda t: not t.is_main)
+    return threads
+
+
+def parse_locals(data: list[dict], pid: int) -> FrameInts:
+    """The main thread's allowed integer locals, by frame index (innermost 0): only names
+    :func:`steps.wanted_names` allows for that frame, only int literals; nothing else is kept."""
+    main = next((item for item in data if item.get("os_thread_id") == pid), data[0] if data else None)
+    out: FrameInts = {}
+    for index, raw in enumerate(main.get("frames", []) if main else []):
+        wanted = wanted_names(Frame(function=raw.get("name") or "?", file=raw.get("filename") or "?",
+                                    native=raw.get("module") is not None))
+        if not wanted:
+            continue
+        found = {}
+        for local in raw.get("locals") or ():
+            value = int_literal(local.get("repr")) if local.get("name") in wanted else None
+            if value is not None:
+                found[local["name"]] = value
+        if found:
+            out[index] = found
+    return out
+
+
+def _explain_failure(pid: int, message: str) -> TrainwatchError:
+    text = message.strip().splitlines()[-1] if message.strip() else "no output"
+    lowered = message.lower()
+    if procfs.state_letter(pid) in (None, "Z", "X") or "no such process" in lowered:
+        return RankGone(f"PID {pid} exited while it was being sampled")
+    if "permission denied" in lowered or "operation not permitted" in lowered:
+        return AccessDenied(f"py-spy may not read PID {pid}: {text}", ptrace_remedy(pid))
+    if "version" in lowered and ("python" in lowered or "unsupported" in lowered):
+        return ToolMissing(f"py-spy cannot read PID {pid}'s Python: {text}", "pip install --upgrade py-spy")
+    return TrainwatchError(f"py-spy failed on PID {pid}: {text}")
+
+
+def ptrace_remedy(pid: int) -> str:
+    """Why reading another process's memory is refused here, and what to do about it."""
+    try:
+        owner = os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        owner = None
+    if os.geteuid() != 0 and owner is not None and owner != os.geteuid():
+        return f"the job runs as uid {owner}; run trainwatch as that user or with sudo"
+    eff = int(procfs.status_fields(os.getpid()).get("CapEff", "0").strip() or "0", 16)
+    target_caps = int(procfs.status_fields(pid).get("CapEff", "0").strip() or "0", 16)
+    if target_caps & ~eff:
+        return (f"PID {pid} holds capabilities trainwatch lacks (it runs more privileged, e.g. a container's "
+                "init or another container's process), so the kernel refuses access even to root; "
+                "run trainwatch in the job's own container or with the same privileges")
+    if os.geteuid() == 0 and not eff & (1 << CAP_SYS_PTRACE):
+        return ("this container lacks CAP_SYS_PTRACE: run it with --cap-add SYS_PTRACE (docker) "
+                "or add SYS_PTRACE to the pod's securityContext")
+    scope = (procfs.read_text("/proc/sys/kernel/yama/ptrace_scope") or "0").strip()
+    if scope != "0" and os.geteuid() != 0:
+        return (f"kernel.yama.ptrace_scope is {scope}: run trainwatch with sudo, or "
+                "`sudo sysctl kernel.yama.ptrace_scope=0`")
+    return "run trainwatch as the job's user or as root"

@@ -1,0 +1,69 @@
+"""Sample every rank's stacks in parallel, each py-spy call bounded, with counters around each dump."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from trainwatch.probes.errors import TrainwatchError
+from trainwatch.probes.judge.steps import FrameInts
+from trainwatch.probes.read import procfs
+from trainwatch.probes.read.pyspy import DEFAULT_TIMEOUT, RankGone, dump_stacks
+from trainwatch.probes.snapshot import ThreadStack
+
+MAX_PARALLEL = 32
+
+
+@dataclass(frozen=True)
+class StackSample:
+    pid: int
+    threads: tuple[ThreadStack, ...] | None  # None: could not sample
+    before: procfs.ThreadCounters | None
+    after: procfs.ThreadCounters | None
+    error: TrainwatchError | None = None
+    reused: bool = False  # no py-spy call: the previous stacks were kept (see ProgressTracker.needs_dump)
+    gone: bool = False
+    ints: FrameInts | None = None  # step-like integer locals when read with --locals (see probes/judge/steps.py)
+    at: float | None = None  # unix time of the py-spy call (the middle of it)
+
+
+def sample_one(pid: int, native: bool, previous: tuple[ThreadStack, ...] | None,
+               skip: bool, before: procfs.ThreadCounters | None = None,
+               timeout: float = DEFAULT_TIMEOUT, locals: bool = False) -> StackSample:
+    """One rank: reuse ``previous`` when ``skip``, else a bounded py-spy dump between two counter
+    reads. ``before``: the counters if the caller has just read them. ``locals``: dump with
+    ``--locals`` (never skipped; not with ``native``) and keep the step-like integers."""
+    before = before or procfs.thread_counters(pid)
+    if before is None:
+        return StackSample(pid, None, None, None, gone=True)
+    locals = locals and not native
+    if skip and previous is not None and not native and not locals:
+        return StackSample(pid, previous, before, before, reused=True)
+    ints, started = None, time.time()
+    try:
+        if locals:
+            stacks, ints = dump_stacks(pid, timeout=timeout, locals=True)
+        else:
+            stacks = dump_stacks(pid, native=native, timeout=timeout)
+    except RankGone as exc:
+        return StackSample(pid, None, before, None, error=exc, gone=True)
+    except TrainwatchError as exc:
+        return StackSample(pid, None, before, procfs.thread_counters(pid), error=exc)
+    at = (started + time.time()) / 2
+    return StackSample(pid, tuple(stacks), before, procfs.thread_counters(pid), ints=ints, at=at)
+
+
+Request = tuple[int, bool, "tuple[ThreadStack, ...] | None", bool, "procfs.ThreadCounters | None"]
+
+
+def sample_all(requests: list[Request], timeout: float = DEFAULT_TIMEOUT,
+               parallel: int = MAX_PARALLEL, locals_for: frozenset[int] = frozenset()) -> dict[int, StackSample]:
+    """requests: (pid, native, previous stacks, skip the py-spy call, counters just read) per rank;
+    ``locals_for``: PIDs to dump with ``--locals`` in the same pass."""
+    if not requests:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(parallel, len(requests)), thread_name_prefix="tw-spy") as pool:
+        futures = {req[0]: pool.submit(sample_one, *req, timeout=timeout, locals=req[0] in locals_for)
+                   for req in requests}
+        return {pid: future.result() for pid, future in futures.items()}

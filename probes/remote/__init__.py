@@ -1,0 +1,1 @@
+"""Jobs that span nodes: the ssh/srun/kubectl transports, host lists, and merging node snapshots."""

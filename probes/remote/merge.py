@@ -1,0 +1,163 @@
+"""Merge the snapshots of every node of a job into one snapshot of the whole job.
+
+Ranks are concatenated (each keeps its node in ``Rank.host``), ranks of ``WORLD_SIZE`` seen on
+no reachable node are added as ``missing``, and groups and the verdict are computed again
+over the whole set, so a culprit on another node is named as if it were local.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from trainwatch.probes.judge.groups import group_ranks as default_group_ranks
+from trainwatch.probes.judge.verdict import judge as default_judge
+from trainwatch.probes.snapshot import (
+    CollectiveState, Group, HostInfo, Rank, RankCollective, Snapshot, Verdict,
+)
+
+GroupFn = Callable[..., tuple[Group, ...]]  # group_ranks(ranks, culprits)
+JudgeFn = Callable[..., Verdict]
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """One node's part of the job: its snapshot, or why there is none."""
+
+    name: str  # how the node was reached (host, SLURM node, pod); the local node's own name
+    snapshot: Snapshot | None = None
+    error: str | None = None
+    stale_s: float | None = None  # the snapshot is an earlier one, this many seconds old
+    note: str | None = None
+    local: bool = False
+
+
+def _node_labels(views: Sequence[NodeView]) -> dict[int, str]:
+    """The host name each node's ranks carry: its own, unless another node reports the same one."""
+    own = {i: _own_host(v) for i, v in enumerate(views) if v.snapshot is not None}
+    counts = Counter(own.values())
+    labels = {}
+    for i, host in own.items():
+        unique_host = bool(host) and counts[host] == 1
+        labels[i] = host if unique_host or (views[i].local and host) else views[i].name
+    return labels
+
+
+def _own_host(view: NodeView) -> str:
+    snap = view.snapshot
+    assert snap is not None
+    hosts = {r.host for r in snap.ranks if r.host}
+    if len(hosts) == 1:
+        return hosts.pop()
+    return snap.job.host or view.name
+
+
+def merge_nodes(views: Sequence[NodeView], *, group_ranks: GroupFn | None = None,
+                judge: JudgeFn | None = None, world_size: int | None = None) -> Snapshot:
+    """One snapshot of the job from every node's view (``source="remote"``)."""
+    group_ranks = group_ranks or default_group_ranks
+    judge = judge or default_judge
+    good = [(i, v) for i, v in enumerate(views) if v.snapshot is not None]
+    if not good:
+        raise ValueError("no node answered")
+    labels = _node_labels(views)
+    base = next((v.snapshot for _, v in good if v.local), good[0][1].snapshot)
+    assert base is not None
+
+    ranks: list[Rank] = []
+    hosts: list[HostInfo] = []
+    warnings: list[str] = []
+    notes: list[str] = []
+    seen_pids: set[tuple[str, int]] = set()
+    for i, view in enumerate(views):
+        if view.snapshot is None:
+            hosts.append(HostInfo(name=view.name, error=view.error or "no answer"))
+            notes.append(f"node {view.name}: {view.error or 'no answer'}")
+            continue
+        snap, label = view.snapshot, labels[i]
+        prefix = "" if view.local else f"{label}: "
+        own_host = _own_host(view)
+        duplicate = False
+        for rank in snap.ranks:
+            if rank.state == "missing" and rank.pid is None:
+                continue  # a node's own guess about ranks elsewhere; recomputed below
+            identity = (own_host, rank.pid) if rank.pid is not None else None
+            if identity in seen_pids:
+                duplicate = True
+                continue
+            if identity:
+                seen_pids.add(identity)
+            ranks.append(rank if rank.host == label else dataclasses.replace(rank, host=label))
+        if duplicate:
+            notes.append(f"node {view.name}: some ranks were already seen through another node (listed twice?)")
+        for info in snap.hosts or (HostInfo(name=label),):
+            hosts.append(dataclasses.replace(info, name=label) if info.name != label else info)
+        warnings.extend(prefix + w for w in snap.warnings)
+        notes.extend(prefix + n for n in snap.notes)
+        if view.stale_s is not None:
+            notes.append(f"node {view.name}: slow to answer; showing its snapshot from {view.stale_s:.0f}s ago")
+        if view.note:
+            notes.append(f"node {view.name}: {view.note}")
+
+    world = world_size or max((v.snapshot.job.world_size or 0 for _, v in good), default=0) or None
+    ranks = _sorted(ranks + _missing(ranks, world, [v.name for v in views if v.snapshot is None]))
+    warnings.extend(_conflicts(ranks))
+    job = dataclasses.replace(base.job, world_size=world,
+                              nnodes=max(base.job.nnodes or 0, len(views)) or None)
+    collectives = _merge_collectives([v.snapshot.collectives for _, v in good])
+    verdict = judge(ranks, job, collectives)
+    groups = tuple(group_ranks(ranks, verdict.culprits))
+    return Snapshot(
+        job=job, ranks=tuple(ranks), groups=groups, verdict=verdict, hosts=tuple(hosts),
+        collectives=collectives, warnings=tuple(_unique(warnings)), notes=tuple(_unique(notes)),
+        taken_at=max(v.snapshot.taken_at for _, v in good),
+        window_s=max(v.snapshot.window_s for _, v in good), source="remote",
+    )
+
+
+def _missing(ranks: Sequence[Rank], world: int | None, unreachable: list[str]) -> list[Rank]:
+    if not world:
+        return []
+    present = {r.rank for r in ranks}
+    where = (f"on no reachable node (unreachable: {', '.join(unreachable)})" if unreachable
+             else "on no node that was asked")
+    return [Rank(rank=n, state="missing", host="?", detail=f"rank {n} of {world} is {where}")
+            for n in range(world) if n not in present]
+
+
+def _conflicts(ranks: Sequence[Rank]) -> list[str]:
+    """Two live processes claiming one rank number means two jobs (or a restart) got mixed."""
+    by_rank: dict[int, list[Rank]] = {}
+    for r in ranks:
+        if r.rank is not None and r.pid is not None:
+            by_rank.setdefault(r.rank, []).append(r)
+    return [f"rank {n} is reported by more than one process: "
+            + ", ".join(f"{r.host} pid {r.pid}" for r in claims)
+            for n, claims in sorted(by_rank.items()) if len(claims) > 1]
+
+
+def _merge_collectives(states: list[CollectiveState | None]) -> CollectiveState | None:
+    present = [s for s in states if s is not None]
+    if not present:
+        return None
+    if len(present) == 1:
+        return present[0]
+    merged: dict[tuple[int, str], RankCollective] = {}
+    for state in present:
+        for entry in state.ranks:
+            merged.setdefault((entry.rank, entry.pg), entry)
+    culprits = sorted({c for s in present for c in s.culprits})
+    divergence = next((s.divergence for s in present if s.divergence), None)
+    return CollectiveState(source="+".join(_unique(s.source for s in present)),
+                           ranks=tuple(sorted(merged.values(), key=lambda e: (e.rank, e.pg))),
+                           divergence=divergence, culprits=tuple(culprits))
+
+
+def _sorted(ranks: list[Rank]) -> list[Rank]:
+    return sorted(ranks, key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0, r.host, r.pid or 0))
+
+
+def _unique(items) -> list[str]:
+    return list(dict.fromkeys(items))
