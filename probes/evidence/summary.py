@@ -9,6 +9,7 @@ from importlib import metadata
 from trainwatch.probes.evidence.bundle_rank import RankEvidence
 from trainwatch.probes.judge import exits, flightrec
 from trainwatch.probes.judge.steps import step_label
+from trainwatch.probes.judge.groups import group_what
 from trainwatch.probes.judge.verdict import who
 from trainwatch.probes.read import ranklog
 from trainwatch.probes.snapshot import Rank, Snapshot, compact_ranks
@@ -62,9 +63,8 @@ def render(snapshot: Snapshot, evidence: list[RankEvidence], host_notes: list[st
     out += ["", "## Stack groups", ""]
     for group in snapshot.groups:
         mark = " **(culprit)**" if group.culprit else ""
-        what = group.phase if group.op in (None, group.phase) else f"{group.phase} {group.op}"
         where = f" at `{group.where}`" if group.where else ""
-        out.append(f"- {who(group.ranks)}: {what}{where}{mark}")
+        out.append(f"- {who(group.ranks)}: {group_what(group)}{where}{mark}")
     if not snapshot.groups:
         out.append("n/a")
 

@@ -31,6 +31,7 @@ from trainwatch.probes.read.discover import LAUNCHERS, find_job
 from trainwatch.probes.read.process import RankProcess
 from trainwatch.probes.read.ranklog import RankLogs
 from trainwatch.probes.snapshot import HANG_VERDICTS, Job, Snapshot, Verdict
+from trainwatch.probes.source import Source
 
 
 # `trainwatch watch` exit statuses (documented in its --help)
@@ -217,7 +218,7 @@ class Watcher:
 
     def __init__(self, pid: int, out_dir: Path, *, dump_on: frozenset[str] = frozenset({"hang", "crash"}),
                  hang_after: float = 300.0, interval: float = 5.0, crash_interval: float = 0.2,
-                 window: float = 1.0, emit: Callable[[str], None] = print, source=None,
+                 window: float = 1.0, emit: Callable[[str], None] = print, source: Source | None = None,
                  run_dir: Path | None = None) -> None:
         self.pid, self.out_dir, self.dump_on = pid, Path(out_dir), dump_on
         self.interval, self.crash_interval, self.emit = interval, crash_interval, emit
@@ -296,9 +297,8 @@ class Watcher:
         self.emit(f"{_stamp()} job ended (pid {self.pid})")
 
     def _bundle(self, snapshot: Snapshot, reason: str) -> None:
-        paused = getattr(self.source, "paused_judgement", None)  # the dump's py-spy is not progress
-        try:
-            with paused() if paused else contextlib.nullcontext():
+        try:  # the dump's py-spy attaches are not the ranks' progress
+            with self.source.paused_judgement() if self.source is not None else contextlib.nullcontext():
                 path = write_bundle(self.pid, snapshot, self.out_dir, reason=reason)
         except Exception as exc:
             self.emit(f"{_stamp()} note: bundle failed: {type(exc).__name__}: {exc}")

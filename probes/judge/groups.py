@@ -31,3 +31,11 @@ def group_ranks(ranks: Iterable[Rank], culprits: Iterable[int] = ()) -> tuple[Gr
         for key, members in buckets.items()
     ]
     return tuple(sorted(groups, key=lambda g: (-len(g.ranks), g.ranks)))
+
+
+def group_what(group: Group) -> str:
+    """What a group of ranks is doing: ``all_reduce``, ``sleep``, ``synchronize (gpu_wait)``."""
+    what = group.op or group.phase
+    if group.op and group.phase not in ("collective", "unknown", group.op):
+        what += f" ({group.phase})"
+    return what

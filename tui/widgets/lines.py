@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
+from trainwatch.probes.judge.groups import group_what
 from trainwatch.probes.snapshot import (WAITING_PHASES, Group, Phase, Rank, Snapshot, State, VerdictKind,
                                         compact_ranks)
 
@@ -82,12 +83,9 @@ def verdict_line(snapshot: Snapshot | None, now: float | None = None) -> Text:
 
 def group_line(group: Group, culprit: bool) -> Text:
     """``ranks 0-6: all_reduce ← train.py:88 step``; a culprit group starts with ▶ and is red."""
-    what = group.op or group.phase
     head = f"{'▶' if culprit else ' '} {fmt.rank_noun(len(group.ranks))} {group.label}: "
     line = Text(head, style="bold red" if culprit else "bold")
-    line.append(what, style="bold red" if culprit else phase_style(group.phase))
-    if group.op and group.phase not in ("collective", "unknown", group.op):
-        line.append(f" ({group.phase})", style="dim")
+    line.append(group_what(group), style="bold red" if culprit else phase_style(group.phase))
     if group.where:
         line.append(" ← ", style="dim")
         line.append(group.where, style="red" if culprit else "")
