@@ -42,7 +42,7 @@ class DemoJob:
             port = sock.getsockname()[1]
         self.cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
                     "--master-port", str(port), "train.py", "--scenario", scenario, "--deadline", str(deadline),
-                    "--step-s", str(step_s)]
+                    "--step-s", str(step_s), "--ddp"]  # DDP, as real jobs: gradients synced inside backward()
         self.ranks = ranks
         self.log = self.dir / "job.log"
         self.proc: subprocess.Popen | None = None
