@@ -46,5 +46,7 @@ def rank() -> int:
 
 
 def log(message: str) -> None:
-    """One line per event, tagged with the rank: the tests wait for these markers."""
-    print(f"[rank {rank()}] {message}", file=sys.stdout, flush=True)
+    """One line per event, tagged with the rank: the tests wait for these markers. One write call per
+    line: ranks share the log file, and print()'s separate newline write lets their lines interleave."""
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), f"[rank {rank()}] {message}\n".encode())
