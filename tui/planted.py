@@ -55,6 +55,13 @@ def _arm_deadline(seconds: float) -> None:
     threading.Thread(target=_expire, name="deadline", daemon=True).start()
 
 
+def say(line: str) -> None:
+    """One line of output in one write call: the ranks share stdout, and print() writes the newline
+    separately, which lets two ranks' lines run into each other."""
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), f"{line}\n".encode())
+
+
 def compute_step(model, batch):
     """One forward/backward pass: the job's real work."""
     loss = model(batch).pow(2).mean()
@@ -141,7 +148,7 @@ def train(scenario: str, step_s: float, stop_at: float, ddp: bool = False) -> No
         from torch.nn.parallel import DistributedDataParallel
         model = DistributedDataParallel(model)
     lock = threading.Lock()
-    print(f"rank {rank}/{world} pid {os.getpid()} scenario {scenario}", flush=True)
+    say(f"rank {rank}/{world} pid {os.getpid()} scenario {scenario}")
     step, skipped = 0, False
     if scenario == "skipstep":  # locals that look like secrets: trainwatch must never show them
         step_token, api_key = "sk-secret-tw-5f3a9c", 987654321987  # noqa: F841
@@ -178,7 +185,7 @@ def train(scenario: str, step_s: float, stop_at: float, ddp: bool = False) -> No
         if not ddp:
             sync_gradients(model, dist)
         if step % 20 == 0 and rank == 0:
-            print(f"step {step} loss {loss.item():.4f}", flush=True)
+            say(f"step {step} loss {loss.item():.4f}")
     dist.barrier()
     dist.destroy_process_group()
 

@@ -102,12 +102,13 @@ def gpu_cells(rank: Rank, history: History) -> tuple[Text, Text]:
 
 
 def step_cell(rank: Rank, history: History) -> Text:
-    """``1205 ▂▂▃█``: the step and a sparkline of its recent periods (a taller bar is a slower step)."""
+    """``1205 ▄▄▄█``: the step and a sparkline of its recent periods (a taller bar is a slower step)."""
     cell = Text(f"{rank.step:>6} " if rank.step is not None else " " * 7)
     periods = history.step_period(rank.key)[-STEP_SPARK_LEN:]
-    known = [p for p in periods if p is not None]
-    if known:
-        cell.append(fmt.sparkline(periods, top=max(known)), style="magenta")
+    known = sorted(p for p in periods if p is not None)
+    if known:  # twice the median is the top: usual steps sit mid-height, a slow one stands out
+        top = max(known[-1], 2 * known[len(known) // 2])
+        cell.append(fmt.sparkline(periods, top=top), style="magenta")
     return cell
 
 
