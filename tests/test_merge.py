@@ -113,3 +113,19 @@ def test_merged_snapshot_round_trips_as_json():
 def test_no_answer_at_all_is_an_error():
     with pytest.raises(ValueError):
         merge([NodeView("n1", error="x")])
+
+
+def test_a_disagreement_between_nodes_is_found_after_the_merge():
+    # Each node sees its own ranks agree; across nodes, ranks 2-3 enqueued all_gather #7 where 0-1 did all_reduce.
+    def rows(ranks, op):
+        return tuple(RankCollective(r, last_enqueued=7, last_completed=6, op=op, pending_seq=7, pending_op=op)
+                     for r in ranks)
+    a = node("n1", [rank(0, "n1", 100), rank(1, "n1", 101)], collectives=CollectiveState("hook", rows((0, 1), "all_reduce")))
+    b = node("n2", [rank(2, "n2", 200), rank(3, "n2", 201)], collectives=CollectiveState("hook", rows((2, 3), "all_gather")))
+    b2 = node("n2", [rank(2, "n2", 200), rank(3, "n2", 201)], collectives=CollectiveState("hook", rows((2, 3), "all_reduce")))
+    merged = merge([NodeView("n1", a, local=True), NodeView("n2", b)])
+    assert merged.collectives.divergence == ("ranks disagree at #7: ranks 0-1 enqueued all_reduce; "
+                                             "ranks 2-3 enqueued all_gather")
+    assert merged.verdict.kind == "mismatch" and merged.verdict.culprits == ()  # two against two: no culprit
+    agreeing = merge([NodeView("n1", a, local=True), NodeView("n2", b2)])
+    assert agreeing.collectives.divergence is None and [r.rank for r in agreeing.collectives.ranks] == [0, 1, 2, 3]

@@ -25,7 +25,7 @@ from __future__ import annotations
 import io
 import json
 import pickle
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from trainwatch.probes.snapshot import CollectiveState, RankCollective, compact_ranks
 
@@ -358,3 +358,23 @@ def age_text(seconds: float) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def analyze_rows(rows: list[RankCollective], source: str) -> CollectiveState | None:
+    """The same analysis over per-rank summaries (what nodes send in their snapshots), so a merged
+    multi-node view finds disagreements between ranks of different nodes: each row becomes a
+    minimal trace of its last enqueued and its pending collective, with its group's status."""
+    traces: dict[int, dict] = {}
+    for row in rows:
+        trace = traces.setdefault(row.rank, {"entries": [], "pg_status": {}})
+        trace["pg_status"][row.pg] = {"last_enqueued_collective": row.last_enqueued,
+                                      "last_completed_collective": row.last_completed}
+        calls = {row.last_enqueued: row.op, row.pending_seq: row.pending_op}
+        for seq, op in calls.items():
+            if seq is None or op is None:
+                continue
+            done = row.last_completed is not None and seq <= row.last_completed
+            trace["entries"].append({"collective_seq_id": seq, "profiling_name": op, "process_group": [row.pg],
+                                     "state": "completed" if done else "scheduled"})
+    state = analyze(traces, source=source)
+    return replace(state, ranks=tuple(rows)) if state is not None else None

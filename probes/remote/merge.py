@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from trainwatch.probes.judge.flightrec import analyze_rows
 from trainwatch.probes.judge.groups import group_ranks as default_group_ranks
 from trainwatch.probes.judge.verdict import judge as default_judge
 from trainwatch.probes.snapshot import (
@@ -150,9 +151,13 @@ def _merge_collectives(states: list[CollectiveState | None]) -> CollectiveState 
             merged.setdefault((entry.rank, entry.pg), entry)
     culprits = sorted({c for s in present for c in s.culprits})
     divergence = next((s.divergence for s in present if s.divergence), None)
-    return CollectiveState(source="+".join(_unique(s.source for s in present)),
-                           ranks=tuple(sorted(merged.values(), key=lambda e: (e.rank, e.pg))),
-                           divergence=divergence, culprits=tuple(culprits))
+    rows = sorted(merged.values(), key=lambda e: (e.rank, e.pg))
+    source = "+".join(_unique(s.source for s in present))
+    if divergence is None:  # no node saw one among its own ranks: look across nodes
+        across = analyze_rows(rows, source)
+        if across is not None and across.divergence:
+            return across
+    return CollectiveState(source=source, ranks=tuple(rows), divergence=divergence, culprits=tuple(culprits))
 
 
 def _sorted(ranks: list[Rank]) -> list[Rank]:
