@@ -81,9 +81,14 @@ def test_clock_period_divides_by_the_steps_between_reads():
     clock = StepClock()
     for now, step in ((0.0, 10), (1.0, 12), (3.0, 16), (4.0, 18), (4.5, 18)):
         clock.observe(7, step, now)
-    assert clock.step(7) == 18 and clock.last_change(7) == 4.0
     assert clock.history(7) == [0.5, 0.5]  # the first change has no start to measure from
-    assert clock.period(7) == 0.5 and clock.held_for(7) == 0.5
+    assert clock.period(7) is None  # two intervals: not yet a rhythm (one slow step would set it)
+    clock.observe(7, 22, 6.0)  # a slow stretch: 4 steps in 2 s
+    assert clock.step(7) == 22 and clock.last_change(7) == 6.0
+    assert clock.period(7) == 0.5 and clock.held_for(7) == 0.0  # the median of 0.5, 0.5, 0.5
+    clock.observe(7, 24, 7.0)
+    clock.observe(7, 24, 7.5)
+    assert clock.history(7)[-1] == 0.5 and clock.held_for(7) == 0.5
     clock.observe(7, 0, 6.0)  # a new epoch's counter: a change, no interval
     assert clock.period(7) == 0.5 and clock.step(7) == 0
     clock.still(7, 9.0)
@@ -124,8 +129,8 @@ def test_step_note_names_the_ranks_behind():
 
 def test_slow_step_warning_only_for_a_rank_left_behind():
     clock = StepClock()
-    for pid, steps in ((100, (10, 11, 12)), (101, (10, 11, 13)), (102, (10, 11, 12))):
-        for now, step in zip((0.0, 2.6, 5.2), steps):
+    for pid, steps in ((100, (8, 9, 10, 11, 12)), (101, (8, 9, 10, 11, 13)), (102, (8, 9, 10, 11, 12))):
+        for now, step in zip((-5.2, -2.6, 0.0, 2.6, 5.2), steps):
             clock.observe(pid, step, now)
     clock.still(100, 14.3)
     clock.still(102, 14.3)

@@ -121,6 +121,9 @@ class _Series:
     intervals: deque  # recent seconds per step, oldest first
 
 
+MIN_INTERVALS = 3  # step intervals seen before a period is reported
+
+
 class StepClock:
     """Per PID: when the step value changed, and the time per step (median of recent intervals,
     each divided by the steps that passed between two reads)."""
@@ -161,9 +164,10 @@ class StepClock:
         return series.step if series else None
 
     def period(self, pid: int) -> float | None:
-        """Seconds per step; None until two changes were seen."""
+        """Seconds per step: the median of recent intervals; None until ``MIN_INTERVALS`` are known, so
+        one slow step (a checkpoint, a busy machine) cannot set the rhythm alone."""
         series = self._series.get(pid)
-        if series is None or not series.intervals:
+        if series is None or len(series.intervals) < MIN_INTERVALS:
             return None
         return statistics.median(series.intervals)
 
