@@ -136,6 +136,9 @@ def test_hf_trainer_callback_straggler(framework_job, average_tokens):
             assert waiting["op"] and DDP_ALL_REDUCE.search(waiting["op"]), said
             assert re.fullmatch(r"trainer\.py:\d+ Trainer\.training_step", waiting["where"] or ""), said
     assert {g["label"]: g["culprit"] for g in data["groups"]} == {"0-1": False, "2": True}, said
+    # The Trainer's own step, from its loop's locals: rank 2 ended step 2, the others are in step 3.
+    assert [ranks[n]["step"] for n in (0, 1, 2)] == [3, 3, 2], said
+    assert "rank 2 is at step 2 while ranks 0-1 are at step 3" in verdict["summary"], said
 
 
 def test_ddp_uneven_data_rank_leaves_the_loop(framework_job):

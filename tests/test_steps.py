@@ -66,14 +66,16 @@ def test_name_priority_and_the_outermost_frame_on_a_tie():
 def test_hf_trainer_loop():
     trainer = f"{SITE}/transformers/trainer.py"
     new = dump(frame("training_step", trainer, step="1"),
-               frame("_run_epoch", trainer, epoch="2", update_step="14", num_update_steps_per_epoch="100",
+               frame("Trainer._run_epoch", trainer, epoch="2", update_step="14", num_update_steps_per_epoch="100",
                      step="59", steps_in_epoch="400"),
                frame("main", "/work/finetune.py", i="9"))
-    assert read(new) == 214  # the optimizer step in progress; the user's `i` loses to the HF loop
+    # py-spy names it Trainer._run_epoch; the optimizer step in progress, 1-based like global_step
+    # (update_step 14 is the 15th step of epoch 2); the user's `i` loses to the HF loop.
+    assert read(new) == 215
     older = dump(frame("_inner_training_loop", trainer, epoch="1", step="9", total_batched_samples="409"))
     assert read(older) == 409
     oldest = dump(frame("_inner_training_loop", trainer, epoch="1", step="9", steps_in_epoch="400"))
-    assert read(oldest) == 409
+    assert read(oldest) == 410
     assert read(dump(frame("evaluate", trainer, step="3"))) is None  # other Trainer frames: nothing
 
 

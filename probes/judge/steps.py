@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from trainwatch.probes.judge.phases import is_user
+from trainwatch.probes.judge.phases import bare_name, is_user
 from trainwatch.probes.read.procfs import ThreadCounters
 from trainwatch.probes.snapshot import Frame, Rank, compact_ranks
 
@@ -44,7 +44,7 @@ FrameInts = dict[int, dict[str, int]]  # main-thread frame index (innermost = 0)
 
 
 def is_hf_loop(frame: Frame) -> bool:
-    return frame.function in HF_LOOPS and frame.file.replace("\\", "/").endswith(HF_FILE)
+    return bare_name(frame.function) in HF_LOOPS and frame.file.replace("\\", "/").endswith(HF_FILE)
 
 
 def wanted_names(frame: Frame) -> frozenset[str]:
@@ -87,19 +87,21 @@ def step_from_locals(frames: Sequence[Frame], ints: FrameInts) -> int | None:
 
 
 def _hf_step(local: dict[str, int]) -> int | None:
+    """The optimizer step in progress, 1-based like the Trainer's ``global_step`` and progress bar
+    (its loop counters are 0-based: ``update_step`` 2 is the third step)."""
     epoch = local.get("epoch")
     per_epoch = local.get("num_update_steps_per_epoch")
     update = local.get("update_step")
     if epoch is not None and per_epoch is not None and update is not None and update >= 0:
-        return epoch * per_epoch + update
+        return epoch * per_epoch + update + 1
     if local.get("total_batched_samples", -1) >= 0:
         return local["total_batched_samples"]
     step = local.get("step")
     if step is None or step < 0:
         return None
     if epoch is not None and local.get("steps_in_epoch") is not None:
-        return epoch * local["steps_in_epoch"] + step
-    return step
+        return epoch * local["steps_in_epoch"] + step + 1
+    return step + 1
 
 
 def step_from_seq(completed_seq: int | None, collectives_per_step: int | None = None) -> int | None:
