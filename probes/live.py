@@ -52,11 +52,11 @@ class LocalSource:
         self.samples = max(1, samples) if self.window > 0 else 1
         self.tracker = ProgressTracker()
         self._native = NativeCache()
-        self.auto_native = auto_native  # off: judge from Python stacks alone (for comparison)
+        self.auto_native = auto_native
         self._familiar: dict[int, frozenset[str]] = {}
         self._completed = CompletedCollectives()  # Flight Recorder progress
         self._workers: dict[tuple[int, tuple], str | None] = {}  # (pid, stack) -> stuck DataLoader worker
-        self.stuck_after = stuck_after  # fixed threshold in seconds; None: each rank's own rhythm
+        self.stuck_after = stuck_after
         self._steps = StepReader(every=FULL_REFRESH_EVERY)
         self._stacks: dict[int, tuple] = {}
         self._class: dict[int, Classification] = {}
@@ -182,6 +182,9 @@ class LocalSource:
         ranks: list[Rank] = []
         alive_pids = set()
         self._exits.note_job(job)
+        # Completed collectives that advanced are progress: the tracker learns it before ranks are judged.
+        collectives = self._feed.wait(self._collective_wait) if self._collective_wait else self._feed.state()
+        self._collectives_advanced(collectives, job, now)
         for proc in job.ranks:
             self._seen.setdefault(proc.pid, proc)
             zombie = procfs.zombie_exit(proc.pid)
@@ -202,11 +205,8 @@ class LocalSource:
             if rank.state == "running" and rank.where and rank.rank is not None:
                 self._familiar[rank.rank] = self._familiar.get(rank.rank, frozenset()) | {rank.where}
         ranks = [self._with_worker(rank) for rank in ranks]
-        collectives = (self._feed.wait(self._collective_wait) if self._collective_wait
-                       else self._feed.latest(stuck=any(r.state == "stuck" for r in ranks)))
-        if self._collectives_advanced(collectives, job, now):
-            ranks = [replace(r, state="running", stuck_for_s=None) if r.state == "stuck" and r.pid is not None
-                     and (self.tracker.idle_for(r.pid, now) or 0.0) < 1.0 else r for r in ranks]
+        if not self._collective_wait:  # the next fetch, knowing whether a stuck episode (pipe dumps) is on
+            self._feed.refresh(stuck=any(r.state == "stuck" for r in ranks))
         verdict = judge(ranks, job, collectives, familiar=self._familiar, now=now)
         if self._pyspy_missing is not None:
             warnings.append(str(self._pyspy_missing))
@@ -259,14 +259,13 @@ class LocalSource:
             native=bool(threads) and any(f.native for t in threads[:1] for f in t.frames),
         )
 
-    def _collectives_advanced(self, state: CollectiveState | None, job: JobProcesses, now: float) -> bool:
+    def _collectives_advanced(self, state: CollectiveState | None, job: JobProcesses, now: float) -> None:
         """Completed collectives that advanced since the last poll are progress, whatever the stacks
-        showed (a rank may sit at the same sync point every time it is sampled). True if any did."""
+        showed (a rank may sit at the same sync point every time it is sampled)."""
         moved = self._completed.advanced(state)
         for proc in job.ranks:
             if proc.rank in moved:
                 self.tracker.mark_progress(proc.pid, now)
-        return bool(moved)
 
     def _with_worker(self, rank: Rank) -> Rank:
         """A rank stuck waiting for its DataLoader: name the worker that holds it up (sampled once per stack)."""
@@ -292,8 +291,7 @@ class LocalSource:
     def _read_steps(self, samples: dict[int, StackSample], now: float) -> None:
         for pid, sample in samples.items():
             if sample.ints is not None and sample.threads:
-                main = next((t for t in sample.threads if t.is_main), sample.threads[0])
-                self._steps.observe(pid, main.frames, sample.ints, sample.after, sample.at or now)
+                self._steps.observe(pid, main_thread(sample.threads).frames, sample.ints, sample.after, sample.at or now)
 
     def _usage(self, pid: int, now: float) -> tuple[float | None, int | None]:
         try:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from trainwatch.probes import rundir
+from trainwatch.probes.judge.progress import CompletedCollectives
 from trainwatch.probes.read.collective_feed import CollectiveFeed, collect
 from trainwatch.probes.read.process import JobProcesses, RankProcess
 
@@ -129,14 +130,13 @@ def test_progress_is_completed_sequence_numbers_advancing(tmp_path, fake_rank):
     try:
         state = feed.wait(5)
         assert state.source == "flight-recorder-file" and state.ranks[0].pending_seq == 6
-        assert feed.progressed(0) is None  # one fetch: nothing to compare yet
-        for completed, moved in ((7, True), (7, False)):
+        seen = CompletedCollectives()  # what the live source keeps between polls
+        assert seen.advanced(state) == set()  # one fetch: nothing to compare yet
+        for completed, moved in ((7, {0}), (7, set())):
             time.sleep(0.05)  # a newer mtime: a new dump, not the same one read again
             _dump(dump, completed)
             feed.refresh()
-            feed.wait(5)
-            assert feed.progressed(0) is moved, completed
-        assert feed.progressed(1) is None
+            assert seen.advanced(feed.wait(5)) == moved, completed
     finally:
         feed.close()
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from trainwatch.probes import hook, rundir
+from trainwatch.probes.judge.progress import CompletedCollectives
 from trainwatch.probes.judge import flightrec
 from trainwatch.probes.read import hookclient
 
@@ -202,11 +203,12 @@ def test_live_source_judges_an_armed_mismatch_by_its_flight_recorder(planted, tm
         assert {(r.rank, r.pending_op) for r in state.ranks} == {(0, "all_reduce"), (1, "all_gather")}
         assert snap.verdict.kind == "mismatch" and snap.verdict.culprits == ()  # one against one: no coin toss
         assert snap.verdict.summary == f"{state.divergence} (Flight Recorder, hook)"
+        seen = CompletedCollectives()  # what the live source keeps between polls
+        seen.advanced(state)
         for _ in range(2):  # two more fetches, both during the hang (each poll starts one, a second apart)
             time.sleep(1.1)
             source.poll()
-            source._feed.wait(10)
-        assert source._feed.progressed(0) is False  # hung: its completed collectives do not advance
+            assert seen.advanced(source._feed.wait(10)) == set()  # hung: its completed collectives do not advance
         assert job.alive()
     finally:
         source.close()

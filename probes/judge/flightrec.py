@@ -199,11 +199,6 @@ def _pending(calls: dict[int, _Call], enqueued: int | None, completed: int | Non
     return None, None
 
 
-def completed_by_group(trace: dict) -> dict[str, int | None]:
-    """Process group -> last completed sequence number, for telling progress between two fetches."""
-    return {pg: _status(trace, pg, calls)[1] for pg, calls in _collectives(trace).items()}
-
-
 def _status(trace: dict, pg: str, calls: dict[int, _Call]) -> tuple[int | None, int | None]:
     """(last enqueued, last completed) for one group: pg_status when present, else the entries."""
     statuses = trace.get("pg_status")

@@ -53,7 +53,6 @@ class CollectiveFeed:
         self._analysis = threading.Lock()  # one analysis at a time, so the newest traces win
         self._closed = threading.Event()
         self._traces: dict[int, _Trace] = {}
-        self._completed: dict[int, list[tuple[float, dict[str, int | None]]]] = {}  # last two fetches
         self._state: CollectiveState | None = None
         self._fetch: threading.Thread | None = None
         self._fetch_started = float("-inf")
@@ -84,11 +83,15 @@ class CollectiveFeed:
             self._fetch = _thread(self._fetch_all, name="tw-collective-feed")
             self._fetch.start()
 
+    def state(self) -> CollectiveState | None:
+        """The state from the traces fetched so far (None before any); starts nothing."""
+        with self._lock:
+            return self._state
+
     def latest(self, stuck: bool | None = None) -> CollectiveState | None:
         """The state from the traces fetched so far (None before any), and a fresh fetch started."""
         self.refresh(stuck)
-        with self._lock:
-            return self._state
+        return self.state()
 
     def wait(self, timeout: float) -> CollectiveState | None:
         """Block at most ``timeout`` seconds for the fetch in flight and the pipe dumps awaited;
@@ -104,19 +107,6 @@ class CollectiveFeed:
             thread.join(max(0.0, deadline - time.monotonic()))
         with self._lock:
             return self._state
-
-    def progressed(self, rank: int) -> bool | None:
-        """True when the rank's last completed collective grew between its last two fetched
-        traces, False when it did not, None until two traces were fetched."""
-        with self._lock:
-            history = self._completed.get(rank, [])
-            if len(history) < 2:
-                return None
-            (_, before), (_, after) = history[-2], history[-1]
-        for pg, done in after.items():
-            if done is not None and (before.get(pg) is None or done > (before.get(pg) or 0)):
-                return True
-        return False
 
     def close(self) -> None:
         """Stop: no new fetch, pipe waits end at their next check. Returns at once."""
@@ -228,17 +218,11 @@ class CollectiveFeed:
 
     # -- state ---------------------------------------------------------------------------
     def _store(self, rank: int, new: _Trace) -> None:
-        """Keep the fresher trace of a rank, and remember its completed sequence numbers."""
-        completed = flightrec.completed_by_group(new.trace)  # parsed before taking the lock
+        """Keep the fresher trace of a rank."""
         with self._lock:
             old = self._traces.get(rank)
-            if old is not None and old.at > new.at:
-                return
-            self._traces[rank] = new
-            if old is None or old.at < new.at:
-                history = self._completed.setdefault(rank, [])
-                history.append((new.at, completed))
-                del history[:-2]
+            if old is None or old.at <= new.at:
+                self._traces[rank] = new
 
     def _analyse(self) -> None:
         with self._analysis:
