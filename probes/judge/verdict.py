@@ -8,6 +8,7 @@ from typing import Mapping, Sequence
 from trainwatch.probes.judge import exits
 from trainwatch.probes.judge.exits import TEARDOWN_SIGNALS, raised_while_alive
 from trainwatch.probes.judge.flightrec import age_text
+from trainwatch.probes.judge.groups import group_key
 from trainwatch.probes.judge.steps import step_note
 from trainwatch.probes.read.process import JobProcesses
 from trainwatch.probes.snapshot import PROBLEM_VERDICTS, CollectiveState, Job, Phase, Rank, Verdict, compact_ranks
@@ -50,19 +51,20 @@ def waits(ranks: Sequence[Rank], collectives: CollectiveState | None = None, now
 
 
 def by_place(ranks: Sequence[Rank]) -> list[list[Rank]]:
-    """Ranks grouped by where they are (phase, op, where), biggest group first, then lowest rank."""
+    """Ranks grouped as the stack groups are (phase, op, where), biggest group first, then lowest rank."""
     groups: dict[tuple, list[Rank]] = {}
     for rank in ranks:
-        groups.setdefault((rank.state == "missing", rank.phase, rank.op, rank.where), []).append(rank)
+        groups.setdefault(group_key(rank), []).append(rank)
     return sorted(groups.values(), key=lambda g: (-len(g), min(_numbers(g), default=0)))
 
 
-def each_at(ranks: Sequence[Rank]) -> str:
-    """Each group of ranks by its own place: ``rank 2 is in sleep at cb.py:9; rank 3 is missing``."""
+def each_at(ranks: Sequence[Rank], stuck: bool = False) -> str:
+    """Each group of ranks by its own place: ``rank 2 is in sleep at cb.py:9; rank 3 is missing``
+    (``rank 2 is stuck in sleep at …`` with ``stuck``)."""
     parts = []
     for group in by_place(ranks):
         lead = group[0]
-        where = "missing" if lead.state == "missing" else f"in {place(lead)}"
+        where = "missing" if lead.state == "missing" else f"{'stuck ' if stuck else ''}in {place(lead)}"
         parts.append(f"{who(_numbers(group))} {verb(group, 'is', 'are')} {where}")
     return "; ".join(parts)
 
@@ -215,9 +217,7 @@ def _from_stacks(ranks: Sequence[Rank], collectives: CollectiveState | None,
     if waiting and len(waiting) == len(live):
         return _mismatch_or_hang(waiting, collectives, familiar, now)
     culprits = [r for r in stuck if r.phase not in PEER_WAITS]
-    text = f"{who(_numbers(culprits))} {verb(culprits, 'is', 'are')} stuck in {place(culprits[0])}"
-    if len(by_place(culprits)) > 1:
-        text = each_at(culprits).replace(" is in ", " is stuck in ").replace(" are in ", " are stuck in ")
+    text = each_at(culprits, stuck=True)
     if len(culprits) == len(live):
         return Verdict("hang", tuple(_numbers(culprits)), text)
     others = [r for r in live if r not in culprits]
