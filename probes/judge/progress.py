@@ -41,6 +41,12 @@ class _Track:
     gaps: list[float] = field(default_factory=list)  # recent quiet stretches that ended in progress
 
 
+def _woke(track: _Track, counters: ThreadCounters | None) -> bool:
+    """The main thread blocked and woke up at least ``MIN_WAKEUPS`` times since the track's last look."""
+    return counters is not None and track.after is not None and \
+        counters.voluntary - track.after.voluntary >= MIN_WAKEUPS
+
+
 class ProgressTracker:
     """Per-PID memory of the last sample; lives as long as a live view or a snapshot window."""
 
@@ -65,7 +71,7 @@ class ProgressTracker:
             return True
         if before is None or track.after is None:
             return False
-        if before.voluntary - track.after.voluntary >= MIN_WAKEUPS:
+        if _woke(track, before):
             return True
         return phase not in WAITING_PHASES and before.cpu_ticks > track.after.cpu_ticks
 
@@ -85,9 +91,7 @@ class ProgressTracker:
     def woke(self, pid: int, before: ThreadCounters | None) -> bool:
         """Whether the main thread blocked and woke up repeatedly since the last observation."""
         track = self._tracks.get(pid)
-        if track is None or track.after is None or before is None:
-            return False
-        return before.voluntary - track.after.voluntary >= MIN_WAKEUPS
+        return track is not None and _woke(track, before)
 
     def threshold(self, pid: int, window: float, step_period: float | None = None) -> float:
         """Seconds without progress after which this rank counts as stuck (see the module doc)."""
@@ -121,7 +125,7 @@ class ProgressTracker:
             return True
         if counters == track.dumped_after:
             return False
-        return counters.voluntary - track.after.voluntary < MIN_WAKEUPS
+        return not _woke(track, counters)
 
     def forget(self, pid: int) -> None:
         self._tracks.pop(pid, None)
