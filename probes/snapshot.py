@@ -315,6 +315,12 @@ def _expect(value: Any, kind: Any, tp: Any) -> Any:
     return value
 
 
+def who(ranks: typing.Iterable[int]) -> str:
+    """``rank 3`` or ``ranks 0-2,5``."""
+    items = sorted(ranks)
+    return f"rank {items[0]}" if len(items) == 1 else f"ranks {compact_ranks(items)}"
+
+
 def compact_ranks(ranks: typing.Iterable[int]) -> str:
     """``[0,1,2,3,5,7,8]`` -> ``"0-3,5,7-8"``."""
     items = sorted(set(ranks))

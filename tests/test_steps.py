@@ -4,7 +4,7 @@ clock, and the words: only allowed integer locals of user frames and the HF loop
 from __future__ import annotations
 
 from trainwatch.probes.judge.steps import (
-    StepClock, StepReader, slow_step_warnings, step_from_locals, step_from_seq, step_label, step_note,
+    StepClock, StepReader, slow_step_warnings, step_from_locals, step_label, step_note,
 )
 from trainwatch.probes.read.procfs import ThreadCounters
 from trainwatch.probes.read.pyspy import parse_dump, parse_locals
@@ -113,7 +113,6 @@ def test_reader_reads_only_when_the_step_can_have_changed():
     reader.next_round()
     assert reader.due(1, busy, 2.0)
     assert reader.fields(1) == (3, None)
-    assert step_from_seq(None) is None and step_from_seq(84, 2) == 42
 
 
 def rank(number: int, step: int | None, state: str = "running") -> Rank:

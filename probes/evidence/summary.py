@@ -10,9 +10,8 @@ from trainwatch.probes.evidence.bundle_rank import RankEvidence
 from trainwatch.probes.judge import exits, flightrec
 from trainwatch.probes.judge.steps import step_label
 from trainwatch.probes.judge.groups import group_what
-from trainwatch.probes.judge.verdict import who
 from trainwatch.probes.read import ranklog
-from trainwatch.probes.snapshot import Rank, Snapshot, compact_ranks
+from trainwatch.probes.snapshot import Rank, Snapshot, compact_ranks, who
 
 
 def _trainwatch_version() -> str:

@@ -25,12 +25,12 @@ from __future__ import annotations
 import re
 import statistics
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from trainwatch.probes.judge.phases import bare_name, is_user
 from trainwatch.probes.read.procfs import ThreadCounters
-from trainwatch.probes.snapshot import Frame, Rank, compact_ranks
+from trainwatch.probes.snapshot import Frame, Rank, who
 
 LOOP_NAMES = ("global_step", "step", "iteration", "iter_num", "iter", "it", "batch_idx", "epoch", "i")
 HF_NAMES = ("epoch", "update_step", "num_update_steps_per_epoch", "total_batched_samples", "step",
@@ -102,16 +102,6 @@ def _hf_step(local: dict[str, int]) -> int | None:
     if epoch is not None and local.get("steps_in_epoch") is not None:
         return epoch * local["steps_in_epoch"] + step + 1
     return step + 1
-
-
-def step_from_seq(completed_seq: int | None, collectives_per_step: int | None = None) -> int | None:
-    """Hook for a step from the Flight Recorder: the last completed collective sequence number,
-    divided by the collectives one step issues when that is known. Not wired yet."""
-    if completed_seq is None or completed_seq < 0:
-        return None
-    if collectives_per_step:
-        return completed_seq // collectives_per_step
-    return completed_seq
 
 
 # -- rhythm ----------------------------------------------------------------------------------------
@@ -225,11 +215,6 @@ class StepReader:
 
 
 # -- words -----------------------------------------------------------------------------------------
-def _who(numbers: Iterable[int]) -> str:
-    items = sorted(numbers)
-    return f"rank {items[0]}" if len(items) == 1 else f"ranks {compact_ranks(items)}"
-
-
 def step_note(ranks: Sequence[Rank]) -> str | None:
     """``rank 2 is at step 1,204 while ranks 0-1 are at step 1,205`` when live ranks differ in step."""
     by_step: dict[int, list[int]] = {}
@@ -244,9 +229,9 @@ def step_note(ranks: Sequence[Rank]) -> str | None:
     for i, step in enumerate(others):
         numbers = by_step[step]
         verb = "" if i else (" is" if len(numbers) == 1 else " are")
-        parts.append(f"{_who(numbers)}{verb} at step {step:,}")
+        parts.append(f"{who(numbers)}{verb} at step {step:,}")
     majority = by_step[lead]
-    return f"{', '.join(parts)} while {_who(majority)} {'is' if len(majority) == 1 else 'are'} at step {lead:,}"
+    return f"{', '.join(parts)} while {who(majority)} {'is' if len(majority) == 1 else 'are'} at step {lead:,}"
 
 
 def seconds(value: float) -> str:

@@ -11,12 +11,7 @@ from trainwatch.probes.judge.flightrec import age_text
 from trainwatch.probes.judge.groups import group_key
 from trainwatch.probes.judge.steps import step_note
 from trainwatch.probes.read.process import JobProcesses
-from trainwatch.probes.snapshot import PROBLEM_VERDICTS, CollectiveState, Job, Phase, Rank, Verdict, compact_ranks
-
-
-def who(ranks: Sequence[int]) -> str:
-    """``rank 3`` or ``ranks 0-2,5``."""
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {compact_ranks(ranks)}"
+from trainwatch.probes.snapshot import PROBLEM_VERDICTS, CollectiveState, Job, Phase, Rank, Verdict, who
 
 
 def verb(ranks: Sequence, singular: str, plural: str) -> str:
