@@ -40,7 +40,7 @@ class PlantedJob:
     """A real gloo job running ``tui/planted.py`` copied as ``train.py`` into ``workdir``, or,
     given ``script``, that job script (e.g. one of ``tests/jobs_frameworks/``) copied into
     ``workdir`` under its own name with its ``_*.py`` helpers beside it, run with
-    ``--deadline`` and ``script_args``."""
+    ``--deadline``; ``script_args`` are added either way (``["--ddp"]`` for a planted DDP job)."""
 
     def __init__(self, workdir: Path, scenario: str | None = None, nproc: int = 3, deadline: float = 60.0,
                  step_s: float = 0.05, launcher: str = "torchrun", extra_env: dict | None = None,
@@ -52,7 +52,8 @@ class PlantedJob:
             assert scenario is not None, "a planted scenario or a job script"
             self.script = self.workdir / "train.py"
             shutil.copy(PLANTED, self.script)
-            args = [str(self.script), "--scenario", scenario, "--deadline", str(deadline), "--step-s", str(step_s)]
+            args = [str(self.script), "--scenario", scenario, "--deadline", str(deadline), "--step-s", str(step_s),
+                    *(script_args or [])]
         else:
             script = Path(script)
             for helper in script.parent.glob("_*.py"):

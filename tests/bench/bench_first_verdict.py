@@ -58,9 +58,8 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="tw-bench-first-"))
     print(f"CLI interpreter start and imports: {cli_start():.2f}s (paid once, before discovery)")
     for scenario in ("healthy", "straggler"):
-        job = PlantedJob(root / scenario, scenario, nproc=args.ranks, deadline=180, step_s=0.02)
-        job.cmd.append("--ddp")
-        job.start()
+        job = PlantedJob(root / scenario, scenario, nproc=args.ranks, deadline=180, step_s=0.02,
+                         script_args=["--ddp"]).start()
         try:
             job.wait_for_ranks(timeout=180)
             time.sleep(4)  # past start-up, and the straggler is stuck

@@ -28,9 +28,7 @@ from trainwatch.probes.live import LocalSource  # noqa: E402
 
 
 def ddp_job(workdir: Path, scenario: str, ranks: int, deadline: float) -> PlantedJob:
-    job = PlantedJob(workdir, scenario, nproc=ranks, deadline=deadline, step_s=0.02)
-    job.cmd.append("--ddp")
-    return job.start()
+    return PlantedJob(workdir, scenario, nproc=ranks, deadline=deadline, step_s=0.02, script_args=["--ddp"]).start()
 
 
 def wait_for_text(job: PlantedJob, text: str, timeout: float) -> None:
