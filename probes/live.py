@@ -12,26 +12,26 @@ from dataclasses import replace
 
 import psutil
 
-from trainwatch.probes.errors import AccessDenied, ToolMissing
-from trainwatch.probes.evidence.redact import redact_argv
-from trainwatch.probes.evidence.watcher import CrashCatcher
-from trainwatch.probes.judge.exits import ExitLedger
-from trainwatch.probes.judge.gpu_warnings import gpu_phase_warnings
-from trainwatch.probes.judge.groups import group_ranks
-from trainwatch.probes.judge.native import PARALLEL as NATIVE_PARALLEL, NativeCache, resolve_natively
-from trainwatch.probes.judge.phases import (Classification, classify, is_stdlib, is_user, main_thread,
+from .errors import AccessDenied, ToolMissing
+from .evidence.redact import redact_argv
+from .evidence.watcher import CrashCatcher
+from .judge.exits import ExitLedger
+from .judge.gpu_warnings import gpu_phase_warnings
+from .judge.groups import group_ranks
+from .judge.native import PARALLEL as NATIVE_PARALLEL, NativeCache, resolve_natively
+from .judge.phases import (Classification, classify, is_stdlib, is_user, main_thread,
                                             stack_signature, where_frame)
-from trainwatch.probes.judge.progress import CompletedCollectives, ProgressTracker
-from trainwatch.probes.judge.steps import StepReader, slow_step_warnings
-from trainwatch.probes.judge.verdict import judge
-from trainwatch.probes.read import procfs
-from trainwatch.probes.read.collective_feed import CollectiveFeed
-from trainwatch.probes.read.discover import describe_job, expected_local_ranks, find_job
-from trainwatch.probes.read.gpu import GpuProbe
-from trainwatch.probes.read.process import JobProcesses, RankProcess
-from trainwatch.probes.read.pyspy import find_pyspy
-from trainwatch.probes.read.sampler import StackSample, sample_all
-from trainwatch.probes.snapshot import (PROBLEM_VERDICTS, CollectiveState, Job, Rank, Snapshot, Verdict,
+from .judge.progress import CompletedCollectives, ProgressTracker
+from .judge.steps import StepReader, slow_step_warnings
+from .judge.verdict import judge
+from .read import procfs
+from .read.collective_feed import CollectiveFeed
+from .read.discover import describe_job, expected_local_ranks, find_job
+from .read.gpu import GpuProbe
+from .read.process import JobProcesses, RankProcess
+from .read.pyspy import find_pyspy
+from .read.sampler import StackSample, sample_all
+from .snapshot import (PROBLEM_VERDICTS, CollectiveState, Job, Rank, Snapshot, Verdict,
                                         compact_ranks)
 
 FULL_REFRESH_EVERY = 5  # every few polls, dump every rank anyway (other threads, stale lines)

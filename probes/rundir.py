@@ -101,7 +101,7 @@ def armed_env(run_dir: Path, base: dict[str, str]) -> tuple[dict[str, str], dict
 
 
 def write_run_json(run_dir: Path, command: list[str], added: dict[str, str], pid: int | None) -> dict:
-    from trainwatch.probes.read import procfs  # here, not at the top: the hook loads this file on its own
+    from .read import procfs  # here, not at the top: the hook loads this file on its own
     record = {
         "command": list(command),
         "started_at": time.time(),

@@ -12,8 +12,8 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from trainwatch.probes.evidence.bundle import write_bundle
-from trainwatch.probes.snapshot import Snapshot
+from .evidence.bundle import write_bundle
+from .snapshot import Snapshot
 
 
 @runtime_checkable

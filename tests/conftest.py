@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobs import PlantedJob
+from real_jobs import PlantedJob
 
 
 @pytest.fixture
@@ -22,3 +22,10 @@ def planted(tmp_path):
     yield start
     for job in jobs:
         job.stop()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test under tests/jobs/ starts real processes: mark it ``job`` (``-m 'not job'`` skips them)."""
+    for item in items:
+        if "jobs" in item.path.parent.parts[-1:]:
+            item.add_marker(pytest.mark.job)

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 
-from jobs import PLANTED, TORCHRUN, free_port, kill_tree
+from real_jobs import PLANTED, TORCHRUN, free_port, kill_tree
 
 SSHD_PATHS = ("/usr/sbin/sshd", "/usr/local/sbin/sshd")
 

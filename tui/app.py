@@ -25,10 +25,10 @@ from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Input
 from textual.worker import get_current_worker
 
-from trainwatch.probes.errors import TrainwatchError
-from trainwatch.probes.read.ranklog import RankLogs
-from trainwatch.probes.snapshot import PROBLEM_VERDICTS, Rank, Snapshot, compact_ranks
-from trainwatch.probes.source import Source, write_evidence
+from ..probes.errors import TrainwatchError
+from ..probes.read.ranklog import RankLogs
+from ..probes.snapshot import PROBLEM_VERDICTS, Rank, Snapshot, compact_ranks
+from ..probes.source import Source, write_evidence
 
 from .widgets import format as fmt
 from .widgets.alerts import AlertBar

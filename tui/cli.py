@@ -7,8 +7,8 @@ import errno
 import importlib
 import sys
 
-from trainwatch.probes.errors import TrainwatchError
-from trainwatch.tui.commands import COMMANDS
+from ..probes.errors import TrainwatchError
+from .commands import COMMANDS
 
 
 def build_parser() -> argparse.ArgumentParser:

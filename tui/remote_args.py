@@ -15,10 +15,10 @@ import socket
 import subprocess
 from typing import Any
 
-from trainwatch.probes.errors import PARTIAL_EXIT, TrainwatchError
-from trainwatch.probes.remote.hostlist import parse_hosts, read_hostfile, slurm_hostnames, slurm_job_nodelist, unique
-from trainwatch.probes.remote.multinode import MultiNodeSource
-from trainwatch.probes.remote.remote import (
+from ..probes.errors import PARTIAL_EXIT, TrainwatchError
+from ..probes.remote.hostlist import parse_hosts, read_hostfile, slurm_hostnames, slurm_job_nodelist, unique
+from ..probes.remote.multinode import MultiNodeSource
+from ..probes.remote.remote import (
     DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, KubeRemote, Remote, SlurmRemote, SshRemote,
     kubectl_get_pods_argv, match_args, parse_pods,
 )

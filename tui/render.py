@@ -6,10 +6,10 @@ from rich.console import Group as RichGroup
 from rich.table import Table
 from rich.text import Text
 
-from trainwatch.probes.judge.steps import step_label
-from trainwatch.probes.snapshot import Rank, Snapshot
-from trainwatch.tui.widgets import format as fmt
-from trainwatch.tui.widgets.lines import group_line, phase_text, state_text, verdict_line
+from ..probes.judge.steps import step_label
+from ..probes.snapshot import Rank, Snapshot
+from .widgets import format as fmt
+from .widgets.lines import group_line, phase_text, state_text, verdict_line
 
 
 def gpu_text(rank: Rank) -> str:

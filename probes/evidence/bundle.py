@@ -28,16 +28,16 @@ from pathlib import Path
 
 import psutil
 
-from trainwatch.probes.errors import OutputError, TrainwatchError
-from trainwatch.probes.evidence.bundle_rank import RankEvidence, RankPlan, bounded, collect_rank
-from trainwatch.probes.evidence.redact import Redactor
-from trainwatch.probes.evidence.summary import render
-from trainwatch.probes.judge import flightrec
-from trainwatch.probes.judge.groups import group_ranks
-from trainwatch.probes.judge.verdict import judge
-from trainwatch.probes.read import hookclient, nccl_state
-from trainwatch.probes.read.discover import find_job
-from trainwatch.probes.snapshot import Snapshot
+from ..errors import OutputError, TrainwatchError
+from .bundle_rank import RankEvidence, RankPlan, bounded, collect_rank
+from .redact import Redactor
+from .summary import render
+from ..judge import flightrec
+from ..judge.groups import group_ranks
+from ..judge.verdict import judge
+from ..read import hookclient, nccl_state
+from ..read.discover import find_job
+from ..snapshot import Snapshot
 
 BUNDLE_FORMAT = "trainwatch-bundle"
 BUNDLE_VERSION = 1

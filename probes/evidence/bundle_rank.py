@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from trainwatch.probes import rundir
-from trainwatch.probes.errors import TrainwatchError
-from trainwatch.probes.judge import flightrec
-from trainwatch.probes.read import hookclient, nccl_state, procfacts, procfs, pyspy
-from trainwatch.probes.snapshot import ThreadStack
+from .. import rundir
+from ..errors import TrainwatchError
+from ..judge import flightrec
+from ..read import hookclient, nccl_state, procfacts, procfs, pyspy
+from ..snapshot import ThreadStack
 
 FAULTHANDLER_NOT_ARMED = "faulthandler not armed: start the job with `trainwatch run` to get these"
 LOG_TAIL_BYTES = 256 * 1024

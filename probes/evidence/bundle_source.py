@@ -11,9 +11,9 @@ import tempfile
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from trainwatch.probes.errors import BadBundle
-from trainwatch.probes.evidence.bundle import BUNDLE_FORMAT
-from trainwatch.probes.snapshot import Snapshot, SnapshotError
+from ..errors import BadBundle
+from .bundle import BUNDLE_FORMAT
+from ..snapshot import Snapshot, SnapshotError
 
 MAX_MEMBER_BYTES = 512 * 1024 * 1024
 

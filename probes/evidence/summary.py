@@ -6,12 +6,12 @@ import platform
 import time
 from importlib import metadata
 
-from trainwatch.probes.evidence.bundle_rank import RankEvidence
-from trainwatch.probes.judge import exits, flightrec
-from trainwatch.probes.judge.steps import step_label
-from trainwatch.probes.judge.groups import group_what
-from trainwatch.probes.read import ranklog
-from trainwatch.probes.snapshot import Rank, Snapshot, compact_ranks, who
+from .bundle_rank import RankEvidence
+from ..judge import exits, flightrec
+from ..judge.steps import step_label
+from ..judge.groups import group_what
+from ..read import ranklog
+from ..snapshot import Rank, Snapshot, compact_ranks, who
 
 
 def _trainwatch_version() -> str:

@@ -20,18 +20,18 @@ from typing import Callable
 
 import psutil
 
-from trainwatch.probes.errors import TrainwatchError
-from trainwatch.probes.evidence.bundle import write_bundle
-from trainwatch.probes.judge import exits
-from trainwatch.probes.judge.exits import CrashRecord
-from trainwatch.probes.judge.groups import group_ranks
-from trainwatch.probes.judge.verdict import judge
-from trainwatch.probes.read import procfs
-from trainwatch.probes.read.discover import LAUNCHERS, find_job
-from trainwatch.probes.read.process import RankProcess
-from trainwatch.probes.read.ranklog import RankLogs
-from trainwatch.probes.snapshot import HANG_VERDICTS, Job, Snapshot, Verdict
-from trainwatch.probes.source import Source
+from ..errors import TrainwatchError
+from .bundle import write_bundle
+from ..judge import exits
+from ..judge.exits import CrashRecord
+from ..judge.groups import group_ranks
+from ..judge.verdict import judge
+from ..read import procfs
+from ..read.discover import LAUNCHERS, find_job
+from ..read.process import RankProcess
+from ..read.ranklog import RankLogs
+from ..snapshot import HANG_VERDICTS, Job, Snapshot, Verdict
+from ..source import Source
 
 
 # `trainwatch watch` exit statuses (documented in its --help)

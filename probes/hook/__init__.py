@@ -37,7 +37,7 @@ import traceback
 from pathlib import Path
 
 try:
-    from trainwatch.probes import rundir
+    from .. import rundir
 except ImportError:  # loaded by path into an interpreter without trainwatch installed
     _here = Path(__file__).resolve().parent  # probes/hook/; the run directory's layout lives in probes/rundir.py
     _spec = importlib.util.spec_from_file_location("_trainwatch_rundir", _here.parent / "rundir.py")

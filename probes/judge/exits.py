@@ -19,16 +19,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Hashable, TypeVar
 
-from trainwatch.probes import rundir
-from trainwatch.probes.evidence.redact import Redactor, scrub
-from trainwatch.probes.judge import crashlog
-from trainwatch.probes.judge.phases import Classification
-from trainwatch.probes.read import procfacts, procfs
-from trainwatch.probes.read.discover import expected_local_ranks
-from trainwatch.probes.read.kernlog import kernel_fault
-from trainwatch.probes.read.process import JobProcesses, RankProcess
-from trainwatch.probes.read.ranklog import LogReason, RankLogs
-from trainwatch.probes.snapshot import ExitInfo, Rank, ThreadStack
+from .. import rundir
+from ..evidence.redact import Redactor, scrub
+from . import crashlog
+from .phases import Classification
+from ..read import procfacts, procfs
+from ..read.discover import expected_local_ranks
+from ..read.kernlog import kernel_fault
+from ..read.process import JobProcesses, RankProcess
+from ..read.ranklog import LogReason, RankLogs
+from ..snapshot import ExitInfo, Rank, ThreadStack
 
 TEARDOWN_SIGNALS = frozenset({"SIGTERM", "SIGKILL", "SIGINT", "SIGHUP"})
 # Deaths seen this close together are one moment: the most telling one is taken as the first.

@@ -27,7 +27,7 @@ import json
 import pickle
 from dataclasses import dataclass, replace
 
-from trainwatch.probes.snapshot import CollectiveState, RankCollective, compact_ranks
+from ..snapshot import CollectiveState, RankCollective, compact_ranks
 
 
 class TraceError(ValueError):

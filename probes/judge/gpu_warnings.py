@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from trainwatch.probes.snapshot import GpuDevice, Rank, compact_ranks
+from ..snapshot import GpuDevice, Rank, compact_ranks
 
 SERIOUS_THROTTLE = {
     "hw-slowdown": "hardware slowdown",

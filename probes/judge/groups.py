@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Iterable
 
-from trainwatch.probes.snapshot import Group, Rank, compact_ranks
+from ..snapshot import Group, Rank, compact_ranks
 
 
 def group_key(rank: Rank) -> tuple[str, str | None, str | None]:

@@ -24,10 +24,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from trainwatch.probes.judge.phases import Classification, classify, main_thread, stack_signature
-from trainwatch.probes.judge.progress import ProgressTracker
-from trainwatch.probes.read.sampler import StackSample
-from trainwatch.probes.snapshot import Phase, ThreadStack
+from .phases import Classification, classify, main_thread, stack_signature
+from .progress import ProgressTracker
+from ..read.sampler import StackSample
+from ..snapshot import Phase, ThreadStack
 
 AMBIGUOUS_PHASES: frozenset[Phase] = frozenset({"compute", "unknown"})
 RECHECK_COMPUTE_S = 15.0

@@ -6,7 +6,7 @@ import linecache
 import re
 from dataclasses import dataclass
 
-from trainwatch.probes.snapshot import Frame, Phase, ThreadStack
+from ..snapshot import Frame, Phase, ThreadStack
 
 COLLECTIVE_OPS = frozenset({
     "all_reduce", "all_gather", "all_gather_into_tensor", "_allgather_base", "all_gather_object",

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trainwatch.probes.read.procfs import ThreadCounters
-from trainwatch.probes.snapshot import WAITING_PHASES, CollectiveState
+from ..read.procfs import ThreadCounters
+from ..snapshot import WAITING_PHASES, CollectiveState
 
 MIN_WAKEUPS = 2
 GAPS_KEPT = 16  # recent quiet stretches that set a rank's rhythm

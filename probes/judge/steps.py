@@ -28,9 +28,9 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from trainwatch.probes.judge.phases import bare_name, is_user
-from trainwatch.probes.read.procfs import ThreadCounters
-from trainwatch.probes.snapshot import Frame, Rank, who
+from .phases import bare_name, is_user
+from ..read.procfs import ThreadCounters
+from ..snapshot import Frame, Rank, who
 
 LOOP_NAMES = ("global_step", "step", "iteration", "iter_num", "iter", "it", "batch_idx", "epoch", "i")
 HF_NAMES = ("epoch", "update_step", "num_update_steps_per_epoch", "total_batched_samples", "step",

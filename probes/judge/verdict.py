@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Mapping, Sequence
 
-from trainwatch.probes.judge import exits
-from trainwatch.probes.judge.exits import TEARDOWN_SIGNALS, raised_while_alive
-from trainwatch.probes.judge.flightrec import age_text
-from trainwatch.probes.judge.groups import group_key
-from trainwatch.probes.judge.steps import step_note
-from trainwatch.probes.read.process import JobProcesses
-from trainwatch.probes.snapshot import PROBLEM_VERDICTS, CollectiveState, Job, Phase, Rank, Verdict, who
+from . import exits
+from .exits import TEARDOWN_SIGNALS, raised_while_alive
+from .flightrec import age_text
+from .groups import group_key
+from .steps import step_note
+from ..read.process import JobProcesses
+from ..snapshot import PROBLEM_VERDICTS, CollectiveState, Job, Phase, Rank, Verdict, who
 
 
 def verb(ranks: Sequence, singular: str, plural: str) -> str:

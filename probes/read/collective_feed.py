@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from trainwatch.probes.judge import flightrec
-from trainwatch.probes.read import hookclient, nccl_state, procfacts
-from trainwatch.probes.read.process import JobProcesses, RankProcess
-from trainwatch.probes.snapshot import CollectiveState
+from ..judge import flightrec
+from . import hookclient, nccl_state, procfacts
+from .process import JobProcesses, RankProcess
+from ..snapshot import CollectiveState
 
 HOOK_TIMEOUT_S = 2.0
 MIN_INTERVAL_S = 1.0  # at most one fetch per second, however often the view polls

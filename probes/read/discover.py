@@ -9,11 +9,11 @@ from pathlib import Path
 
 import psutil
 
-from trainwatch.probes.errors import AccessDenied, NoSuchProcess, NotAJob
-from trainwatch.probes.read import procfs
-from trainwatch.probes.read.process import JOB_ENV, JobProcesses, RankProcess
-from trainwatch.probes.read.pyspy import ptrace_remedy
-from trainwatch.probes.rundir import implicit_run_dir, rank_log_file
+from ..errors import AccessDenied, NoSuchProcess, NotAJob
+from . import procfs
+from .process import JOB_ENV, JobProcesses, RankProcess
+from .pyspy import ptrace_remedy
+from ..rundir import implicit_run_dir, rank_log_file
 
 LAUNCHER_MODULES = {
     "torch.distributed.run": "torchrun", "torch.distributed.launch": "torchrun",

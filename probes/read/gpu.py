@@ -18,15 +18,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from types import ModuleType
 
-from trainwatch.probes.judge import gpu_warnings as gw
-from trainwatch.probes.read.gpu_map import (
+from ..judge import gpu_warnings as gw
+from .gpu_map import (
     DeviceId, expected_device, parse_visible_devices, pick_device, proc_in_initial_pid_ns,
     sharing,
 )
-from trainwatch.probes.read.gpu_nvml import NvmlSession
-from trainwatch.probes.read.process import RankProcess
-from trainwatch.probes.read.xid import KmsgReader, NvmlXidListener, XidEvent, describe, normalize_bus
-from trainwatch.probes.snapshot import GpuDevice, GpuProcess, HostInfo, RankGpu
+from .gpu_nvml import NvmlSession
+from .process import RankProcess
+from .xid import KmsgReader, NvmlXidListener, XidEvent, describe, normalize_bus
+from ..snapshot import GpuDevice, GpuProcess, HostInfo, RankGpu
 
 MAX_XIDS = 32
 NAMESPACE_NOTE = (

@@ -10,7 +10,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from trainwatch.probes.read import procfs
+from . import procfs
 
 _VERSION_LINE = re.compile(r"""^(\w+)\s*(?::\s*\w+)?\s*=\s*['"]([^'"]*)['"]""", re.M)
 

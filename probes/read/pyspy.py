@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 from typing import Literal, overload
 
-from trainwatch.probes.errors import AccessDenied, NoSuchProcess, ToolMissing, TrainwatchError
-from trainwatch.probes.judge.steps import FrameInts, int_literal, wanted_names
-from trainwatch.probes.read import procfs
-from trainwatch.probes.snapshot import Frame, ThreadStack
+from ..errors import AccessDenied, NoSuchProcess, ToolMissing, TrainwatchError
+from ..judge.steps import FrameInts, int_literal, wanted_names
+from . import procfs
+from ..snapshot import Frame, ThreadStack
 
 DEFAULT_TIMEOUT = 5.0
 CAP_SYS_PTRACE = 19

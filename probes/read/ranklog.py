@@ -14,8 +14,8 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from trainwatch.probes.judge import crashlog
-from trainwatch.probes.read.logtail import read_tail
+from ..judge import crashlog
+from .logtail import read_tail
 
 TAIL_LINES = 400
 TAIL_BYTES = 64 * 1024

@@ -6,11 +6,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from trainwatch.probes.errors import TrainwatchError
-from trainwatch.probes.judge.steps import FrameInts
-from trainwatch.probes.read import procfs
-from trainwatch.probes.read.pyspy import DEFAULT_TIMEOUT, RankGone, dump_stacks
-from trainwatch.probes.snapshot import ThreadStack
+from ..errors import TrainwatchError
+from ..judge.steps import FrameInts
+from . import procfs
+from .pyspy import DEFAULT_TIMEOUT, RankGone, dump_stacks
+from ..snapshot import ThreadStack
 
 MAX_PARALLEL = 32
 

@@ -13,7 +13,7 @@ import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 
-from trainwatch.probes.errors import TrainwatchError
+from ..errors import TrainwatchError
 
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 

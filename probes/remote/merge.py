@@ -12,10 +12,10 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from trainwatch.probes.judge.flightrec import analyze_rows
-from trainwatch.probes.judge.groups import group_ranks as default_group_ranks
-from trainwatch.probes.judge.verdict import judge as default_judge
-from trainwatch.probes.snapshot import (
+from ..judge.flightrec import analyze_rows
+from ..judge.groups import group_ranks as default_group_ranks
+from ..judge.verdict import judge as default_judge
+from ..snapshot import (
     CollectiveState, Group, HostInfo, Rank, RankCollective, Snapshot, Verdict,
 )
 

@@ -20,13 +20,13 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from trainwatch.probes.errors import TrainwatchError
-from trainwatch.probes.remote.merge import NodeView, merge_nodes
-from trainwatch.probes.remote.remote import (
+from ..errors import TrainwatchError
+from .merge import NodeView, merge_nodes
+from .remote import (
     DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, NodeResult, Remote, Runner, collect_remote_bundles,
     fetch_snapshot, snapshot_args,
 )
-from trainwatch.probes.snapshot import Snapshot
+from ..snapshot import Snapshot
 
 KILL_GRACE_S = 2.5
 

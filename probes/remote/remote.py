@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from trainwatch.probes.snapshot import Snapshot, SnapshotError
+from ..snapshot import Snapshot, SnapshotError
 
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_PARALLEL = 32

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from jobs import PlantedJob  # noqa: E402
+from real_jobs import PlantedJob  # noqa: E402
 
 TRAINWATCH = [sys.executable, "-m", "trainwatch.tui.cli"]
 

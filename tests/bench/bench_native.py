@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jobs import PlantedJob  # noqa: E402
+from real_jobs import PlantedJob  # noqa: E402
 
 from trainwatch.probes.live import LocalSource  # noqa: E402
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from jobs import PlantedJob  # noqa: E402
+from real_jobs import PlantedJob  # noqa: E402
 
 from trainwatch.probes.read.pyspy import find_pyspy  # noqa: E402
 

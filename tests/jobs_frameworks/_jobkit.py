@@ -1,6 +1,6 @@
 """Shared bits of the framework jobs: a hard deadline, offline settings, rank-tagged log lines.
 
-Each job copies this file beside itself (see ``tests/jobs.py``), so a job script needs
+Each job copies this file beside itself (see ``tests/real_jobs.py``), so a job script needs
 nothing from trainwatch or the test suite to run under ``torchrun``.
 """
 

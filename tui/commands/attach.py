@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from trainwatch.probes.errors import UsageError
-from trainwatch.tui.commands.common import add_stuck_after, pid_arg, require_terminal, writable_dir
-from trainwatch.tui.commands.snapshot import add_remote, wrap_remote
+from ...probes.errors import UsageError
+from .common import add_stuck_after, pid_arg, require_terminal, writable_dir
+from .snapshot import add_remote, wrap_remote
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,7 +31,7 @@ def check_interval(value: float) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainwatch.probes.live import open_source
+    from ...probes.live import open_source
 
     require_terminal("trainwatch attach", "use `trainwatch snapshot PID` for one verdict, "
                                           "or `trainwatch watch PID` for a log of events")
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     source = open_source(args.pid, window=max(0.0, args.window), stuck_after=args.stuck_after)
     try:
         source = wrap_remote(args, source, wait_s=interval)  # a slow node never delays a refresh
-        from trainwatch.tui.app import TrainwatchApp
+        from ..app import TrainwatchApp
         app = TrainwatchApp(source, interval=interval, title=f"trainwatch {args.pid}", dump_dir=out)
         app.run()
     finally:

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from trainwatch.probes.errors import OutputError, UsageError
+from ...probes.errors import OutputError, UsageError
 
 PID_MAX = 2**31 - 1  # pid_t; larger numbers are no PID at all
 

@@ -13,9 +13,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from trainwatch.probes.errors import TrainwatchError, UsageError
-from trainwatch.tui.commands.common import require_terminal
-from trainwatch.tui.planted import SCENARIOS, stop_job_tree
+from ...probes.errors import TrainwatchError, UsageError
+from .common import require_terminal
+from ..planted import SCENARIOS, stop_job_tree
 
 PLANTED = Path(__file__).resolve().parents[1] / "planted.py"  # copied next to the job as train.py
 
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         print(f"trainwatch: starting a {args.ranks}-rank '{args.scenario}' demo job…", file=sys.stderr)
         job.wait_for_ranks()
-        from trainwatch.probes.live import open_source
+        from ...probes.live import open_source
         source = open_source(job.proc.pid, window=2.0)
         try:
             if args.no_tui:
@@ -114,7 +114,7 @@ def demo_app(source, args: argparse.Namespace):
     """The live view, but ``q`` also stops the demo job (trainwatch demo started it; nobody else did)."""
     from textual.binding import Binding
 
-    from trainwatch.tui.app import TrainwatchApp
+    from ..app import TrainwatchApp
 
     class DemoApp(TrainwatchApp):
         BINDINGS = [Binding("q", "quit", "quit+stop demo")]
@@ -127,7 +127,7 @@ def show_once(source) -> None:
     from rich.console import Console
     snapshot = source.poll()
     try:
-        from trainwatch.tui.render import render_table
+        from ..render import render_table
     except ImportError:
         print(snapshot.to_json())
         return

@@ -7,9 +7,9 @@ import signal
 import sys
 from pathlib import Path
 
-from trainwatch.probes.errors import PARTIAL_EXIT, UsageError
-from trainwatch.tui.commands.common import pid_arg
-from trainwatch.tui.commands.snapshot import add_remote, resolve_pid, wrap_remote
+from ...probes.errors import PARTIAL_EXIT, UsageError
+from .common import pid_arg
+from .snapshot import add_remote, resolve_pid, wrap_remote
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -50,8 +50,8 @@ def _terminate(signum: int, frame: object) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainwatch.probes.evidence.bundle import write_bundle
-    from trainwatch.probes.live import open_source
+    from ...probes.evidence.bundle import write_bundle
+    from ...probes.live import open_source
 
     fault_signal = parse_signal(args.signal)
     if args.no_redact:

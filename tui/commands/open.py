@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from trainwatch.tui.commands.common import require_terminal
+from .common import require_terminal
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -17,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainwatch.probes.evidence.bundle_source import BundleSource
+    from ...probes.evidence.bundle_source import BundleSource
 
     source = BundleSource(args.bundle)
     try:
@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.write(source.summary())
             return 0
         require_terminal("trainwatch open", "use `trainwatch open BUNDLE --summary` to print summary.md")
-        from trainwatch.tui.app import TrainwatchApp
+        from ..app import TrainwatchApp
 
         TrainwatchApp(source, live=False, title=f"trainwatch: {args.bundle.name}").run()
         return 0

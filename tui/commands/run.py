@@ -11,10 +11,10 @@ import sys
 import time
 from pathlib import Path
 
-from trainwatch.probes import rundir
-from trainwatch.probes.errors import OutputError, TrainwatchError, UsageError
-from trainwatch.probes.read import procfs
-from trainwatch.tui.commands.common import require_terminal
+from ...probes import rundir
+from ...probes.errors import OutputError, TrainwatchError, UsageError
+from ...probes.read import procfs
+from .common import require_terminal
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -147,8 +147,8 @@ def _alive(pid: int) -> bool:
 
 def _attach(pid: int, window: float) -> None:
     try:
-        from trainwatch.probes.live import open_source
-        from trainwatch.tui.app import TrainwatchApp
+        from ...probes.live import open_source
+        from ..app import TrainwatchApp
     except ImportError as exc:
         print(f"trainwatch: live view unavailable ({exc}); the job keeps running", file=sys.stderr)
         return

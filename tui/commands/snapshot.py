@@ -8,11 +8,11 @@ from types import SimpleNamespace
 
 from rich.console import Console
 
-from trainwatch.probes.errors import PARTIAL_EXIT, NotAJob, UsageError
-from trainwatch.probes.live import LocalSource
-from trainwatch.probes.read.discover import find_job_matching
-from trainwatch.probes.read.pyspy import find_pyspy
-from trainwatch.tui.commands.common import add_stuck_after, pid_arg
+from ...probes.errors import PARTIAL_EXIT, NotAJob, UsageError
+from ...probes.live import LocalSource
+from ...probes.read.discover import find_job_matching
+from ...probes.read.pyspy import find_pyspy
+from .common import add_stuck_after, pid_arg
 
 COLLECTIVE_WAIT_S = 2.0  # the ranks' Flight Recorder, fetched while the window is sampled
 
@@ -32,12 +32,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def wants_remote(args: argparse.Namespace) -> bool:
-    from trainwatch.tui.remote_args import wants_remote as wanted
+    from ..remote_args import wants_remote as wanted
     return wanted(args)
 
 
 def add_remote(parser: argparse.ArgumentParser) -> None:
-    from trainwatch.tui.remote_args import add_remote_arguments
+    from ..remote_args import add_remote_arguments
     add_remote_arguments(parser)
 
 
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(snapshot.to_json() + "\n")
     else:
-        from trainwatch.tui.render import render_table
+        from ..render import render_table
         Console().print(render_table(snapshot))
     partial = any(h.error for h in snapshot.hosts)
     return PARTIAL_EXIT if partial else 0
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _other_nodes_only(args: argparse.Namespace):
     """No rank of the job here: ask the named nodes for the job by its id, and merge."""
-    from trainwatch.tui.remote_args import wrap_source
+    from ..remote_args import wrap_source
     job = SimpleNamespace(master_addr=None, master_port=None, job_id=args.match_job_id, world_size=None,
                           ranks=(), launcher=None)
     source = wrap_source(args, None, job)
@@ -97,5 +97,5 @@ def _all_ranks(source: LocalSource) -> frozenset[int]:
 
 def wrap_remote(args: argparse.Namespace, source: LocalSource, **kwargs):
     """The local source, or a multi-node source when --hosts/--slurm/--k8s name other nodes."""
-    from trainwatch.tui.remote_args import wrap_source
+    from ..remote_args import wrap_source
     return wrap_source(args, source, source.job, **kwargs)

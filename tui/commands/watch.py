@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from trainwatch.probes.errors import OutputError, UsageError
-from trainwatch.probes.evidence import watcher
-from trainwatch.probes.live import open_source
-from trainwatch.tui.commands.common import add_stuck_after, pid_arg
-from trainwatch.tui.commands.snapshot import add_remote, wrap_remote
+from ...probes.errors import OutputError, UsageError
+from ...probes.evidence import watcher
+from ...probes.live import open_source
+from .common import add_stuck_after, pid_arg
+from .snapshot import add_remote, wrap_remote
 
 EPILOG = """\
 One line per event on stdout. Exit status:

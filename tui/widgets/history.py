@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from trainwatch.probes.snapshot import Snapshot
+from ...probes.snapshot import Snapshot
 
 
 class History:

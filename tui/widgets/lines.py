@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from trainwatch.probes.judge.groups import group_what
-from trainwatch.probes.snapshot import (WAITING_PHASES, Group, Phase, Rank, Snapshot, State, VerdictKind,
+from ...probes.judge.groups import group_what
+from ...probes.snapshot import (WAITING_PHASES, Group, Phase, Rank, Snapshot, State, VerdictKind,
                                         compact_ranks)
 
 from . import format as fmt

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from jobs import free_port, kill_tree
+from real_jobs import free_port, kill_tree
 from trainwatch.probes.read import procfs
 from trainwatch.probes.read.pyspy import _resume_if_we_stopped
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from jobs import PlantedJob
+from real_jobs import PlantedJob
 from trainwatch.probes.errors import BadBundle, OutputError
 from trainwatch.probes.evidence.bundle import write_bundle
 from trainwatch.probes.evidence.bundle_rank import FAULTHANDLER_NOT_ARMED, RankEvidence, RankPlan, _faulthandler

@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from jobs import FRAMEWORK_JOBS, PlantedJob
+from real_jobs import FRAMEWORK_JOBS, PlantedJob
 
 pytestmark = [pytest.mark.job, pytest.mark.slow]
 

@@ -12,7 +12,7 @@ from trainwatch.probes.judge import native, verdict
 from trainwatch.probes.snapshot import PHASES, STATES, VERDICTS
 from trainwatch.tui.widgets import lines
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOURCES = sorted(p for d in ("probes", "tui") for p in (ROOT / d).rglob("*.py"))
 VOCABULARY = {"phase": set(PHASES), "state": set(STATES), "kind": set(VERDICTS)}
 OTHER_PHASES = {"p.phase"}  # a Kubernetes pod's phase (tui/remote_args.py), not a rank's

@@ -7,7 +7,7 @@ from pathlib import Path
 from trainwatch.probes.read import ranklog
 from trainwatch.probes.read.ranklog import RankLogs, rank_lines, reason_of, split_prefix, telling_tail
 
-LOGS = Path(__file__).parent / "fixtures" / "logs"
+LOGS = Path(__file__).parents[1] / "fixtures" / "logs"
 ASSERT_LOG = LOGS / "device-side-assert-torchrun-2ranks.log"  # torchrun ... > log 2>&1, two ranks
 DUPLICATE_LOG = LOGS / "nccl-duplicate-gpu-2ranks.log"
 WATCHDOG_LOG = LOGS / "nccl-watchdog-timeout-rank0-output.log"  # one rank's own output

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from jobs import PlantedJob
+from real_jobs import PlantedJob
 
 pytestmark = pytest.mark.job
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs import PlantedJob
+from real_jobs import PlantedJob
 from trainwatch.probes.evidence.watcher import EXIT_CRASH, CrashCatcher, Watcher
 from trainwatch.probes.read import hookclient
 

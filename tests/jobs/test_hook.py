@@ -144,9 +144,9 @@ print(json.dumps({"reply": hook.fr_trace(), "calls": calls}))
 def test_fr_trace_asks_both_recorders(tmp_path, mode):
     """torch's private c10d module is replaced (no GPU here); the dumps it returns are the real
     H100 recordings: NCCL's own recorder, and the generic one that is empty on NCCL jobs."""
-    h100 = Path(__file__).parent / "fixtures" / "fr" / "h100"
+    h100 = Path(__file__).parents[1] / "fixtures" / "fr" / "h100"
     nccl = h100 / "hook-dump_nccl_trace_json-hung.json"
-    gloo = Path(__file__).parent / "fixtures" / "fr" / "gloo-2.13" / "mismatch" / "rank0.json"
+    gloo = Path(__file__).parents[1] / "fixtures" / "fr" / "gloo-2.13" / "mismatch" / "rank0.json"
     generic = h100 / "hook-dump_fr_trace_json-nccl-job-EMPTY.json" if mode == "both" else gloo
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "TRAINWATCH_ARMED_PID")}
     out = subprocess.run([sys.executable, "-c", FAKE_C10D, str(nccl), str(generic), mode], env=env,

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from jobs import PlantedJob
+from real_jobs import PlantedJob
 from trainwatch.probes.evidence.watcher import EXIT_CRASH, Episodes
 from trainwatch.probes.snapshot import Verdict
 

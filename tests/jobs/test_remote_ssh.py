@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs import free_port
+from real_jobs import free_port
 from sshd import Sshd, TwoNodeJob, remote_trainwatch, unavailable_reason
 from trainwatch.probes.errors import PARTIAL_EXIT
 from trainwatch.probes.remote.remote import (

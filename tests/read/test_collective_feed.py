@@ -18,7 +18,7 @@ from trainwatch.probes.judge.progress import CompletedCollectives
 from trainwatch.probes.read.collective_feed import CollectiveFeed, collect
 from trainwatch.probes.read.process import JobProcesses, RankProcess
 
-H100_PIPE_DUMP = Path(__file__).parent / "fixtures" / "fr" / "h100" / "pipe-dump-rank0.pickle"
+H100_PIPE_DUMP = Path(__file__).parents[1] / "fixtures" / "fr" / "h100" / "pipe-dump-rank0.pickle"
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from trainwatch.probes.read.pyspy import parse_dump
 from trainwatch.probes.read.sampler import StackSample
 from trainwatch.probes.snapshot import Job, Rank
 
-PYSPY = Path(__file__).parent / "fixtures" / "h100" / "pyspy"
+PYSPY = Path(__file__).parents[1] / "fixtures" / "h100" / "pyspy"
 WINDOW = 3.0
 SPACING = WINDOW / 2  # three samples over the window, as `snapshot` takes them
 
@@ -111,7 +111,7 @@ def test_counters_in_the_recordings_are_a_spin():
 def test_nccl_item_hang_with_its_flight_recorder_names_the_pending_all_reduce():
     # The Flight Recorder dump taken through the hook during the same recorded hang.
     from trainwatch.probes.judge import flightrec
-    fr = Path(__file__).parent / "fixtures" / "fr" / "h100" / "hook-dump_nccl_trace_json-hung.json"
+    fr = Path(__file__).parents[1] / "fixtures" / "fr" / "h100" / "hook-dump_nccl_trace_json-hung.json"
     state = flightrec.analyze({0: flightrec.load_trace(fr.read_bytes())})
     (row,) = state.ranks
     rank = replay("nccl_item-pid557", 557, wakeups_per_sample=0)

@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from jobs import PlantedJob
+from real_jobs import PlantedJob
 from trainwatch.probes.evidence.watcher import CrashCatcher, Watcher
 from trainwatch.probes.live import LocalSource
 from trainwatch.probes.read import procfs

@@ -11,7 +11,7 @@ from fake_nvml import FakeNvml
 from trainwatch.probes.read.gpu import GpuProbe
 from trainwatch.probes.read.process import RankProcess
 
-FIXTURES = sorted((Path(__file__).parent / "fixtures" / "nvml").glob("*.json"))
+FIXTURES = sorted((Path(__file__).parents[1] / "fixtures" / "nvml").glob("*.json"))
 STABLE = ("index", "name", "uuid", "bus_id", "compute_capability", "mem_total_bytes",
           "ecc_errors", "lost")
 
@@ -37,7 +37,7 @@ def test_replay(path):
 
 
 def test_real_h100_recording_reads_as_recorded():
-    path = Path(__file__).parent / "fixtures" / "nvml" / "h100-80gb-driver580.json"
+    path = Path(__file__).parents[1] / "fixtures" / "nvml" / "h100-80gb-driver580.json"
     reading = GpuProbe(FakeNvml.from_json(path), kmsg_path="/dev/null", in_initial_pid_ns=True).read([], "torchrun")
     (gpu,) = reading.host.gpus
     assert (gpu.name, gpu.compute_capability, gpu.mem_total_bytes) == ("NVIDIA H100 80GB HBM3", "9.0", 85520809984)
@@ -46,7 +46,7 @@ def test_real_h100_recording_reads_as_recorded():
 
 
 def test_synthetic_example_replays_unsupported_fields():
-    path = Path(__file__).parent / "fixtures" / "nvml" / "example-synthetic.json"
+    path = Path(__file__).parents[1] / "fixtures" / "nvml" / "example-synthetic.json"
     ranks = [RankProcess(pid=4101, rank=0, local_rank=0, env={"RANK": "0"}),
              RankProcess(pid=4102, rank=1, local_rank=1, env={"RANK": "1"})]
     reading = GpuProbe(FakeNvml.from_json(path), kmsg_path="/dev/null",

@@ -14,7 +14,7 @@ from trainwatch.probes.judge.verdict import behind, judge
 from trainwatch.probes.remote.merge import NodeView, merge_nodes
 from trainwatch.probes.snapshot import Job, Rank, Snapshot
 
-FIXTURES = Path(__file__).parent / "fixtures" / "fr" / "gloo-2.13"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "fr" / "gloo-2.13"
 
 
 def _load(scenario: str, ext: str) -> dict[int, dict]:
@@ -126,7 +126,7 @@ def test_works_without_torch():
 
 # ---- real NCCL recordings from an H100 (torch 2.11, NCCL 2.28.9)
 
-H100 = Path(__file__).parent / "fixtures" / "fr" / "h100"
+H100 = Path(__file__).parents[1] / "fixtures" / "fr" / "h100"
 
 
 @pytest.mark.parametrize("name, pending, completed", [

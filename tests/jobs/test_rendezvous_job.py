@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from jobs import PLANTED, TORCHRUN, free_port
+from real_jobs import PLANTED, TORCHRUN, free_port
 
 
 def test_launcher_waiting_for_a_missing_node(tmp_path):

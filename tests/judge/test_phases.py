@@ -11,7 +11,7 @@ from trainwatch.probes.judge.verdict import judge
 from trainwatch.probes.read.pyspy import parse_dump
 from trainwatch.probes.snapshot import ExitInfo, Frame, Job, Rank, ThreadStack
 
-FIXTURES = Path(__file__).parent / "fixtures" / "pyspy"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "pyspy"
 
 
 def recorded(name: str) -> list[ThreadStack]:

@@ -160,7 +160,7 @@ def test_a_dump_written_in_halves_is_read_whole(tmp_path):
 
     from trainwatch.probes.judge import flightrec
 
-    whole = (Path(__file__).parent / "fixtures" / "fr" / "h100" / "pipe-dump-rank0.pickle").read_bytes()
+    whole = (Path(__file__).parents[1] / "fixtures" / "fr" / "h100" / "pipe-dump-rank0.pickle").read_bytes()
     env = {"TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(tmp_path / "trace_")}
     started = time.time()
 
