@@ -157,8 +157,17 @@ def wrap_source(args: argparse.Namespace, local_source: Any, job: Any, *, wait_s
         raise TrainwatchError(str(exc), remedy="other nodes find the job by MASTER_ADDR:MASTER_PORT") from exc
     if window is None:
         window = getattr(args, "window", None)
-    samples = getattr(args, "samples", None)
     return MultiNodeSource(local_source, remotes, match=match, trainwatch=args.remote_trainwatch,
                            timeout=args.remote_timeout, wait_s=wait_s, parallel=args.remote_parallel,
                            window=window, world_size=getattr(job, "world_size", None),
-                           extra_args=["--samples", str(samples)] if samples is not None else [])
+                           extra_args=judgement_args(args))
+
+
+def judgement_args(args: argparse.Namespace) -> list[str]:
+    """The judgement options every node applies as this one does (``--window`` goes separately)."""
+    out: list[str] = []
+    if getattr(args, "samples", None) is not None:
+        out += ["--samples", str(args.samples)]
+    if getattr(args, "stuck_after", None) is not None:
+        out += ["--stuck-after", f"{args.stuck_after:g}"]
+    return out

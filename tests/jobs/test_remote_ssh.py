@@ -98,13 +98,14 @@ def test_unreachable_node_is_named_and_the_rest_shown(world, sshd, tmp_path):
     assert {r["rank"] for r in data["ranks"] if r["state"] != "missing"} == {0, 1}
 
 
-def test_node_without_trainwatch_is_named_and_its_ranks_missing(world, sshd):
+def test_node_without_trainwatch_is_named_and_its_ranks_unknown(world, sshd):
     done, data = snapshot_cli(world, sshd, "node-b", "/nonexistent/trainwatch")
     assert done.returncode == PARTIAL_EXIT, done.stderr
     (failed,) = [h for h in data["hosts"] if h["error"]]
     assert failed["name"] == "node-b" and "trainwatch not installed" in failed["error"]
     states = {r["rank"]: (r["state"], r["host"]) for r in data["ranks"]}
-    assert states[1] == ("missing", "?") and states[0][0] != "missing"
+    assert states[1] == ("unknown", "node-b") and states[0][0] not in ("missing", "unknown")
+    assert 1 not in data["verdict"]["culprits"] and data["verdict"]["summary"].endswith("node not read: node-b")
     assert any("node-b" in n for n in data["notes"])
 
 
