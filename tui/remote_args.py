@@ -18,6 +18,7 @@ from typing import Any
 from ..probes.errors import PARTIAL_EXIT, TrainwatchError
 from ..probes.remote.hostlist import parse_hosts, read_hostfile, slurm_hostnames, slurm_job_nodelist, unique
 from ..probes.remote.multinode import MultiNodeSource
+from ..probes.remote.streams import StreamSource
 from ..probes.remote.remote import (
     DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, KubeRemote, Remote, SlurmRemote, SshRemote,
     kubectl_get_pods_argv, match_args, parse_pods,
@@ -139,12 +140,14 @@ def remotes_from_args(args: argparse.Namespace, job: Any) -> list[Remote]:
 
 
 def wrap_source(args: argparse.Namespace, local_source: Any, job: Any, *, wait_s: float | None = None,
-                window: float | None = None) -> Any:
-    """``local_source`` alone, or a MultiNodeSource over this node and the nodes named in ``args``.
+                window: float | None = None, stream_interval: float | None = None) -> Any:
+    """``local_source`` alone, or a source over this node and the nodes named in ``args``.
 
     ``job`` is the local JobProcesses (or Job). ``wait_s``: how long one poll waits for slow
     nodes (live views pass their refresh interval; one-shot commands leave it at the timeout).
     Each node samples over ``window`` (default: ``args.window``) with ``args.samples`` samples.
+    ``stream_interval`` (live views: attach, watch): one streaming agent per node, started once,
+    writing a line every that many seconds (StreamSource); else one-shot calls per poll.
     """
     if not wants_remote(args):
         return local_source
@@ -157,6 +160,13 @@ def wrap_source(args: argparse.Namespace, local_source: Any, job: Any, *, wait_s
         raise TrainwatchError(str(exc), remedy="other nodes find the job by MASTER_ADDR:MASTER_PORT") from exc
     if window is None:
         window = getattr(args, "window", None)
+    if stream_interval is not None:
+        return StreamSource(local_source, remotes, match=match, trainwatch=args.remote_trainwatch,
+                            timeout=args.remote_timeout, interval=stream_interval, parallel=args.remote_parallel,
+                            window=window, world_size=getattr(job, "world_size", None),
+                            extra_args=judgement_args(args),
+                            # the first poll waits for the agents' first lines: a start and one window
+                            wait_s=(window or 0.0) + max(wait_s, 5.0) if wait_s is not None else None)
     return MultiNodeSource(local_source, remotes, match=match, trainwatch=args.remote_trainwatch,
                            timeout=args.remote_timeout, wait_s=wait_s, parallel=args.remote_parallel,
                            window=window, world_size=getattr(job, "world_size", None),

@@ -156,13 +156,17 @@ def _naming_unread(verdict: Verdict, unread: Sequence[NodeView]) -> Verdict:
 
 def _conflicts(ranks: Sequence[Rank]) -> list[str]:
     """Two live processes claiming one rank number means two jobs (or a restart) got mixed."""
+    claimed = Counter(r.rank for r in ranks if r.rank is not None and r.pid is not None)
+    twice = {n for n, count in claimed.items() if count > 1}
+    if not twice:
+        return []
     by_rank: dict[int, list[Rank]] = {}
     for r in ranks:
-        if r.rank is not None and r.pid is not None:
+        if r.rank in twice and r.pid is not None:
             by_rank.setdefault(r.rank, []).append(r)
     return [f"rank {n} is reported by more than one process: "
             + ", ".join(f"{r.host} pid {r.pid}" for r in claims)
-            for n, claims in sorted(by_rank.items()) if len(claims) > 1]
+            for n, claims in sorted(by_rank.items())]
 
 
 def _merge_collectives(states: list[CollectiveState | None]) -> CollectiveState | None:

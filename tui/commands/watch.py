@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     run_dir = Path(job.run_dir) if job.run_dir else None
     source = local
     try:
-        source = wrap_remote(args, local, wait_s=args.interval)
+        source = wrap_remote(args, local, stream_interval=args.interval)  # one agent per node
         out = args.out or (run_dir / "watch" if run_dir else Path.cwd() / f"trainwatch-watch-{args.pid}")
         try:
             out.mkdir(parents=True, exist_ok=True)
