@@ -18,7 +18,7 @@ from typing import Any
 from ..probes.errors import PARTIAL_EXIT, TrainwatchError
 from ..probes.remote.hostlist import parse_hosts, read_hostfile, slurm_hostnames, slurm_job_nodelist, unique
 from ..probes.remote.multinode import MultiNodeSource
-from ..probes.remote.streams import StreamSource
+from ..probes.remote.streams import STREAM_START_PARALLEL, StreamSource
 from ..probes.remote.remote import (
     DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, KubeRemote, Remote, SlurmRemote, SshRemote,
     kubectl_get_pods_argv, match_args, parse_pods,
@@ -47,8 +47,9 @@ def add_remote_arguments(parser: argparse.ArgumentParser) -> None:
                        help="command that runs trainwatch on the other nodes (default: trainwatch)")
     group.add_argument("--remote-timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
                        help=f"give up on a node after this many seconds (default: {DEFAULT_TIMEOUT_S:g})")
-    group.add_argument("--remote-parallel", type=int, default=DEFAULT_PARALLEL, metavar="N",
-                       help=f"ask at most this many nodes at once (default: {DEFAULT_PARALLEL})")
+    group.add_argument("--remote-parallel", type=int, default=None, metavar="N",
+                       help=f"ask at most this many nodes at once (default: {DEFAULT_PARALLEL}; live views "
+                            f"start at most {STREAM_START_PARALLEL} node agents at once)")
 
 
 def wants_remote(args: argparse.Namespace) -> bool:
@@ -162,13 +163,14 @@ def wrap_source(args: argparse.Namespace, local_source: Any, job: Any, *, wait_s
         window = getattr(args, "window", None)
     if stream_interval is not None:
         return StreamSource(local_source, remotes, match=match, trainwatch=args.remote_trainwatch,
-                            timeout=args.remote_timeout, interval=stream_interval, parallel=args.remote_parallel,
+                            timeout=args.remote_timeout, interval=stream_interval,
+                            parallel=args.remote_parallel or STREAM_START_PARALLEL,
                             window=window, world_size=getattr(job, "world_size", None),
                             extra_args=judgement_args(args),
                             # the first poll waits for the agents' first lines: a start and one window
                             wait_s=(window or 0.0) + max(wait_s, 5.0) if wait_s is not None else None)
     return MultiNodeSource(local_source, remotes, match=match, trainwatch=args.remote_trainwatch,
-                           timeout=args.remote_timeout, wait_s=wait_s, parallel=args.remote_parallel,
+                           timeout=args.remote_timeout, wait_s=wait_s, parallel=args.remote_parallel or DEFAULT_PARALLEL,
                            window=window, world_size=getattr(job, "world_size", None),
                            extra_args=judgement_args(args))
 

@@ -44,6 +44,7 @@ from .wire import NodeAnswer, decode_node
 LABEL = re.compile(rb"^\s*(\d+): ?(.*)$", re.S)
 SRUN_TASK = re.compile(r"task (\d+): (.+)$")
 RESTART_MIN_S, RESTART_MAX_S = 2.0, 30.0
+STREAM_START_PARALLEL = 128  # agents connecting at once (a start is short; the agent then stays)
 REUSE_S = 300.0  # an answer older than this is no longer shown
 _STDERR_KEEP = 4000
 
@@ -191,6 +192,7 @@ class StreamSource:
         self._since: tuple[tuple[str, tuple[int, ...]], float] | None = None
         self._culprits: frozenset[int] = frozenset()
         self._selected: frozenset[int] = frozenset()
+        self._native: frozenset[int] = frozenset()
         self._polls = 0
         self._local_takes_native = _accepts(local_source, "native_for")
         _raise_fd_limit(3 * len(self.launches) + 64)
@@ -391,10 +393,12 @@ class StreamSource:
     def select(self, ranks: frozenset[int]) -> None:
         """The ranks a view shows in detail: their full stacks come from the next lines on."""
         self._selected = frozenset(ranks)
+        self.request(self._culprits | self._selected | self._native, self._native)
 
     # -- polling ---------------------------------------------------------------------------------
     def poll(self, native_for: frozenset[int] = frozenset()) -> Snapshot:
         started = time.monotonic()
+        self._native = frozenset(native_for)
         self.request(self._culprits | self._selected | native_for, native_for)
         views = [self._poll_local(native_for)] if self.local is not None else []
         if self._polls == 0:

@@ -124,6 +124,24 @@ def _rank(record: dict[str, Any], host: str, threads: tuple[ThreadStack, ...]) -
     return Rank(**kwargs)
 
 
+_STACKS: dict[tuple[str, str, int], tuple[ThreadStack, ...]] = {}  # the same stack on many nodes: built once
+_STACKS_MAX = 8192
+
+
+def _stack(entry: dict[str, Any]) -> tuple[ThreadStack, ...]:
+    key = (entry["sig"], entry.get("thread") or "MainThread", len(entry["frames"]))
+    found = _STACKS.get(key)
+    if found is None:
+        frames = tuple(Frame(fn, file, line, bool(native)) for fn, file, line, native in entry["frames"])
+        if signature(frames) != entry["sig"]:
+            raise ValueError(f"stack {entry['sig']} does not match its frames")
+        found = (ThreadStack(key[1], frames=frames, is_main=True),)
+        if len(_STACKS) >= _STACKS_MAX:
+            _STACKS.clear()
+        _STACKS[key] = found
+    return found
+
+
 def decode_node(data: Any) -> NodeAnswer:
     """A node's answer from its decoded JSON; raises SnapshotError when it is not one."""
     if not isinstance(data, dict) or data.get("kind") != WIRE_KIND:
@@ -136,10 +154,7 @@ def decode_node(data: Any) -> NodeAnswer:
         return NodeAnswer(node, seq, error=str(data["error"]), code=data.get("code"))
     try:
         job = _JOB(data["job"])
-        threads: dict[str, tuple[ThreadStack, ...]] = {}
-        for entry in data["stacks"]:
-            frames = tuple(Frame(fn, file, line, bool(native)) for fn, file, line, native in entry["frames"])
-            threads[entry["sig"]] = (ThreadStack(entry.get("thread") or "MainThread", frames=frames, is_main=True),)
+        threads = {entry["sig"]: _stack(entry) for entry in data["stacks"]}
         full = {int(k): _THREADS(v) for k, v in (data.get("full") or {}).items()}
         ranks = []
         for record in data["ranks"]:

@@ -190,3 +190,16 @@ def test_one_srun_step_for_all_nodes_and_lines_routed_to_their_nodes(tmp_path):
     assert errors["n5"] == "timeout: no answer in 3s"
     assert merged.verdict.culprits == (2, 3) and merged.verdict.summary.endswith("nodes not read: n3, n5")
     assert [r.rank for r in merged.ranks if r.state == "unknown"] == [4, 5]
+
+
+def test_requests_on_stdin_choose_full_stacks_and_native_ranks_and_eof_stops():
+    import io
+    import threading
+
+    from trainwatch.probes.remote.node_agent import Requests
+
+    stop = threading.Event()
+    requests = Requests(stop)
+    requests.read(io.BytesIO(b'{"full": [3, 7], "native": [7]}\nnot json\n{"full": [1, true, "x"]}\n'))
+    assert requests.full == frozenset({1}) and requests.native == frozenset({7})
+    assert stop.is_set()  # the stream ended: the viewer is gone
