@@ -150,6 +150,7 @@ class Running:
     stderr: bytearray = field(default_factory=bytearray)
     heard: set[str] = field(default_factory=set)  # nodes that wrote at least one line
     open_fds: int = 2
+    exited_at: float | None = None
 
 
 class StreamSource:
@@ -221,8 +222,11 @@ class StreamSource:
                 for index, launch in enumerate(self.launches):
                     run = self._running.get(index)
                     if run is not None:
-                        if run.proc.poll() is not None and run.open_fds == 0:
-                            self._ended(index, run, now)
+                        if run.proc.poll() is not None:
+                            run.exited_at = run.exited_at or now
+                            # its output is read to the end first, unless a child it left holds the pipes
+                            if run.open_fds == 0 or now - run.exited_at > 5.0:
+                                self._ended(index, run, now)
                         elif now - run.started > self.timeout:
                             self._never_answered(run, now)
                     elif now >= self._next_start[index] and connecting < self.parallel:
@@ -251,13 +255,15 @@ class StreamSource:
     def _ended(self, index: int, run: Running, now: float) -> None:
         """The agent's process is gone: name its nodes, and start it again after a back-off."""
         del self._running[index]
+        for fd in [fd for fd, (i, _) in self._by_fd.items() if i == index]:
+            self._drop_fd(fd)
         code = run.proc.poll()
         result = Result(code, stderr=run.stderr.decode(errors="replace")[-_STDERR_KEEP:])
         reason = classify_failure(run.launch.remote, result, self.timeout)
         delay = self._backoff(index, now)
         self._fail(run.launch.names, f"agent stopped: {reason} (starting it again in {delay:.0f}s)", now)
-        for stream in (run.proc.stdin,):
-            with contextlib.suppress(OSError, AttributeError):
+        for stream in (run.proc.stdin, run.proc.stdout, run.proc.stderr):
+            with contextlib.suppress(OSError, AttributeError, ValueError):
                 stream.close()
 
     def _backoff(self, index: int, now: float) -> float:
