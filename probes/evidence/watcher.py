@@ -24,13 +24,13 @@ from ..errors import TrainwatchError
 from .bundle import write_bundle
 from ..judge import exits
 from ..judge.exits import CrashRecord
-from ..judge.groups import group_ranks
-from ..judge.verdict import judge
+from ..judge.judgement import JudgeMemory, judge_job
 from ..read import procfs
 from ..read.discover import LAUNCHERS, find_job
 from ..read.process import RankProcess
 from ..read.ranklog import RankLogs
-from ..snapshot import HANG_VERDICTS, Job, Snapshot, Verdict
+from ..observed import observed_rank, observed_snapshot
+from ..snapshot import CRASH_VERDICTS, HANG_VERDICTS, HEALTHY_VERDICTS, Job, Snapshot, Verdict
 from ..source import Source
 
 
@@ -189,7 +189,7 @@ class Episodes:
             if not self.bundled and now - self.started >= self.hang_after:
                 self.bundled = True
                 return True
-        elif verdict.kind == "healthy" and self.started is not None:
+        elif verdict.kind in HEALTHY_VERDICTS and self.started is not None:
             self.healthy_since = self.healthy_since or now
             if now - self.healthy_since >= self.hang_after:
                 self.started, self.healthy_since, self.bundled = None, None, False
@@ -199,18 +199,18 @@ class Episodes:
 def with_crashes(snapshot: Snapshot, records: list[CrashRecord]) -> Snapshot:
     """The snapshot with each dead rank's exit filled in and a ``crashed`` verdict."""
     by_rank = {r.rank: r for r in records}
-    ranks = []
-    for rank in snapshot.ranks:
+    evidence = []
+    for rank in map(observed_rank, snapshot.ranks):
         record = by_rank.pop(rank.rank, None)
-        ranks.append(dataclasses.replace(rank, state="exited", exit=record.exit) if record else rank)
+        evidence.append(dataclasses.replace(rank, seen="exited", exit=record.exit) if record else rank)
     for record in by_rank.values():  # died before any snapshot saw it
-        ranks.append(exits.exited_rank(record.pid, record.rank, record.exit, host=snapshot.job.host))
-    ranks = sorted(ranks, key=lambda r: (r.rank is None, r.rank or 0))
-    verdict = judge(ranks, snapshot.job, snapshot.collectives)
+        evidence.append(exits.exited_rank(record.pid, record.rank, record.exit, host=snapshot.job.host))
+    evidence = sorted(evidence, key=lambda r: (r.rank is None, r.rank or 0))
+    job = dataclasses.replace(observed_snapshot(snapshot), ranks=tuple(evidence))
+    judged = judge_job(job, JudgeMemory.after(snapshot), snapshot.taken_at or time.time())
     first = next((r for r in records if r.exit.first), records[0])
-    verdict = dataclasses.replace(verdict, since=first.exit.at)
-    return dataclasses.replace(snapshot, ranks=tuple(ranks), verdict=verdict,
-                               groups=group_ranks(ranks, verdict.culprits))
+    verdict = dataclasses.replace(judged.verdict, since=first.exit.at)  # the crash began with the first death
+    return dataclasses.replace(snapshot, ranks=judged.ranks, verdict=verdict, groups=judged.groups)
 
 
 class Watcher:
@@ -259,12 +259,12 @@ class Watcher:
         if snapshot.job.run_dir and self.catcher.run_dir is None:
             self.catcher.run_dir = Path(snapshot.job.run_dir)
         verdict = snapshot.verdict
-        if verdict.kind != self._last_kind and verdict.kind != "crashed":
+        if verdict.kind != self._last_kind and verdict.kind not in CRASH_VERDICTS:
             self.emit(f"{_stamp()} verdict {verdict.kind}: {verdict.summary}".rstrip(": "))
             self._last_kind = verdict.kind
         if verdict.kind in HANG_VERDICTS:
             self.saw_problem = True
-        if verdict.kind == "crashed":
+        if verdict.kind in CRASH_VERDICTS:
             self._on_lingering_crash(snapshot)
         if self.episodes.observe(verdict, time.time()) and "hang" in self.dump_on:
             self._bundle(snapshot, f"{verdict.kind}: {verdict.summary}")

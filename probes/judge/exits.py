@@ -28,6 +28,7 @@ from ..read.discover import expected_local_ranks
 from ..read.kernlog import kernel_fault
 from ..read.process import JobProcesses, RankProcess
 from ..read.ranklog import LogReason, RankLogs
+from ..observed import ObservedRank
 from ..snapshot import ExitInfo, Rank, ThreadStack
 
 TEARDOWN_SIGNALS = frozenset({"SIGTERM", "SIGKILL", "SIGINT", "SIGHUP"})
@@ -252,11 +253,11 @@ def redacted(record: CrashRecord, clean: Clean) -> CrashRecord:
 # -- the exited Rank ----------------------------------------------------------------------------
 def exited_rank(pid: int, number: int | None, info: ExitInfo, *, proc: RankProcess | None = None,
                 cls: Classification | None = None, threads: tuple[ThreadStack, ...] = (),
-                host: str | None = None, log_path: str | None = None) -> Rank:
+                host: str | None = None, log_path: str | None = None) -> ObservedRank:
     """A rank that exited, keeping where it was last seen (its last stacks and phase)."""
-    return Rank(
+    return ObservedRank(
         rank=number, pid=pid, host=host or socket.gethostname(), local_rank=proc.local_rank if proc else None,
-        state="exited", phase=cls.phase if cls else "unknown", op=cls.op if cls else None,
+        seen="exited", phase=cls.phase if cls else "unknown", op=cls.op if cls else None,
         where=cls.where if cls else None, user_frame=cls.user_frame if cls else None,
         threads=threads, exit=info, log_path=log_path or (proc.log_path if proc else None),
     )
@@ -319,9 +320,9 @@ class ExitLedger:
             if record.rank is not None:
                 self._numbers[record.pid] = record.rank
 
-    def ranks(self, live: list[Rank], job: JobProcesses, seen: Mapping[int, RankProcess],
+    def ranks(self, live: list[ObservedRank], job: JobProcesses, seen: Mapping[int, RankProcess],
               classes: Mapping[int, Classification], stacks: Mapping[int, tuple[ThreadStack, ...]],
-              now: float) -> list[Rank]:
+              now: float) -> list[ObservedRank]:
         """The live ranks (lingering ones with their exception) and the exited ones, first marked."""
         live = [self._lingering(rank, seen.get(rank.pid or -1), now) for rank in live]
         first = first_to_die([*self._exits.items(), *self._raised.items()])
@@ -345,7 +346,7 @@ class ExitLedger:
             numbers.add(number)
         return sorted(ranks, key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0, r.pid or 0))
 
-    def _lingering(self, rank: Rank, proc: RankProcess | None, now: float) -> Rank:
+    def _lingering(self, rank: ObservedRank, proc: RankProcess | None, now: float) -> ObservedRank:
         if rank.phase != "exiting" or rank.pid is None:
             self._raised.pop(rank.pid or -1, None)
             return rank
