@@ -13,9 +13,8 @@ from dataclasses import replace
 import psutil
 
 from .errors import AccessDenied, ToolMissing
-from .evidence.redact import redact_argv
+from .redact import redact_argv
 from .evidence.watcher import CrashCatcher
-from .judge.exits import ExitLedger
 from .judge.gpu_warnings import gpu_phase_warnings
 from .judge.judgement import JudgeMemory, JudgeOptions, judge_job
 from .judge.native import PARALLEL as NATIVE_PARALLEL, NativeCache, resolve_natively
@@ -25,10 +24,12 @@ from .observed import ObservedJob, ObservedRank
 from .read import procfs
 from .read.collective_feed import CollectiveFeed
 from .read.discover import describe_job, expected_local_ranks, find_job
+from .read.exits import ExitLedger
 from .read.gpu import GpuProbe
 from .read.process import JobProcesses, RankProcess
 from .read.pyspy import find_pyspy
 from .read.sampler import StackSample, sample_all
+from .read.source_lines import source_line
 from .snapshot import PROBLEM_VERDICTS, Job, Rank, Snapshot, compact_ranks
 
 FULL_REFRESH_EVERY = 5  # every few polls, dump every rank anyway (other threads, stale lines)
@@ -156,11 +157,13 @@ class LocalSource:
         samples = sample_all(requests, locals_for=self._steps_due(requests))
         now = time.time()
         self._read_steps(samples, now)
-        classified = {pid: classify(sample.threads) for pid, sample in samples.items() if sample.threads is not None}
+        classified = {pid: classify(sample.threads, source_line) for pid, sample in samples.items()
+                      if sample.threads is not None}
         take = lambda pids: sample_all([(pid, True, None, False, None) for pid in pids],  # noqa: E731
                                        parallel=NATIVE_PARALLEL)
         if self.auto_native and resolve:
-            samples, classified = resolve_natively(samples, classified, self._native, self.memory.progress, now, take)
+            samples, classified = resolve_natively(samples, classified, self._native, self.memory.progress, now, take,
+                                                           source_line)
         for pid, cls in classified.items():
             sample = samples[pid]
             self._stacks[pid] = sample.threads

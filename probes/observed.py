@@ -13,7 +13,36 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from .errors import TrainwatchError
 from .snapshot import CollectiveState, ExitInfo, Job, Phase, Rank, RankGpu, Snapshot, State, ThreadStack
+
+
+SIGNAL_REASONS = {"SIGSEGV": "segmentation fault", "SIGBUS": "bus error", "SIGABRT": "aborted",
+                  "SIGFPE": "floating point exception", "SIGILL": "illegal instruction"}
+FrameInts = dict[int, dict[str, int]]  # main-thread frame index (innermost = 0) -> {allowed name: value}
+
+
+@dataclass(frozen=True)
+class ThreadCounters:
+    """Scheduler counters of one thread; unchanged counters mean the thread did not run."""
+
+    cpu_ticks: int
+    voluntary: int
+    involuntary: int
+
+
+@dataclass(frozen=True)
+class StackSample:
+    pid: int
+    threads: tuple[ThreadStack, ...] | None  # None: could not sample
+    before: ThreadCounters | None
+    after: ThreadCounters | None
+    error: TrainwatchError | None = None
+    reused: bool = False  # no py-spy call: the previous stacks were kept (see ProgressTracker.needs_dump)
+    gone: bool = False
+    ints: FrameInts | None = None  # step-like integer locals when read with --locals (see probes/judge/steps.py)
+    at: float | None = None  # unix time of the py-spy call (the middle of it)
+
 
 
 @dataclass(frozen=True)
@@ -79,3 +108,15 @@ def observed_snapshot(snapshot: Snapshot) -> ObservedJob:
     """A snapshot read back as evidence (bundles, other nodes, ``watch``): to be judged again."""
     return ObservedJob(job=snapshot.job, ranks=tuple(observed_rank(r) for r in snapshot.ranks),
                        collectives=snapshot.collectives)
+
+
+def abnormal(info: ExitInfo | None) -> bool:
+    """A crash: a signal, a non-zero exit code, or a rank reaped unseen whose evidence says why.
+    A rank reaped with no evidence at all is taken as a normal exit, not invented as a crash."""
+    if info is None:
+        return False
+    if info.signal is not None:
+        return True
+    if info.code is not None:
+        return info.code != 0
+    return bool(info.reason or info.message or info.frame)

@@ -340,3 +340,12 @@ def compact_ranks(ranks: typing.Iterable[int]) -> str:
         parts.append(str(items[i]) if i == j else f"{items[i]}-{items[j]}")
         i = j + 1
     return ",".join(parts)
+
+
+def age_text(seconds: float) -> str:
+    """``27 s``, ``4 min``, ``2.5 h``."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trainwatch.probes.judge.flightrec import analyze, load_trace
+from trainwatch.probes.read.flightrec import analyze, load_trace
 from trainwatch.probes.judge.judgement import JudgeMemory, JudgeOptions, Judgement, judge_job
 from trainwatch.probes.judge.native import NativeCache, resolve_natively
 from trainwatch.probes.judge.phases import classify, main_thread, stack_signature

@@ -25,19 +25,21 @@ import tarfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from ..errors import OutputError, TrainwatchError
 from .bundle_rank import RankEvidence, RankPlan, bounded, collect_rank
-from .redact import Redactor
+from ..redact import Redactor
 from .summary import render
-from ..judge import flightrec
+from ..read import flightrec
 from ..judge.judgement import JudgeMemory, judge_job
 from ..read import hookclient, nccl_state
 from ..read.discover import find_job
 from ..observed import observed_snapshot
 from ..snapshot import UNJUDGED_VERDICTS, CollectiveState, Snapshot
+from ..source import Source
 
 BUNDLE_FORMAT = "trainwatch-bundle"
 BUNDLE_VERSION = 1
@@ -198,6 +200,13 @@ def _env_text(env: dict[str, str] | None, redactor: Redactor) -> str:
     if env is None:
         return "environment unreadable\n"
     return "".join(f"{k}={v}\n" for k, v in redactor.env(env).items())
+
+
+def write_evidence(source: Source, snapshot: Snapshot, out_dir: Path, **options: Any) -> Path:
+    """Write an evidence bundle about ``snapshot``'s job into ``out_dir`` while ``source`` holds
+    its judgement; returns the bundle's path (``write_bundle`` names it)."""
+    with source.paused_judgement():
+        return write_bundle(snapshot.job.pid, snapshot, out_dir, **options)
 
 
 def write_bundle(source_pid: int, snapshot: Snapshot, out_dir: Path, *, tar: bool = False,

@@ -23,7 +23,8 @@ import psutil
 from ..errors import TrainwatchError
 from .bundle import write_bundle
 from ..judge import exits
-from ..judge.exits import CrashRecord
+from ..read import exits as ended
+from ..read.exits import CrashRecord
 from ..judge.judgement import JudgeMemory, judge_job
 from ..read import procfs
 from ..read.discover import LAUNCHERS, find_job
@@ -100,7 +101,7 @@ class CrashCatcher:
         self._job_root = job.root_pid
         if self.run_dir is None and job.run_dir:
             self.run_dir = Path(job.run_dir)
-        ranks = exits.infer_ranks(job)
+        ranks = ended.infer_ranks(job)
         for proc in ranks:
             self.logs.note_writer(proc.pid, proc.log_path)
         if job.launcher_pid:
@@ -130,8 +131,8 @@ class CrashCatcher:
 
     def _judge(self, proc: RankProcess, status: tuple[int | None, str | None] | None) -> CrashRecord | None:
         error_copy = self._copy_error_file(proc)
-        error_text = exits.read_bounded(error_copy, 256 * 1024) if error_copy else ""
-        record = exits.read_exit(proc, status, now=time.time(), run_dir=self.run_dir, logs=self.logs,
+        error_text = ended.read_bounded(error_copy, 256 * 1024) if error_copy else ""
+        record = ended.read_exit(proc, status, now=time.time(), run_dir=self.run_dir, logs=self.logs,
                                  error_text=error_text, clean=self._clean, launcher_log=self._launcher_log)
         if record.exit.code == 0 and record.exit.signal is None:
             self.exited_ok.append(proc.pid)
@@ -141,7 +142,7 @@ class CrashCatcher:
         return self._save(replace(record, error_file=error_copy))
 
     def _clean(self, text: str) -> str:
-        return exits.redactor_for([self.root_pid, self._job_root])(text)
+        return ended.redactor_for([self.root_pid, self._job_root])(text)
 
     def _mark_first(self, new: list[CrashRecord]) -> None:
         if any(r.exit.first for r in self.records):
@@ -162,7 +163,7 @@ class CrashCatcher:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"rank{record.rank}-pid{record.pid}.json"
         record = replace(record, saved_to=str(path))
-        clean = exits.redacted(record, self._clean)  # what is written leaves trainwatch: no secrets
+        clean = ended.redacted(record, self._clean)  # what is written leaves trainwatch: no secrets
         path.write_text(json.dumps(dataclasses.asdict(clean), indent=2))
         return record
 
@@ -204,7 +205,7 @@ def with_crashes(snapshot: Snapshot, records: list[CrashRecord]) -> Snapshot:
         record = by_rank.pop(rank.rank, None)
         evidence.append(dataclasses.replace(rank, seen="exited", exit=record.exit) if record else rank)
     for record in by_rank.values():  # died before any snapshot saw it
-        evidence.append(exits.exited_rank(record.pid, record.rank, record.exit, host=snapshot.job.host))
+        evidence.append(ended.exited_rank(record.pid, record.rank, record.exit, host=snapshot.job.host))
     evidence = sorted(evidence, key=lambda r: (r.rank is None, r.rank or 0))
     job = dataclasses.replace(observed_snapshot(snapshot), ranks=tuple(evidence))
     judged = judge_job(job, JudgeMemory.after(snapshot), snapshot.taken_at or time.time())
@@ -272,7 +273,7 @@ class Watcher:
     def _on_crash(self, record: CrashRecord) -> None:
         self.saw_crash = True
         first = " (first to die)" if record.exit.first else ""
-        self.emit(f"{_stamp()} crash {record.describe()}{first}")
+        self.emit(f"{_stamp()} crash {exits.death(record.rank, record.pid, record.exit)}{first}")
         if record.saved_to:
             self.emit(f"{_stamp()} crash record {record.saved_to}")
         if "crash" in self.dump_on and not self._crash_bundled:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from .exits import first_to_die
 from .groups import group_ranks
 from .progress import CompletedCollectives, ProgressTracker
 from .verdict import judge
@@ -62,7 +63,7 @@ def judge_job(evidence: ObservedJob, memory: JudgeMemory, now: float,
     for ev in evidence.ranks:
         if ev.rank in moved and ev.pid is not None:
             memory.progress.mark_progress(ev.pid, now)
-    ranks = [rank_state(ev, memory.progress, now, options) for ev in evidence.ranks]
+    ranks = _first_to_die([rank_state(ev, memory.progress, now, options) for ev in evidence.ranks])
     for rank in ranks:  # where each rank goes while it makes progress: breaks ties between waiting ranks
         if rank.state == "running" and rank.where and rank.rank is not None:
             memory.familiar[rank.rank] = memory.familiar.get(rank.rank, frozenset()) | {rank.where}
@@ -90,6 +91,13 @@ def rank_state(ev: ObservedRank, progress: ProgressTracker, now: float, options:
     threshold = options.stuck_after or progress.threshold(ev.pid, options.window, ev.step_period_s)
     stuck = idle >= threshold * SLACK
     return ev.as_rank("stuck" if stuck else "running", round(idle, 1) if stuck else None)
+
+
+def _first_to_die(ranks: list[Rank]) -> list[Rank]:
+    """Mark the one rank whose death (or uncaught exception) came first (``exits.first_to_die``)."""
+    first = first_to_die((i, r.exit) for i, r in enumerate(ranks) if r.exit is not None)
+    return [r if r.exit is None or r.exit.first == (i == first) else replace(r, exit=replace(r.exit, first=i == first))
+            for i, r in enumerate(ranks)]
 
 
 def _unjudged(verdict: Verdict, ranks: list[Rank], unsampled: str | None) -> Verdict:

@@ -7,10 +7,9 @@ from typing import Mapping, Sequence
 
 from . import exits
 from .exits import TEARDOWN_SIGNALS, raised_while_alive
-from .flightrec import age_text
 from .groups import group_key
 from .steps import step_note
-from ..snapshot import PROBLEM_VERDICTS, CollectiveState, Job, Phase, Rank, Verdict, who
+from ..snapshot import PROBLEM_VERDICTS, CollectiveState, Job, Phase, Rank, Verdict, age_text, who
 
 
 def verb(ranks: Sequence, singular: str, plural: str) -> str:

@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..judge.flightrec import analyze_rows
+from ..read.flightrec import analyze_rows
 from ..judge.judgement import JudgeMemory, judge_job
 from ..observed import ObservedJob, observed_rank
 from ..snapshot import CollectiveState, HostInfo, Rank, RankCollective, Snapshot

@@ -11,7 +11,7 @@ import pytest
 from recorded import JOB, WINDOW, JudgeMemory, gloo_mismatch, h100_item_hang, judged
 from trainwatch.probes.evidence.bundle import rejudged
 from trainwatch.probes.evidence.watcher import Watcher
-from trainwatch.probes.judge.flightrec import analyze_rows
+from trainwatch.probes.read.flightrec import analyze_rows
 from trainwatch.probes.remote.merge import NodeView, merge_nodes
 from trainwatch.probes.snapshot import CollectiveState, Snapshot
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from recorded import END, JudgeMemory, judged, observe, replay
-from trainwatch.probes.judge.flightrec import analyze, load_trace
+from trainwatch.probes.read.flightrec import analyze, load_trace
 
 PYSPY = Path(__file__).parents[1] / "fixtures" / "h100" / "pyspy"
 
