@@ -215,7 +215,7 @@ class LocalSource:
             groups=judged.groups,
             verdict=judged.verdict,
             hosts=(gpu_host,) if gpu_host else (),
-            collectives=collectives,
+            collectives=judged.collectives,
             warnings=tuple(dict.fromkeys(warnings)),
             notes=tuple(dict.fromkeys(notes)),
             taken_at=now,

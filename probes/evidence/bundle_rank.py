@@ -34,8 +34,9 @@ class RankEvidence:
     worked: list[str] = field(default_factory=list)  # sources that gave something
     env: dict[str, str] | None = None
     cmdline: tuple[str, ...] = ()
-    trace: dict | None = None
+    trace: dict | None = None  # the Flight Recorder trace that counts (flightrec.fresher)
     trace_source: str | None = None
+    trace_at: float | None = None
     faulthandler: str | None = None  # "collected" or why not
     versions: dict[str, str] = field(default_factory=dict)
     stacks: list[ThreadStack] = field(default_factory=list)
@@ -172,7 +173,7 @@ def _hook(plan: RankPlan, ev: RankEvidence) -> None:
         ev.note("Flight Recorder from the hook: no collective recorded"
                 + (f" ({'; '.join(notes)})" if notes else ""))
         return
-    ev.trace, ev.trace_source = merged, "hook"
+    _choose(ev, flightrec.FoundTrace(merged, "hook", time.time()))
     ev.worked.append("hook flight recorder (" + "+".join(name for name, _ in traces) + ")")
 
 
@@ -304,11 +305,25 @@ def _keep_trace(ev: RankEvidence, found: nccl_state.Found, name: str | None = No
     except flightrec.TraceError as exc:
         ev.note(f"{found.origin}: {exc}")
         return
-    if not flightrec.has_entries(trace):
-        return
-    # On-demand traces (hook, pipe, debug server) are fresh; a file on disk may be an old dump.
-    if ev.trace is None or (ev.trace_source == "flight-recorder-file" and found.source != ev.trace_source):
-        ev.trace, ev.trace_source = trace, found.source
+    if flightrec.has_entries(trace):
+        _choose(ev, flightrec.FoundTrace(trace, found.source, _current_at(found)))
+
+
+def _current_at(found: nccl_state.Found) -> float:
+    """When a trace was current: its file's modification time (dump files, the pipe's file),
+    else now (fetched from the debug server just now)."""
+    if found.origin and found.source in ("flight-recorder-file", "pipe"):
+        try:
+            return os.stat(found.origin).st_mtime
+        except OSError:
+            pass
+    return time.time()
+
+
+def _choose(ev: RankEvidence, found: flightrec.FoundTrace) -> None:
+    kept = flightrec.FoundTrace(ev.trace, ev.trace_source or "", ev.trace_at or 0.0) if ev.trace is not None else None
+    best = flightrec.fresher(kept, found)
+    ev.trace, ev.trace_source, ev.trace_at = best.trace, best.source, best.at
 
 
 def _settings_and_logs(plan: RankPlan, ev: RankEvidence) -> None:

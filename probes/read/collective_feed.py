@@ -1,6 +1,6 @@
 """Collective state for the live view: each rank's Flight Recorder, fetched in the background.
 
-Sources per rank, the freshest one kept:
+Sources per rank; the trace that counts is chosen by ``flightrec.fresher`` (as in bundles):
 
 * the armed hook's ``fr_trace`` over its control socket (bounded, ~13 ms for 550 NCCL entries);
 * Flight Recorder dumps already on disk (:func:`nccl_state.fr_files_on_disk`), newer than the job;
@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -29,13 +28,6 @@ from ..snapshot import CollectiveState
 HOOK_TIMEOUT_S = 2.0
 MIN_INTERVAL_S = 1.0  # at most one fetch per second, however often the view polls
 PIPE_WAIT_S = nccl_state.PIPE_WAIT_S
-
-
-@dataclass(frozen=True)
-class _Trace:
-    trace: dict
-    source: str  # "hook", "flight-recorder-file" or "pipe"
-    at: float  # unix time the state was current: fetch time, or the dump file's mtime
 
 
 class CollectiveFeed:
@@ -52,7 +44,7 @@ class CollectiveFeed:
         self._lock = threading.Lock()  # guards the fields below; never held while fetching
         self._analysis = threading.Lock()  # one analysis at a time, so the newest traces win
         self._closed = threading.Event()
-        self._traces: dict[int, _Trace] = {}
+        self._traces: dict[int, flightrec.FoundTrace] = {}
         self._state: CollectiveState | None = None
         self._fetch: threading.Thread | None = None
         self._fetch_started = float("-inf")
@@ -148,7 +140,7 @@ class CollectiveFeed:
                 self._store(rank, trace)
         self._maybe_pipe(rank, env)
 
-    def _from_hook(self, sock: Path) -> _Trace | None:
+    def _from_hook(self, sock: Path) -> flightrec.FoundTrace | None:
         at = time.time()
         reply = hookclient.request(sock, "fr_trace", timeout=self._hook_timeout)
         if not reply.ok:
@@ -158,10 +150,10 @@ class CollectiveFeed:
         except flightrec.TraceError:
             return None
         merged = flightrec.merge_traces([trace for _, trace in traces])
-        return _Trace(merged, "hook", at) if merged is not None else None
+        return flightrec.FoundTrace(merged, "hook", at) if merged is not None else None
 
     def _read_dump(self, path: Path, since: float = 0.0, source: str = "flight-recorder-file",
-                   again: bool = False) -> _Trace | None:
+                   again: bool = False) -> flightrec.FoundTrace | None:
         """A dump file's trace when it is newer than ``since``, once per version of the file
         (an unchanged file is not read again unless ``again``)."""
         try:
@@ -177,7 +169,7 @@ class CollectiveFeed:
             return None  # gone, unreadable, or half written: read again next time
         with self._lock:
             self._seen_files[str(path)] = key
-        return _Trace(trace, source, info.st_mtime) if flightrec.has_entries(trace) else None
+        return flightrec.FoundTrace(trace, source, info.st_mtime) if flightrec.has_entries(trace) else None
 
     def _maybe_pipe(self, rank: int, env: dict[str, str]) -> None:
         """Trigger the rank's debug-info pipe once per stuck episode; await its file elsewhere."""
@@ -217,12 +209,10 @@ class CollectiveFeed:
         return known
 
     # -- state ---------------------------------------------------------------------------
-    def _store(self, rank: int, new: _Trace) -> None:
-        """Keep the fresher trace of a rank."""
+    def _store(self, rank: int, new: flightrec.FoundTrace) -> None:
+        """Keep the trace of a rank that counts (``flightrec.fresher``)."""
         with self._lock:
-            old = self._traces.get(rank)
-            if old is None or old.at <= new.at:
-                self._traces[rank] = new
+            self._traces[rank] = flightrec.fresher(self._traces.get(rank), new)
 
     def _analyse(self) -> None:
         with self._analysis:
