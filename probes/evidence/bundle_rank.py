@@ -17,6 +17,7 @@ from .. import rundir
 from ..errors import TrainwatchError
 from ..read import flightrec
 from ..read import hookclient, nccl_state, procfacts, procfs, pyspy
+from ..read.collective_feed import found_trace, from_hook
 from ..snapshot import ThreadStack
 
 FAULTHANDLER_NOT_ARMED = "faulthandler not armed: start the job with `trainwatch run` to get these"
@@ -157,24 +158,18 @@ def _hook(plan: RankPlan, ev: RankEvidence) -> None:
         ev.worked.append("hook stacks")
     else:
         ev.note(f"all-thread stacks from the hook: {reply.error}")
-    reply = hookclient.request(plan.hook_socket, "fr_trace", timeout=plan.step_timeout)
-    if not reply.ok:
-        ev.note(f"Flight Recorder from the hook: {reply.error}")
+    got = from_hook(plan.hook_socket, plan.step_timeout)
+    if got.error is not None:
+        ev.note(f"Flight Recorder from the hook: {got.error}")
         return
-    try:
-        traces, notes = flightrec.hook_reply_traces(reply.text)
-    except flightrec.TraceError as exc:
-        ev.note(f"Flight Recorder from the hook: {exc}")
-        return
-    for name, trace in traces:  # each recorder's trace, as torch dumped it
+    for name, trace in got.traces:  # each recorder's trace, as torch dumped it
         ev.files[f"flight-recorder/hook-{'nccl_trace' if name == 'nccl' else 'fr_trace'}.json"] = json.dumps(trace)
-    merged = flightrec.merge_traces([trace for _, trace in traces])
-    if merged is None:
+    if got.found is None:
         ev.note("Flight Recorder from the hook: no collective recorded"
-                + (f" ({'; '.join(notes)})" if notes else ""))
+                + (f" ({'; '.join(got.notes)})" if got.notes else ""))
         return
-    _choose(ev, flightrec.FoundTrace(merged, "hook", time.time()))
-    ev.worked.append("hook flight recorder (" + "+".join(name for name, _ in traces) + ")")
+    _choose(ev, got.found)
+    ev.worked.append("hook flight recorder (" + "+".join(name for name, _ in got.traces) + ")")
 
 
 def _faulthandler(plan: RankPlan, ev: RankEvidence) -> None:
@@ -301,12 +296,12 @@ def _keep_trace(ev: RankEvidence, found: nccl_state.Found, name: str | None = No
     ev.files[f"flight-recorder/{name}"] = found.data
     ev.worked.append(f"{found.source} ({found.origin})")
     try:
-        trace = flightrec.load_trace(found.data)
+        trace = found_trace(found.data, found.source, _current_at(found))
     except flightrec.TraceError as exc:
         ev.note(f"{found.origin}: {exc}")
         return
-    if flightrec.has_entries(trace):
-        _choose(ev, flightrec.FoundTrace(trace, found.source, _current_at(found)))
+    if trace is not None:
+        _choose(ev, trace)
 
 
 def _current_at(found: nccl_state.Found) -> float:

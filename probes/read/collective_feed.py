@@ -1,4 +1,5 @@
-"""Collective state for the live view: each rank's Flight Recorder, fetched in the background.
+"""The one place that fetches Flight Recorder traces: for the live view (each rank's, in the
+background) and for bundles (:func:`from_hook`, :func:`found_trace`, used by ``evidence/bundle_rank.py``).
 
 Sources per rank; the trace that counts is chosen by ``flightrec.fresher`` (as in bundles):
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -141,16 +143,7 @@ class CollectiveFeed:
         self._maybe_pipe(rank, env)
 
     def _from_hook(self, sock: Path) -> flightrec.FoundTrace | None:
-        at = time.time()
-        reply = hookclient.request(sock, "fr_trace", timeout=self._hook_timeout)
-        if not reply.ok:
-            return None
-        try:
-            traces, _ = flightrec.hook_reply_traces(reply.text)
-        except flightrec.TraceError:
-            return None
-        merged = flightrec.merge_traces([trace for _, trace in traces])
-        return flightrec.FoundTrace(merged, "hook", at) if merged is not None else None
+        return from_hook(sock, self._hook_timeout).found
 
     def _read_dump(self, path: Path, since: float = 0.0, source: str = "flight-recorder-file",
                    again: bool = False) -> flightrec.FoundTrace | None:
@@ -164,12 +157,12 @@ class CollectiveFeed:
             with self._lock:
                 if self._seen_files.get(str(path)) == key and not again:
                     return None
-            trace = flightrec.load_trace(nccl_state.read_capped(path))
+            found = found_trace(nccl_state.read_capped(path), source, info.st_mtime)
         except (OSError, flightrec.TraceError):
             return None  # gone, unreadable, or half written: read again next time
         with self._lock:
             self._seen_files[str(path)] = key
-        return flightrec.FoundTrace(trace, source, info.st_mtime) if flightrec.has_entries(trace) else None
+        return found
 
     def _maybe_pipe(self, rank: int, env: dict[str, str]) -> None:
         """Trigger the rank's debug-info pipe once per stuck episode; await its file elsewhere."""
@@ -224,6 +217,39 @@ class CollectiveFeed:
             state = flightrec.analyze({rank: t.trace for rank, t in traces.items()}, source=source)
             with self._lock:
                 self._state = state
+
+
+@dataclass(frozen=True)
+class HookTraces:
+    """What a rank's armed hook answered to ``fr_trace``: each recorder's trace as torch dumped it,
+    the merged trace that counts (None: nothing recorded), and why there is none."""
+
+    traces: tuple[tuple[str, dict], ...] = ()
+    found: flightrec.FoundTrace | None = None
+    error: str | None = None
+    notes: tuple[str, ...] = ()
+
+
+def from_hook(sock: Path, timeout: float) -> HookTraces:
+    """Fetch a rank's Flight Recorder through its hook's control socket (bounded)."""
+    at = time.time()
+    reply = hookclient.request(sock, "fr_trace", timeout=timeout)
+    if not reply.ok:
+        return HookTraces(error=reply.error)
+    try:
+        traces, notes = flightrec.hook_reply_traces(reply.text)
+    except flightrec.TraceError as exc:
+        return HookTraces(error=str(exc))
+    merged = flightrec.merge_traces([trace for _, trace in traces])
+    found = flightrec.FoundTrace(merged, "hook", at) if merged is not None else None
+    return HookTraces(tuple(traces), found, None, tuple(notes))
+
+
+def found_trace(data: bytes, source: str, at: float) -> flightrec.FoundTrace | None:
+    """A dump's bytes as a trace current at ``at``; None when it holds no entry. Raises
+    ``flightrec.TraceError`` for bytes that are no trace."""
+    trace = flightrec.load_trace(data)
+    return flightrec.FoundTrace(trace, source, at) if flightrec.has_entries(trace) else None
 
 
 def _thread(target: Callable[..., None], *args: object, name: str) -> threading.Thread:
