@@ -16,7 +16,9 @@ import subprocess
 from typing import Any
 
 from ..probes.errors import PARTIAL_EXIT, TrainwatchError
-from ..probes.remote.hostlist import parse_hosts, read_hostfile, slurm_hostnames, slurm_job_nodelist, unique
+from ..probes.remote.hostlist import (
+    parse_hosts, read_hostfile, slurm_hostnames, slurm_job_nodelist, slurm_running_jobs, unique,
+)
 from ..probes.remote.multinode import MultiNodeSource
 from ..probes.remote.remote import (
     DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, KubeRemote, Remote, SlurmRemote, SshRemote,
@@ -24,7 +26,7 @@ from ..probes.remote.remote import (
 )
 
 __all__ = ["PARTIAL_EXIT", "add_remote_arguments", "wants_remote", "remotes_from_args", "wrap_source",
-           "detect_slurm"]
+           "detect_slurm", "slurm_job_here"]
 
 
 def add_remote_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,6 +84,26 @@ def detect_slurm(job: Any) -> str | None:
     return None
 
 
+def slurm_job_here(timeout: float) -> str:
+    """``--slurm auto`` without a PID: SLURM_JOB_ID of this shell, else the one job running on this node."""
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if job_id:
+        return job_id
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    jobs = slurm_running_jobs(node, timeout=timeout)
+    if len(jobs) == 1:
+        return jobs[0]
+    found = f"jobs {', '.join(jobs)} run" if jobs else "no SLURM job runs"
+    raise TrainwatchError(f"--slurm auto: no SLURM_JOB_ID here and {found} on node {node}",
+                          remedy="pass --slurm JOBID (squeue lists them)")
+
+
+def _slurm_node_names(job: Any) -> set[str]:
+    """The names SLURM knows this node by, from the local ranks' SLURMD_NODENAME (may differ from the hostname)."""
+    return {name for rank in getattr(job, "ranks", ()) or ()
+            if (name := (getattr(rank, "env", None) or {}).get("SLURMD_NODENAME"))}
+
+
 def _slurm_remotes(args: argparse.Namespace, job: Any) -> list[Remote]:
     job_id = detect_slurm(job) if args.slurm == "auto" else args.slurm
     if not job_id:
@@ -89,7 +111,7 @@ def _slurm_remotes(args: argparse.Namespace, job: Any) -> list[Remote]:
     if not shutil.which("srun"):
         raise TrainwatchError("--slurm needs srun, which is not installed here",
                               remedy="run trainwatch on a node of the SLURM cluster, or use --hosts (ssh)")
-    local = _this_node()
+    local = _this_node() | _slurm_node_names(job)
     nodes = slurm_hostnames(slurm_job_nodelist(job_id, timeout=args.remote_timeout))
     return [SlurmRemote(name=n, job_id=job_id) for n in nodes if n not in local]
 
