@@ -165,3 +165,35 @@ def _interrupt(proc: subprocess.Popen) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+@pytest.fixture
+def tmux():
+    from test_tmux_attach import Tmux
+    server = Tmux()
+    yield server
+    server.kill()
+
+
+def test_attach_shows_the_straggler_on_the_other_node_and_quits_cleanly(job, slurm_cluster, untouched, tmux):
+    if shutil.which("tmux") is None:
+        pytest.fail("CI: tmux is required") if slurm_cluster.in_ci() else pytest.skip("needs tmux")
+    cmd = on_tw1(slurm_cluster, ["env", "-u", "COLUMNS", "-u", "LINES", "TERM=xterm-256color", "COLORTERM=",
+                                 TRAINWATCH, "attach", str(job.launcher_pid("tw1")), "--slurm", "auto"])
+    tmux("new-session", "-d", "-s", "tw", "-x", "140", "-y", "40", shlex.join(cmd))
+    screen = ""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        screen = tmux.screen()
+        if "STRAGGLER" in screen and "▶1" in screen and "▶ rank 1" in screen and "tw2" in screen:
+            break
+        assert tmux.alive(), f"trainwatch exited early:\n{screen}"
+        time.sleep(1.0)
+    else:
+        pytest.fail(f"no straggler verdict naming rank 1 on tw2 within 60s; screen:\n{screen}")
+    assert "world 2" in screen and "train.py" in screen, screen
+    tmux("send-keys", "-t", "tw", "q")
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and tmux.alive():
+        time.sleep(0.2)
+    assert not tmux.alive(), f"q did not quit:\n{tmux.screen()}"
