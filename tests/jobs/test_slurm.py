@@ -25,6 +25,7 @@ from real_jobs import PLANTED, free_port
 
 pytestmark = [pytest.mark.job, pytest.mark.slow]
 
+RANKS = r"python\S* -u \S*train\.py --scenario"  # the ranks, not torchrun (whose command line names train.py too)
 TRAINWATCH = str(Path(sys.executable).parent / "trainwatch")
 # On the nodes (srun passes the caller's environment), trainwatch is found on PATH like any tool.
 NODE_ENV = f"PATH={Path(sys.executable).parent}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -69,7 +70,7 @@ class SlurmJob:
 
     def rank_pids(self) -> dict[str, list[int]]:
         """Each node's rank processes, in the node's own PID numbering."""
-        return {n: self.cluster.pids_on_node(n, "train.py --scenario") for n in self.cluster.NODES}
+        return {n: self.cluster.pids_on_node(n, RANKS) for n in self.cluster.NODES}
 
     def launcher_pid(self, node: str) -> int:
         (pid,) = self.cluster.pids_on_node(node, r"^\S*python\S* -m torch.distributed.run")
