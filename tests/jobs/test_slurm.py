@@ -198,3 +198,15 @@ def test_attach_shows_the_straggler_on_the_other_node_and_quits_cleanly(job, slu
     while time.monotonic() < deadline and tmux.alive():
         time.sleep(0.2)
     assert not tmux.alive(), f"q did not quit:\n{tmux.screen()}"
+
+
+def test_snapshot_from_a_login_node_reads_every_node_through_srun(job, slurm_cluster, untouched):
+    # A login node: its own hostname and process table, no rank of the job; only the job id is known.
+    login = ["unshare", "--pid", "--uts", "--mount", "--fork", "--mount-proc", "--kill-child",
+             "sh", "-c", 'hostname login && exec "$@"', "sh", "env", NODE_ENV]
+    cmd = [*login, TRAINWATCH, "snapshot", "--slurm", job.id, "--json", "--window", "1", "--remote-timeout", "40"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert {r["rank"]: r["host"] for r in data["ranks"]} == {0: "tw1", 1: "tw2"}
+    assert data["verdict"]["kind"] == "straggler" and data["verdict"]["culprits"] == [1], data["verdict"]
