@@ -21,6 +21,8 @@ from sshd import find_sshd
 
 ADDRS = {"node1": "10.213.0.1", "node2": "10.213.0.2"}
 PREFIX = 30
+IFNAME = "tw0"  # each node's end of the veth, renamed inside its namespace (GLOO_SOCKET_IFNAME)
+SLURM_TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scancel", "sinfo")
 TOOLS = ("unshare", "nsenter", "ip", "ssh", "ssh-keygen")
 
 
@@ -56,6 +58,7 @@ class TwoHosts:
         self.holders: dict[str, subprocess.Popen] = {}
         self.init_pid: dict[str, int] = {}
         self.ssh_config = self.dir / "ssh_config"
+        self.slurm_conf: Path | None = None
         self.sshd_logs = {n: self.dir / f"sshd-{n}.log" for n in ADDRS}
 
     # --- namespaces ---------------------------------------------------------------------------
@@ -75,7 +78,8 @@ class TwoHosts:
         # --kill-child: if unshare dies, so does the namespace's first process (and all in it).
         holder = subprocess.Popen(
             ["unshare", "--pid", "--uts", "--net", "--mount", "--fork", "--mount-proc", "--kill-child",
-             "sh", "-c", f"hostname {node} && ip link set lo up && exec sleep 100000"],
+             # The namespace's first process: a shell that waits, so it reaps orphans as init must.
+             "sh", "-c", f"hostname {node} && ip link set lo up && sleep 100000 & wait"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             start_new_session=True)
         self.holders[node] = holder
@@ -83,7 +87,7 @@ class TwoHosts:
         while time.monotonic() < deadline:
             children = Path(f"/proc/{holder.pid}/task/{holder.pid}/children")
             pids = children.read_text().split() if children.exists() else []
-            if pids and _cmdline(int(pids[0])).startswith("sleep"):  # set up, then exec'd
+            if pids and _children(int(pids[0])):  # set up: sleep started
                 self.init_pid[node] = int(pids[0])
                 return
             if holder.poll() is not None:
@@ -96,14 +100,16 @@ class TwoHosts:
         _run(["ip", "link", "add", a, "type", "veth", "peer", "name", b])
         for node, dev in self.veth.items():
             _run(["ip", "link", "set", dev, "netns", str(self.init_pid[node])])
-            _run(self.on(node, ["ip", "addr", "add", f"{ADDRS[node]}/{PREFIX}", "dev", dev]))
-            _run(self.on(node, ["ip", "link", "set", dev, "up"]))
+            _run(self.on(node, ["ip", "link", "set", dev, "name", IFNAME]))
+            _run(self.on(node, ["ip", "addr", "add", f"{ADDRS[node]}/{PREFIX}", "dev", IFNAME]))
+            _run(self.on(node, ["ip", "link", "set", IFNAME, "up"]))
 
     def on(self, node: str, argv: list[str], cwd: str | None = None) -> list[str]:
         """``argv`` run on ``node``: in its namespaces, with this venv's tools first on PATH."""
         path = f"{Path(sys.executable).parent}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        env = [f"PATH={path}"] + ([f"SLURM_CONF={self.slurm_conf}"] if self.slurm_conf else [])
         return ["nsenter", "-t", str(self.init_pid[node]), "-m", "-u", "-p", "-n",
-                f"--wd={cwd or os.getcwd()}", "env", f"PATH={path}", *argv]
+                f"--wd={cwd or os.getcwd()}", "env", *env, *argv]
 
     # --- sshd on each node --------------------------------------------------------------------
 
@@ -153,6 +159,47 @@ class TwoHosts:
         raise TimeoutError(f"ssh {src} -> {dst} did not work in {timeout:g}s: "
                            f"{done.stderr if done else ''}{self.sshd_logs[dst].read_text()[-1500:]}")
 
+    # --- SLURM across the two nodes ------------------------------------------------------------
+
+    def start_slurm(self, timeout: float = 60.0) -> None:
+        """slurmctld on node1 and a slurmd on each node, over the veth; munged is the machine's own
+        (tests/infra/slurm_up.sh starts it; its socket is a file, reachable from every namespace)."""
+        state = self.dir / "slurm"
+        for sub in ("ctld", "node1", "node2", "log"):
+            (state / sub).mkdir(parents=True, exist_ok=True)
+        conf = state / "slurm.conf"
+        cpus = os.cpu_count() or 1
+        conf.write_text(
+            f"ClusterName=twohosts\nSlurmctldHost=node1({ADDRS['node1']})\nSlurmUser=root\n"
+            "AuthType=auth/munge\nCredType=cred/munge\nMpiDefault=none\nProctrackType=proctrack/linuxproc\n"
+            "TaskPlugin=task/none\nJobAcctGatherType=jobacct_gather/none\n"
+            "AccountingStorageType=accounting_storage/none\nSelectType=select/cons_tres\n"
+            "SelectTypeParameters=CR_Core\nReturnToService=2\nInactiveLimit=0\nKillWait=5\n"
+            f"StateSaveLocation={state / 'ctld'}\nSlurmdSpoolDir={state}/%n\n"
+            f"SlurmctldPidFile={state / 'slurmctld.pid'}\nSlurmdPidFile={state}/slurmd-%n.pid\n"
+            f"SlurmctldLogFile={state / 'log' / 'slurmctld.log'}\nSlurmdLogFile={state}/log/slurmd-%n.log\n"
+            + "".join(f"NodeName={n} NodeAddr={a} CPUs={cpus} State=UNKNOWN\n" for n, a in ADDRS.items())
+            + "PartitionName=two Nodes=node1,node2 Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE\n")
+        self.slurm_conf = conf
+        # In the nodes' namespaces, the daemons die with them.
+        daemons = [("node1", ["slurmctld", "-D", "-i", "-f", str(conf)])]
+        daemons += [(n, ["slurmd", "-D", "-N", n, "-f", str(conf)]) for n in ADDRS]
+        for node, argv in daemons:
+            with open(state / "log" / f"{argv[0]}-{node}.out", "wb") as log:
+                subprocess.Popen(self.on(node, argv), stdin=subprocess.DEVNULL, stdout=log,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        states = ""
+        while time.monotonic() < deadline:
+            done = subprocess.run(self.on("node1", ["sinfo", "-h", "-N", "-o", "%N %t"]), capture_output=True,
+                                  text=True, timeout=20, check=False)
+            states = done.stdout + done.stderr
+            if sum(1 for line in done.stdout.splitlines() if line.split()[1:] == ["idle"]) == len(ADDRS):
+                return
+            time.sleep(0.5)
+        logs = "".join(p.read_text(errors="replace")[-1000:] for p in (state / "log").iterdir())
+        raise TimeoutError(f"SLURM on the two nodes did not come up idle in {timeout:g}s: {states}\n{logs}")
+
     # --- teardown -----------------------------------------------------------------------------
 
     def stop(self) -> None:
@@ -179,8 +226,8 @@ class TwoHosts:
         self.stop()
 
 
-def _cmdline(pid: int) -> str:
+def _children(pid: int) -> list[str]:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_text()
+        return Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     except OSError:
-        return ""
+        return []

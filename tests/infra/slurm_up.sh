@@ -28,8 +28,12 @@ pid_alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 down() {
   for node in "${NODES[@]}"; do
-    # The unshare parent; killing it ends the namespace's init (slurmd) and everything in it.
-    pid_alive "$RUN/slurmd-$node.unshare.pid" && kill "$(cat "$RUN/slurmd-$node.unshare.pid")" || true
+    # The namespace's first process (unshare's child): killing it ends everything in the namespace.
+    if pid_alive "$RUN/slurmd-$node.unshare.pid"; then
+      holder=$(cat "$RUN/slurmd-$node.unshare.pid")
+      for init in $(cat "/proc/$holder/task/$holder/children" 2>/dev/null); do kill -KILL "$init" 2>/dev/null || true; done
+      kill "$holder" 2>/dev/null || true
+    fi
   done
   pid_alive "$RUN/slurmctld.pid" && kill "$(cat "$RUN/slurmctld.pid")" || true
   rm -f "$RUN"/*.pid
@@ -103,9 +107,11 @@ fi
 
 for node in "${NODES[@]}"; do
   pid_alive "$RUN/slurmd-$node.unshare.pid" && continue
-  # Its own PID, UTS and mount namespace (fresh /proc): the node's hostname is its name.
-  setsid unshare --pid --uts --mount --fork --mount-proc \
-    sh -c "hostname $node && exec slurmd -D -N $node" \
+  # Its own PID, UTS and mount namespace (fresh /proc): the node's hostname is its name. The
+  # namespace's first process is a shell that waits, reaping what slurmstepd leaves orphaned;
+  # --kill-child: killing unshare ends the namespace and everything in it.
+  setsid unshare --pid --uts --mount --fork --mount-proc --kill-child \
+    sh -c "hostname $node && slurmd -D -N $node & wait" \
     </dev/null >>"/var/log/slurm/slurmd-$node.out" 2>&1 &
   echo $! > "$RUN/slurmd-$node.unshare.pid"
 done

@@ -25,6 +25,7 @@ from real_jobs import PLANTED, free_port
 
 pytestmark = [pytest.mark.job, pytest.mark.slow]
 
+TRAINWATCH_PROC = r"trainwatch(\.tui\.cli| snapshot| watch| attach)"  # a trainwatch process, here or remote
 RANKS = r"python\S* -u \S*train\.py --scenario"  # the ranks, not torchrun (whose command line names train.py too)
 TRAINWATCH = str(Path(sys.executable).parent / "trainwatch")
 # On the nodes (srun passes the caller's environment), trainwatch is found on PATH like any tool.
@@ -97,7 +98,7 @@ def untouched(job, slurm_cluster):
 
     def left_behind() -> dict:
         return {"steps": slurm_cluster.job_steps(job.id),
-                "trainwatch": {n: slurm_cluster.pids_on_node(n, "trainwatch") for n in slurm_cluster.NODES}}
+                "trainwatch": {n: slurm_cluster.pids_on_node(n, TRAINWATCH_PROC) for n in slurm_cluster.NODES}}
 
     clean = {"steps": steps, "trainwatch": {n: [] for n in slurm_cluster.NODES}}
     deadline = time.monotonic() + 15  # trainwatch's srun steps end as it exits; slurmctld may lag a moment

@@ -1,17 +1,17 @@
-"""Two real hosts on one machine (tests/two_hosts.py): a torchrun gloo job across them, read over ssh.
+"""Two real hosts on one machine (tests/two_hosts.py): a torchrun gloo job across them, read over ssh and SLURM.
 
 node1 and node2 each have their own PID, UTS, mount and network namespace, a veth between them
 (10.213.0.1/30 and 10.213.0.2/30) and their own sshd. A real ``torchrun --nnodes=2
 --nproc-per-node=2`` gloo job spans both; the planted straggler, rank 3, runs on node2.
-trainwatch runs on node1, where only ranks 0 and 1 exist, and must name rank 3 over ssh.
+trainwatch runs on node1, where only ranks 0 and 1 exist, and must name rank 3 over ssh; then
+the same job under a SLURM whose slurmctld and slurmds run in the nodes, read with srun --overlap.
 """
 
 from __future__ import annotations
 
 import json
-import os
+import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -19,13 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from real_jobs import PLANTED, TORCHRUN
+from real_jobs import PLANTED, TORCHRUN, kill_tree
 from sshd import remote_trainwatch
 import two_hosts
 
 pytestmark = [pytest.mark.job, pytest.mark.slow]
 
 TRAINWATCH = str(Path(sys.executable).parent / "trainwatch")
+TRAINWATCH_PROC = r"trainwatch(\.tui\.cli| snapshot| watch| attach)"  # a trainwatch process, here or remote
 RANKS = r"python\S* -u \S*train\.py --scenario"  # the ranks, not torchrun (whose command line names train.py too)
 MASTER_PORT = 29511  # its own network namespace: no other job listens there
 
@@ -41,16 +42,17 @@ def hosts(tmp_path_factory):
         yield made
 
 
-@pytest.fixture(scope="module")
-def job(hosts, tmp_path_factory):
+@pytest.fixture
+def job(hosts, tmp_path):
     """The job on both nodes; it dies with the namespaces, and is killed here first."""
-    workdir = tmp_path_factory.mktemp("job")
+    workdir = tmp_path / "job"
+    workdir.mkdir()
     script = workdir / "train.py"
     shutil.copy(PLANTED, script)
     procs, logs = [], {}
     for rank, node in enumerate(two_hosts.ADDRS):
         logs[node] = workdir / f"{node}.log"
-        cmd = hosts.on(node, ["env", f"GLOO_SOCKET_IFNAME={hosts.veth[node]}", "OMP_NUM_THREADS=1",
+        cmd = hosts.on(node, ["env", f"GLOO_SOCKET_IFNAME={two_hosts.IFNAME}", "OMP_NUM_THREADS=1",
                               "PYTHONUNBUFFERED=1", *TORCHRUN, "--nnodes=2", f"--node-rank={rank}",
                               "--master-addr", two_hosts.ADDRS["node1"], "--master-port", str(MASTER_PORT),
                               "--nproc-per-node=2", str(script), "--scenario", "straggler", "--deadline", "120"],
@@ -70,10 +72,7 @@ def job(hosts, tmp_path_factory):
         yield hosts
     finally:
         for proc in procs:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # nsenter and the torchrun it started
-            except ProcessLookupError:
-                pass
+            kill_tree(proc.pid)  # nsenter, its torchrun, and the ranks (each in a session of its own)
             proc.wait(timeout=10)
 
 
@@ -107,6 +106,64 @@ def test_trainwatch_on_node1_names_the_straggler_on_node2_over_ssh(job, tmp_path
     # The job is untouched, and nothing of trainwatch's is left on either node.
     assert {n: pids(hosts, n, RANKS) for n in two_hosts.ADDRS} == ranks_before
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(pids(hosts, n, "trainwatch") for n in two_hosts.ADDRS):
+    while time.monotonic() < deadline and any(pids(hosts, n, TRAINWATCH_PROC) for n in two_hosts.ADDRS):
         time.sleep(0.2)
-    assert {n: pids(hosts, n, "trainwatch") for n in two_hosts.ADDRS} == {"node1": [], "node2": []}
+    assert {n: pids(hosts, n, TRAINWATCH_PROC) for n in two_hosts.ADDRS} == {"node1": [], "node2": []}
+
+
+@pytest.fixture
+def slurm_job(hosts, slurm_cluster, tmp_path):
+    """SLURM on the two nodes (munged from slurm_cluster) and a 2-node sbatch straggler; scancel'd after."""
+    hosts.start_slurm()
+    workdir = tmp_path / "slurm-job"
+    workdir.mkdir()
+    shutil.copy(PLANTED, workdir / "train.py")
+    log = workdir / "job.log"
+    launch = (f"exec env GLOO_SOCKET_IFNAME={two_hosts.IFNAME} OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1 "
+              f"{shlex.join(TORCHRUN)} --nnodes=2 --node-rank=$SLURM_NODEID --master-addr "
+              f"{two_hosts.ADDRS['node1']} --master-port {MASTER_PORT + 1} --nproc-per-node=2 "
+              f"{workdir / 'train.py'} --scenario straggler --deadline 120")
+    script = workdir / "job.sh"
+    script.write_text(f"#!/bin/sh\n#SBATCH --nodes=2 --ntasks-per-node=1 --time=4 --output={log}\n"
+                      f"exec srun --kill-on-bad-exit=1 sh -c {shlex.quote(launch)}\n")
+    done = subprocess.run(hosts.on("node1", ["sbatch", "--parsable", str(script)], cwd=str(workdir)),
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip().split(";")[0]
+    try:
+        deadline = time.monotonic() + 90
+        while not (log.exists() and log.read_text(errors="replace").count("scenario straggler") >= 4):
+            assert time.monotonic() < deadline, f"job {job_id} did not start its ranks:\n" + (
+                log.read_text(errors="replace")[-3000:] if log.exists() else "(no output)")
+            time.sleep(0.3)
+        time.sleep(2.0)  # rank 3 reaches its sleep at step 3
+        yield job_id
+    finally:
+        subprocess.run(hosts.on("node1", ["scancel", job_id]), capture_output=True, timeout=20)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and pids(hosts, "node2", RANKS) + pids(hosts, "node1", RANKS):
+            time.sleep(0.3)
+
+
+def steps(hosts, job_id: str) -> list[str]:
+    done = subprocess.run(hosts.on("node1", ["squeue", "-h", "-s", "-j", job_id, "-o", "%i"]),
+                          capture_output=True, text=True, timeout=20, check=True)
+    return sorted(done.stdout.split())
+
+
+def test_trainwatch_on_node1_names_the_straggler_on_node2_through_slurm(hosts, slurm_job):
+    ranks_before = {n: pids(hosts, n, RANKS) for n in two_hosts.ADDRS}
+    steps_before = steps(hosts, slurm_job)
+    assert steps_before == sorted([f"{slurm_job}.0", f"{slurm_job}.batch"])
+    cmd = hosts.on("node1", [TRAINWATCH, "snapshot", "--slurm", "auto", "--json", "--window", "1",
+                             "--remote-timeout", "40"])
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert {r["rank"]: r["host"] for r in data["ranks"]} == {0: "node1", 1: "node1", 2: "node2", 3: "node2"}
+    assert data["verdict"]["kind"] == "straggler" and data["verdict"]["culprits"] == [3], data["verdict"]
+    assert {n: pids(hosts, n, RANKS) for n in two_hosts.ADDRS} == ranks_before
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and steps(hosts, slurm_job) != steps_before:
+        time.sleep(0.3)
+    assert steps(hosts, slurm_job) == steps_before
