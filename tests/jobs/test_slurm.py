@@ -33,6 +33,8 @@ NODE_ENV = f"PATH={Path(sys.executable).parent}:/usr/local/sbin:/usr/local/bin:/
 
 
 class SlurmJob:
+    NAME = "tw-straggler"
+
     def __init__(self, cluster, workdir: Path, deadline: float = 150.0) -> None:
         self.cluster, self.workdir = cluster, workdir
         shutil.copy(PLANTED, workdir / "train.py")
@@ -44,7 +46,7 @@ class SlurmJob:
         self.script = workdir / "job.sh"
         self.script.write_text(textwrap.dedent(f"""\
             #!/bin/sh
-            #SBATCH --nodes=2 --ntasks-per-node=1 --time=4 --job-name=tw-straggler --output={self.log}
+            #SBATCH --nodes=2 --ntasks-per-node=1 --time=4 --job-name={self.NAME} --output={self.log}
             exec srun --kill-on-bad-exit=1 sh -c {shlex.quote(launch)}
             """))
         self.id = ""
@@ -80,6 +82,8 @@ class SlurmJob:
 
 @pytest.fixture(scope="module")
 def job(slurm_cluster, tmp_path_factory):
+    # One job of ours per node, or --slurm auto would rightly refuse to guess: end any an aborted run left.
+    subprocess.run(["scancel", f"--name={SlurmJob.NAME}"], capture_output=True, timeout=20, check=False)
     started = SlurmJob(slurm_cluster, tmp_path_factory.mktemp("slurm")).submit()
     try:
         started.wait_for_straggler()
