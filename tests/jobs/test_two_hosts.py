@@ -81,6 +81,20 @@ def pids(hosts, node: str, pattern: str) -> list[int]:
     return sorted(int(p) for p in done.stdout.split())
 
 
+def test_each_node_reaches_only_the_other(hosts):
+    """No default route, no interface but loopback and the veth: traffic cannot leave the two namespaces."""
+    for node, addr in two_hosts.ADDRS.items():
+        routes = subprocess.run(hosts.on(node, ["ip", "-o", "route"]), capture_output=True, text=True,
+                                timeout=20, check=True).stdout.splitlines()
+        assert [r.split()[:3] for r in routes] == [["10.213.0.0/30", "dev", two_hosts.IFNAME]], routes
+        links = subprocess.run(hosts.on(node, ["ip", "-o", "link"]), capture_output=True, text=True,
+                               timeout=20, check=True).stdout
+        assert sorted(line.split(":")[1].strip().split("@")[0] for line in links.splitlines()) == [
+            "lo", two_hosts.IFNAME], links
+        hostname = subprocess.run(hosts.on(node, ["hostname"]), capture_output=True, text=True, timeout=20)
+        assert hostname.stdout.strip() == node
+
+
 def test_trainwatch_on_node1_names_the_straggler_on_node2_over_ssh(job, tmp_path):
     hosts = job
     ranks_before = {n: pids(hosts, n, RANKS) for n in two_hosts.ADDRS}
