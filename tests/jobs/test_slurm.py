@@ -148,7 +148,7 @@ def test_watch_bundles_the_straggler_read_through_srun(job, slurm_cluster, untou
             if not line:
                 break
             lines.append(line.rstrip())
-            if " bundle " in line:
+            if " note: tw2: bundle " in line or " note: tw2: no bundle" in line:
                 break
         assert any(" bundle " in line for line in lines), "\n".join(lines)
     finally:
@@ -157,6 +157,9 @@ def test_watch_bundles_the_straggler_read_through_srun(job, slurm_cluster, untou
     snap = json.loads((bundle / "snapshot.json").read_text())
     assert snap["verdict"]["kind"] == "straggler" and snap["verdict"]["culprits"] == [1], snap["verdict"]
     assert {r["rank"]: (r["host"], r["state"]) for r in snap["ranks"]}[1] == ("tw2", "stuck")
+    # tw2's own evidence, fetched through srun: the culprit's stack, where it sleeps.
+    assert any(line.endswith("note: tw2: bundle in hosts/tw2/") for line in lines), lines
+    assert "train.py" in (bundle / "hosts" / "tw2" / "ranks" / "1" / "stacks.txt").read_text()
     assert any(" verdict straggler: " in line for line in lines), lines
 
 
