@@ -7,32 +7,29 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from dataclasses import replace
 
 import psutil
 
 from .errors import AccessDenied, ToolMissing
-from .evidence.redact import redact_argv
-from .evidence.watcher import CrashCatcher
-from .judge.exits import ExitLedger
+from .evidence.watcher import CrashThread
 from .judge.gpu_warnings import gpu_phase_warnings
-from .judge.groups import group_ranks
+from .judge.judgement import JudgeMemory, JudgeOptions, judge_job
 from .judge.native import PARALLEL as NATIVE_PARALLEL, NativeCache, resolve_natively
-from .judge.phases import (Classification, classify, is_stdlib, is_user, main_thread,
-                                            stack_signature, where_frame)
-from .judge.progress import CompletedCollectives, ProgressTracker
+from .judge.phases import Classification, classify, is_stdlib, is_user, main_thread, stack_signature, where_frame
 from .judge.steps import StepReader, slow_step_warnings
-from .judge.verdict import judge
+from .observed import ObservedJob, ObservedRank
 from .read import procfs
 from .read.collective_feed import CollectiveFeed
 from .read.discover import describe_job, expected_local_ranks, find_job
+from .read.exits import ExitLedger
 from .read.gpu import GpuProbe
-from .read.process import JobProcesses, RankProcess
+from .read.process import JobProcesses, RankProcess, job_record
 from .read.pyspy import find_pyspy
 from .read.sampler import StackSample, sample_all
-from .snapshot import (PROBLEM_VERDICTS, CollectiveState, Job, Rank, Snapshot, Verdict,
-                                        compact_ranks)
+from .read.source_lines import source_line
+from .read.usage import CpuMeter
+from .snapshot import PROBLEM_VERDICTS, Rank, Snapshot, compact_ranks
 
 FULL_REFRESH_EVERY = 5  # every few polls, dump every rank anyway (other threads, stale lines)
 
@@ -50,11 +47,9 @@ class LocalSource:
         self.job = find_job(pid)
         self.window = max(0.0, window)
         self.samples = max(1, samples) if self.window > 0 else 1
-        self.tracker = ProgressTracker()
+        self.memory = JudgeMemory()  # progress, tie-break places and the last verdict, across polls
         self._native = NativeCache()
         self.auto_native = auto_native
-        self._familiar: dict[int, frozenset[str]] = {}
-        self._completed = CompletedCollectives()  # Flight Recorder progress
         self._workers: dict[tuple[int, tuple], str | None] = {}  # (pid, stack) -> stuck DataLoader worker
         self.stuck_after = stuck_after
         self._steps = StepReader(every=FULL_REFRESH_EVERY)
@@ -62,14 +57,13 @@ class LocalSource:
         self._class: dict[int, Classification] = {}
         self._seen: dict[int, RankProcess] = {}  # pid -> rank process, everything ever seen
         self._exits = ExitLedger(self.job.root_pid, self.job.run_dir)  # deaths, first to die, lingering crashes
-        self._cpu: dict[int, tuple[float, float]] = {}
+        self._cpu = CpuMeter()
         self._polls = 0
         self._pyspy_missing: ToolMissing | None = None
         self._family: frozenset[int] | None = None  # the job's descendant PIDs at the last discovery
-        self._verdict: Verdict | None = None
-        self._gpu = _gpu_probe() if gpu else None
+        self._gpu = GpuProbe() if gpu else None
         self._lock = threading.Lock()
-        self._catcher = _CrashThread(self.job) if catch_crashes else None
+        self._catcher = CrashThread(self.job.root_pid, self.job.run_dir) if catch_crashes else None
         self._collective_wait = collective_wait
         self._feed = CollectiveFeed(lambda: self.job)  # fetches while the first window is sampled
 
@@ -89,7 +83,7 @@ class LocalSource:
                 yield
             finally:
                 for proc in self.job.ranks:
-                    self.tracker.rebaseline(proc.pid, procfs.thread_counters(proc.pid))
+                    self.memory.progress.rebaseline(proc.pid, procfs.thread_counters(proc.pid))
 
     # -- polling ---------------------------------------------------------------------------
     def poll(self, native_for: frozenset[int] = frozenset()) -> Snapshot:
@@ -101,7 +95,7 @@ class LocalSource:
             pause = self.window / (rounds - 1) if rounds > 1 else 0.0
             if self._polls == 0 and rounds > 1:
                 for proc in job.ranks:
-                    self._usage(proc.pid, time.time())  # a CPU baseline, so the first snapshot has CPU% too
+                    self._cpu.read(proc.pid, time.time())  # a CPU baseline, so the first snapshot has CPU% too
             samples: dict[int, StackSample] = {}
             first_done = 0.0
             for i in range(rounds):
@@ -157,34 +151,35 @@ class LocalSource:
                 continue
             native = proc.rank in native_for
             counters = procfs.thread_counters(proc.pid)
-            skip = self._polls % FULL_REFRESH_EVERY and not self.tracker.needs_dump(proc.pid, counters)
+            skip = self._polls % FULL_REFRESH_EVERY and not self.memory.progress.needs_dump(proc.pid, counters)
             requests.append((proc.pid, native, self._stacks.get(proc.pid), bool(skip), counters))
         samples = sample_all(requests, locals_for=self._steps_due(requests))
         now = time.time()
         self._read_steps(samples, now)
-        classified = {pid: classify(sample.threads) for pid, sample in samples.items() if sample.threads is not None}
+        classified = {pid: classify(sample.threads, source_line) for pid, sample in samples.items()
+                      if sample.threads is not None}
         take = lambda pids: sample_all([(pid, True, None, False, None) for pid in pids],  # noqa: E731
                                        parallel=NATIVE_PARALLEL)
         if self.auto_native and resolve:
-            samples, classified = resolve_natively(samples, classified, self._native, self.tracker, now, take)
+            samples, classified = resolve_natively(samples, classified, self._native, self.memory.progress, now, take,
+                                                           source_line)
         for pid, cls in classified.items():
             sample = samples[pid]
             self._stacks[pid] = sample.threads
             self._class[pid] = cls
-            self.tracker.observe(pid, stack_signature(main_thread(sample.threads)), cls.phase, sample.before,
+            self.memory.progress.observe(pid, stack_signature(main_thread(sample.threads)), cls.phase, sample.before,
                                  sample.after, now, dumped=not sample.reused)
         return samples
 
     # -- building the snapshot -----------------------------------------------------------------
     def _build(self, job: JobProcesses, samples: dict[int, StackSample], notes: list[str]) -> Snapshot:
+        """This poll's evidence, judged by ``judge_job``, as a snapshot."""
         now = time.time()
         warnings: list[str] = []
-        ranks: list[Rank] = []
+        evidence: list[ObservedRank] = []
         alive_pids = set()
         self._exits.note_job(job)
-        # Completed collectives that advanced are progress: the tracker learns it before ranks are judged.
         collectives = self._feed.wait(self._collective_wait) if self._collective_wait else self._feed.state()
-        self._collectives_advanced(collectives, job, now)
         for proc in job.ranks:
             self._seen.setdefault(proc.pid, proc)
             zombie = procfs.zombie_exit(proc.pid)
@@ -193,37 +188,33 @@ class LocalSource:
                 self._record_exit(proc.pid, zombie, now)
                 continue
             alive_pids.add(proc.pid)
-            ranks.append(self._live_rank(proc, sample, now, notes))
+            evidence.append(self._rank_evidence(proc, sample, now, notes))
         for pid, proc in self._seen.items():  # ranks seen before and gone now
             if pid not in alive_pids:
                 self._record_exit(pid, procfs.zombie_exit(pid), now)
-        ranks = self._merge_exits(ranks, job, now)
-        ranks += self._missing(job, ranks)
-        gpu_host, ranks = self._add_gpu(job, ranks, warnings, notes)
-        self._restarts(ranks, notes)
-        for rank in ranks:  # where each rank goes while it makes progress: breaks ties between waiting ranks
-            if rank.state == "running" and rank.where and rank.rank is not None:
-                self._familiar[rank.rank] = self._familiar.get(rank.rank, frozenset()) | {rank.where}
-        ranks = [self._with_worker(rank) for rank in ranks]
+        evidence = self._merge_exits(evidence, job, now)
+        evidence += self._missing(job, evidence)
+        gpu_host, evidence = self._add_gpu(job, evidence, warnings, notes)
+        self._restarts(evidence, notes)
+        unsampled = self._pyspy_missing.message if self._pyspy_missing is not None else None
+        judged = judge_job(ObservedJob(job_record(job), tuple(evidence), collectives, unsampled),
+                           self.memory, now, JudgeOptions(window=self.window, stuck_after=self.stuck_after))
+        ranks = [self._with_worker(rank) for rank in judged.ranks]
         if not self._collective_wait:  # the next fetch, knowing whether a stuck episode (pipe dumps) is on
             self._feed.refresh(stuck=any(r.state == "stuck" for r in ranks))
-        verdict = judge(ranks, job, collectives, familiar=self._familiar, now=now)
         if self._pyspy_missing is not None:
             warnings.append(str(self._pyspy_missing))
-        if verdict.kind in ("healthy", "unknown"):
-            verdict = _unjudged(verdict, ranks, self._pyspy_missing)
-        verdict = self._with_since(verdict, now)
         warnings += _launch_warnings(job)
         if self._gpu is not None:
-            warnings += list(self._gpu_phase_warnings(ranks))
+            warnings += list(gpu_phase_warnings(ranks))
         warnings += slow_step_warnings(ranks, self._steps.clock, self.window)
         return Snapshot(
-            job=_job_record(job),
+            job=job_record(job),
             ranks=tuple(ranks),
-            groups=group_ranks(ranks, verdict.culprits),
-            verdict=verdict,
+            groups=judged.groups,
+            verdict=judged.verdict,
             hosts=(gpu_host,) if gpu_host else (),
-            collectives=collectives,
+            collectives=judged.collectives,
             warnings=tuple(dict.fromkeys(warnings)),
             notes=tuple(dict.fromkeys(notes)),
             taken_at=now,
@@ -231,41 +222,29 @@ class LocalSource:
             source="live",
         )
 
-    def _live_rank(self, proc: RankProcess, sample: StackSample | None, now: float, notes: list[str]) -> Rank:
+    def _rank_evidence(self, proc: RankProcess, sample: StackSample | None, now: float,
+                       notes: list[str]) -> ObservedRank:
         threads = self._stacks.get(proc.pid, ())
         cls = self._class.get(proc.pid)
-        state = "unknown"
-        idle = self.tracker.idle_for(proc.pid, now)
-        step, period = self._steps.fields(proc.pid)
-        if sample is not None and sample.error is not None:
+        failed = sample is not None and sample.error is not None
+        if failed:
             notes.append(f"rank {proc.rank}: {sample.error.message}")
             if isinstance(sample.error, (AccessDenied, ToolMissing)) and sample.error.remedy:
                 notes.append(f"  hint: {sample.error.remedy}")
-        elif idle is not None and self.window > 0 and self.tracker.observed_for(proc.pid, now) >= self.window * 0.95:
-            threshold = self.stuck_after or self.tracker.threshold(proc.pid, self.window, period)
-            state = "stuck" if idle >= threshold * 0.95 else "running"
-        cpu, rss = self._usage(proc.pid, now)
-        return Rank(
+        step, period = self._steps.fields(proc.pid)
+        cpu, rss = self._cpu.read(proc.pid, now)
+        return ObservedRank(
             rank=proc.rank, pid=proc.pid, host=socket.gethostname(), local_rank=proc.local_rank,
-            state=state,
             phase=cls.phase if cls else "unknown",
             op=cls.op if cls else None,
             where=cls.where if cls else None,
             user_frame=cls.user_frame if cls else None,
-            stuck_for_s=round(idle, 1) if state == "stuck" and idle is not None else None,
+            sampled=not failed,
             cpu_pct=cpu, rss_bytes=rss, threads=threads,
             children=proc.children, log_path=proc.log_path,
             detail=cls.detail if cls else None, step=step, step_period_s=period,
             native=bool(threads) and any(f.native for t in threads[:1] for f in t.frames),
         )
-
-    def _collectives_advanced(self, state: CollectiveState | None, job: JobProcesses, now: float) -> None:
-        """Completed collectives that advanced since the last poll are progress, whatever the stacks
-        showed (a rank may sit at the same sync point every time it is sampled)."""
-        moved = self._completed.advanced(state)
-        for proc in job.ranks:
-            if proc.rank in moved:
-                self.tracker.mark_progress(proc.pid, now)
 
     def _with_worker(self, rank: Rank) -> Rank:
         """A rank stuck waiting for its DataLoader: name the worker that holds it up (sampled once per stack)."""
@@ -283,7 +262,8 @@ class LocalSource:
         every round of the first window and of the full refreshes (every rank is dumped then
         anyway), every poll while the verdict is a problem; see StepReader.due."""
         self._steps.next_round()
-        problem = self._verdict is not None and self._verdict.kind in PROBLEM_VERDICTS
+        last = self.memory.verdict
+        problem = last is not None and last.kind in PROBLEM_VERDICTS
         force, now = self._polls % FULL_REFRESH_EVERY == 0 or problem, time.time()
         return frozenset(pid for pid, native, _prev, _skip, counters in requests
                          if not native and self._steps.due(pid, counters, now, force=force))
@@ -293,50 +273,28 @@ class LocalSource:
             if sample.ints is not None and sample.threads:
                 self._steps.observe(pid, main_thread(sample.threads).frames, sample.ints, sample.after, sample.at or now)
 
-    def _usage(self, pid: int, now: float) -> tuple[float | None, int | None]:
-        try:
-            proc = psutil.Process(pid)
-            times = proc.cpu_times()
-            rss = proc.memory_info().rss
-        except psutil.Error:
-            return None, None
-        total = times.user + times.system
-        prev = self._cpu.get(pid)
-        self._cpu[pid] = (total, now)
-        if prev is None or now <= prev[1]:
-            return None, rss
-        return round(100.0 * (total - prev[0]) / (now - prev[1]), 1), rss
-
     def _record_exit(self, pid: int, zombie: tuple[int | None, str | None] | None, now: float) -> None:
         self._exits.record(self._seen[pid], zombie, now)
 
-    def _merge_exits(self, ranks: list[Rank], job: JobProcesses, now: float) -> list[Rank]:
+    def _merge_exits(self, ranks: list[ObservedRank], job: JobProcesses, now: float) -> list[ObservedRank]:
         """Live ranks (a lingering one that raised carries its exception) and exited ones (with their last step)."""
         merged = self._exits.ranks(ranks, job, self._seen, self._class, self._stacks, now)
-        return [replace(r, step=self._steps.clock.step(r.pid)) if r.state == "exited" and r.step is None and r.pid
+        return [replace(r, step=self._steps.clock.step(r.pid)) if r.seen == "exited" and r.step is None and r.pid
                 else r for r in merged]
 
-    def _missing(self, job: JobProcesses, ranks: list[Rank]) -> list[Rank]:
+    def _missing(self, job: JobProcesses, ranks: list[ObservedRank]) -> list[ObservedRank]:
         present = {r.rank for r in ranks}
-        return [Rank(rank=g, host=socket.gethostname(), local_rank=local, state="missing", phase="unknown")
+        return [ObservedRank(rank=g, host=socket.gethostname(), local_rank=local, seen="missing")
                 for local, g in sorted(expected_local_ranks(job).items()) if g not in present]
 
-    def _restarts(self, ranks: list[Rank], notes: list[str]) -> None:
+    def _restarts(self, ranks: list[ObservedRank], notes: list[str]) -> None:
         for rank in ranks:
-            if rank.state == "exited":
+            if rank.seen == "exited":
                 continue
             old = [p for p, proc in self._seen.items() if proc.rank == rank.rank and p != rank.pid]
             notes.extend(f"rank {rank.rank} restarted: PID {pid} -> {rank.pid}" for pid in old)
 
-    def _with_since(self, verdict: Verdict, now: float) -> Verdict:
-        if self._verdict is not None and self._verdict.kind == verdict.kind:
-            verdict = replace(verdict, since=self._verdict.since)
-        else:
-            verdict = replace(verdict, since=now)
-        self._verdict = verdict
-        return verdict
-
-    def _add_gpu(self, job: JobProcesses, ranks: list[Rank], warnings: list[str], notes: list[str]):
+    def _add_gpu(self, job: JobProcesses, ranks: list[ObservedRank], warnings: list[str], notes: list[str]):
         if self._gpu is None:
             return None, ranks
         try:
@@ -348,39 +306,6 @@ class LocalSource:
         notes += list(reading.notes)
         ranks = [replace(r, gpu=reading.per_pid.get(r.pid)) if r.pid in reading.per_pid else r for r in ranks]
         return reading.host, ranks
-
-    def _gpu_phase_warnings(self, ranks: list[Rank]) -> tuple[str, ...]:
-        return gpu_phase_warnings(ranks)
-
-
-class _CrashThread:
-    """Runs the crash catcher every half second, between polls, so a dying rank's status and
-    faulthandler frame are caught before the launcher tears the job down."""
-
-    INTERVAL = 0.5
-
-    def __init__(self, job: JobProcesses) -> None:
-        self._catcher = CrashCatcher(job.root_pid, run_dir=Path(job.run_dir) if job.run_dir else None)
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="tw-crash-catcher", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.INTERVAL):
-            with self._lock:
-                self._catcher.tick()
-            if not self._catcher.job_alive():
-                with self._lock:
-                    self._catcher.tick()
-                return
-
-    def records(self) -> list:
-        with self._lock:
-            return list(self._catcher.records)
-
-    def stop(self) -> None:
-        self._stop.set()
 
 
 def busy_worker(children: tuple[int, ...]) -> str | None:
@@ -395,20 +320,6 @@ def busy_worker(children: tuple[int, ...]) -> str | None:
     return None
 
 
-def _unjudged(verdict: Verdict, ranks: list[Rank], pyspy_missing: ToolMissing | None) -> Verdict:
-    """Say why progress was not judged instead of calling unsampled ranks healthy."""
-    if pyspy_missing is not None:
-        return Verdict("unknown", (), f"no stacks: {pyspy_missing.message}")
-    live = [r for r in ranks if r.state not in ("exited", "missing")]
-    if live and all(r.state == "unknown" for r in live):
-        return Verdict("unknown", (), "progress not judged (single sample): the groups show where ranks are")
-    return verdict
-
-
-def _gpu_probe() -> GpuProbe:
-    return GpuProbe()
-
-
 def _launch_warnings(job: JobProcesses) -> list[str]:
     out = []
     if job.world_size and job.local_world_size and job.world_size > job.local_world_size:
@@ -416,19 +327,6 @@ def _launch_warnings(job: JobProcesses) -> list[str]:
         out.append(f"job spans {job.nnodes or '?'} nodes (world size {job.world_size}); only this node's ranks "
                    f"({local}) are shown: add --hosts/--slurm to see the others")
     return out
-
-
-def _job_record(job: JobProcesses) -> Job:
-    return Job(
-        launcher=job.launcher, pid=job.root_pid, host=job.host, world_size=job.world_size,
-        local_world_size=job.local_world_size, nnodes=job.nnodes, master_addr=job.master_addr,
-        master_port=job.master_port, started_at=job.started_at, cmdline=_redacted(job.cmdline),
-        job_id=job.job_id, waiting_rendezvous=job.waiting_rendezvous, run_dir=job.run_dir,
-    )
-
-
-def _redacted(cmdline: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(redact_argv(list(cmdline)))
 
 
 def open_source(pid: int, window: float = 3.0, **kwargs) -> LocalSource:

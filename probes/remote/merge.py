@@ -11,18 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..judge.flightrec import analyze_rows
-from ..judge.groups import group_ranks as default_group_ranks
-from ..judge.verdict import judge as default_judge
-from ..snapshot import (
-    CollectiveState, Group, HostInfo, Rank, RankCollective, Snapshot, Verdict,
-)
-
-GroupFn = Callable[..., tuple[Group, ...]]  # group_ranks(ranks, culprits)
-JudgeFn = Callable[..., Verdict]
+from ..read.flightrec import analyze_rows
+from ..judge.judgement import JudgeMemory, judge_job
+from ..observed import ObservedJob, combine_states, observed_rank
+from ..snapshot import CollectiveState, HostInfo, Rank, Snapshot
 
 
 @dataclass(frozen=True)
@@ -57,11 +52,10 @@ def _own_host(view: NodeView) -> str:
     return snap.job.host or view.name
 
 
-def merge_nodes(views: Sequence[NodeView], *, group_ranks: GroupFn | None = None,
-                judge: JudgeFn | None = None, world_size: int | None = None) -> Snapshot:
-    """One snapshot of the job from every node's view (``source="remote"``)."""
-    group_ranks = group_ranks or default_group_ranks
-    judge = judge or default_judge
+def merge_nodes(views: Sequence[NodeView], *, memory: JudgeMemory | None = None,
+                world_size: int | None = None) -> Snapshot:
+    """One snapshot of the job from every node's view (``source="remote"``), judged again over
+    all ranks; ``memory``: the judge's memory across polls of this job (tie-breaks, ``since``)."""
     good = [(i, v) for i, v in enumerate(views) if v.snapshot is not None]
     if not good:
         raise ValueError("no node answered")
@@ -97,7 +91,8 @@ def merge_nodes(views: Sequence[NodeView], *, group_ranks: GroupFn | None = None
             notes.append(f"node {view.name}: some ranks were already seen through another node (listed twice?)")
         for info in snap.hosts or (HostInfo(name=label),):
             hosts.append(dataclasses.replace(info, name=label) if info.name != label else info)
-        warnings.extend(prefix + w for w in snap.warnings)
+        # "only this node's ranks are shown" is each node's own view; the merged one shows them all.
+        warnings.extend(prefix + w for w in snap.warnings if not w.startswith("job spans "))
         notes.extend(prefix + n for n in snap.notes)
         if view.stale_s is not None:
             notes.append(f"node {view.name}: slow to answer; showing its snapshot from {view.stale_s:.0f}s ago")
@@ -112,10 +107,11 @@ def merge_nodes(views: Sequence[NodeView], *, group_ranks: GroupFn | None = None
                               nnodes=max(base.job.nnodes or 0, len(views)) or None)
     collectives = _merge_collectives([v.snapshot.collectives for _, v in good])
     taken_at = max(v.snapshot.taken_at for _, v in good)
-    verdict = _naming_unread(judge(ranks, job, collectives, now=taken_at), unread)
-    groups = tuple(group_ranks(ranks, verdict.culprits))
+    evidence = ObservedJob(job=job, ranks=tuple(observed_rank(r) for r in ranks), collectives=collectives)
+    judged = judge_job(evidence, memory if memory is not None else JudgeMemory(), taken_at)
+    judged = dataclasses.replace(judged, verdict=_naming_unread(judged.verdict, unread))
     return Snapshot(
-        job=job, ranks=tuple(ranks), groups=groups, verdict=verdict, hosts=tuple(hosts),
+        job=job, ranks=judged.ranks, groups=judged.groups, verdict=judged.verdict, hosts=tuple(hosts),
         collectives=collectives, warnings=tuple(_unique(warnings)), notes=tuple(_unique(notes)),
         taken_at=taken_at,
         window_s=max(v.snapshot.window_s for _, v in good), source="remote",
@@ -171,23 +167,12 @@ def _conflicts(ranks: Sequence[Rank]) -> list[str]:
 
 def _merge_collectives(states: list[CollectiveState | None]) -> CollectiveState | None:
     present = [s for s in states if s is not None]
-    if not present:
-        return None
-    if len(present) == 1:
-        return present[0]
-    merged: dict[tuple[int, str], RankCollective] = {}
-    for state in present:
-        for entry in state.ranks:
-            merged.setdefault((entry.rank, entry.pg), entry)
-    culprits = sorted({c for s in present for c in s.culprits})
-    divergence = next((s.divergence for s in present if s.divergence), None)
-    rows = sorted(merged.values(), key=lambda e: (e.rank, e.pg))
-    source = "+".join(_unique(s.source for s in present))
-    if divergence is None:  # no node saw one among its own ranks: look across nodes
-        across = analyze_rows(rows, source)
+    combined = combine_states(present)
+    if combined is not None and len(present) > 1 and combined.divergence is None:
+        across = analyze_rows(list(combined.ranks), combined.source)  # none seen on one node: look across
         if across is not None and across.divergence:
             return across
-    return CollectiveState(source=source, ranks=tuple(rows), divergence=divergence, culprits=tuple(culprits))
+    return combined
 
 
 def _sorted(ranks: list[Rank]) -> list[Rank]:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import TrainwatchError
+from ..judge.judgement import JudgeMemory
 from ..snapshot import Snapshot, SnapshotError
 from .merge import NodeView, merge_nodes
 from .remote import (
@@ -160,7 +161,7 @@ class StreamSource:
                  trainwatch: str = "trainwatch", timeout: float = DEFAULT_TIMEOUT_S, interval: float = 2.0,
                  window: float | None = None, wait_s: float | None = None, parallel: int = DEFAULT_PARALLEL,
                  world_size: int | None = None, extra_args: Sequence[str] = (),
-                 merge_options: dict[str, Any] | None = None, spawn: Any = None, reuse_ssh: bool = True) -> None:
+                 spawn: Any = None, reuse_ssh: bool = True) -> None:
         self.local = local_source
         self.match = list(match)
         self.trainwatch = trainwatch
@@ -171,7 +172,7 @@ class StreamSource:
         self.first_wait_s = wait_s if wait_s is not None else self.window + timeout
         self.parallel = max(1, parallel)
         self.world_size = world_size
-        self.merge_options = merge_options or {}
+        self.memory = JudgeMemory()  # the merged view's own judgement across polls (since, tie-breaks)
         self.args = agent_args(self.match, window, interval, extra_args)
         self._control_dir = Path(tempfile.mkdtemp(prefix="tw-ssh-"))
         self.remotes = [self._with_reuse(r) if reuse_ssh and isinstance(r, SshRemote) else r for r in remotes]
@@ -190,7 +191,6 @@ class StreamSource:
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._closed = threading.Event()
         self._request = b""
-        self._since: tuple[tuple[str, tuple[int, ...]], float] | None = None
         self._culprits: frozenset[int] = frozenset()
         self._selected: frozenset[int] = frozenset()
         self._native: frozenset[int] = frozenset()
@@ -416,9 +416,9 @@ class StreamSource:
         if not any(v.snapshot is not None for v in views):
             reasons = "; ".join(f"{v.name}: {v.error}" for v in views[:5])
             raise TrainwatchError(f"no node of the job could be read ({reasons})")
-        merged = merge_nodes(views, world_size=self.world_size, **self.merge_options)
+        merged = merge_nodes(views, memory=self.memory, world_size=self.world_size)
         self._culprits = frozenset(merged.verdict.culprits)
-        return self._with_since(merged)
+        return merged
 
     def _wait_first(self, deadline: float) -> None:
         with self._lock:
@@ -448,12 +448,6 @@ class StreamSource:
         except TrainwatchError as exc:
             return NodeView(name=name, error=exc.message, local=True)
         return NodeView(name=snap.job.host or name, snapshot=snap, local=True)
-
-    def _with_since(self, snap: Snapshot) -> Snapshot:
-        key = (snap.verdict.kind, snap.verdict.culprits)
-        if self._since is None or self._since[0] != key:
-            self._since = (key, snap.verdict.since or snap.taken_at or time.time())
-        return dataclasses.replace(snap, verdict=dataclasses.replace(snap.verdict, since=self._since[1]))
 
     def stats(self) -> dict[str, float]:
         """Bytes and lines received per node so far (benchmarks)."""

@@ -8,10 +8,7 @@ from types import SimpleNamespace
 
 from rich.console import Console
 
-from ...probes.errors import PARTIAL_EXIT, NotAJob, UsageError
-from ...probes.live import LocalSource
-from ...probes.read.discover import find_job_matching
-from ...probes.read.pyspy import find_pyspy
+from ...probes import PARTIAL_EXIT, LocalSource, NotAJob, UsageError, find_job_matching, find_pyspy
 from .common import add_stuck_after, pid_arg
 
 COLLECTIVE_WAIT_S = 2.0  # the ranks' Flight Recorder, fetched while the window is sampled
@@ -42,9 +39,14 @@ def add_remote(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve_pid(args: argparse.Namespace) -> int:
-    """The PID to start from: given, or found by --match / --match-job-id."""
+    """The PID to start from: given, or found by --match / --match-job-id (or the --slurm job's id)."""
     if args.pid is not None:
         return args.pid
+    if getattr(args, "slurm", None) and not (args.match or args.match_job_id):
+        from ..remote_args import slurm_job_here
+        if args.slurm == "auto":  # no PID to read SLURM_JOB_ID from: this shell's job, or this node's
+            args.slurm = slurm_job_here(args.remote_timeout)
+        args.match_job_id = args.slurm  # ranks here, if any, and on every node: by SLURM_JOB_ID
     if getattr(args, "match", None) or getattr(args, "match_job_id", None):
         return find_job_matching(master=args.match, job_id=args.match_job_id).root_pid
     raise UsageError("give a PID (or --match ADDR:PORT / --match-job-id ID)",

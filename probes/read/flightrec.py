@@ -27,7 +27,7 @@ import json
 import pickle
 from dataclasses import dataclass, replace
 
-from ..snapshot import CollectiveState, RankCollective, compact_ranks
+from ..snapshot import CollectiveState, RankCollective, age_text, compact_ranks
 
 
 class TraceError(ValueError):
@@ -39,6 +39,31 @@ class _PlainUnpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str):  # noqa: D102
         raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a trace")
+
+
+# Sources that fetch a trace on demand (hook socket, debug-info pipe, debug server), as opposed to
+# a Flight Recorder dump file found on disk, which may be old.
+ON_DEMAND = frozenset({"hook", "pipe", "debug-server"})
+
+
+@dataclass(frozen=True)
+class FoundTrace:
+    """One rank's trace from one source, and when it was current: the fetch time for the hook
+    and the debug server, the file's modification time for a dump file or the pipe's file."""
+
+    trace: dict
+    source: str  # "hook", "flight-recorder-file", "pipe", "debug-server"
+    at: float
+
+
+def fresher(old: FoundTrace | None, new: FoundTrace) -> FoundTrace:
+    """The one rule for which of a rank's traces counts (live view and bundles alike): the one
+    current at the later time; on a tie, the one fetched on demand."""
+    if old is None or new.at > old.at:
+        return new
+    if new.at < old.at:
+        return old
+    return new if new.source in ON_DEMAND or old.source not in ON_DEMAND else old
 
 
 def load_trace(data: bytes) -> dict:
@@ -344,15 +369,6 @@ def describe(state: CollectiveState, now: float | None = None) -> list[str]:
                 line += f" for {age_text(now - row.pending_since)}"
         lines.append(line)
     return lines
-
-
-def age_text(seconds: float) -> str:
-    """``27 s``, ``4 min``, ``2.5 h``."""
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def analyze_rows(rows: list[RankCollective], source: str) -> CollectiveState | None:
