@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from ...probes.live import LocalSource
-from ...probes.remote.node_agent import run_agent
+from ...probes import LocalSource, run_agent
 from .common import add_stuck_after, positive_seconds
 from .snapshot import COLLECTIVE_WAIT_S, resolve_pid
 
