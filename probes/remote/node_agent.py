@@ -22,6 +22,7 @@ from typing import Any, BinaryIO, TextIO
 from ..errors import TrainwatchError
 from .wire import encode_line, error_line
 
+SRUN_PIECE = 1024
 STOP_GRACE_S = 10.0  # after a stop, a poll still running gets this long before the agent exits anyway
 PARENT_CHECK_S = 0.5
 
@@ -128,6 +129,8 @@ def run_agent(open_source: Callable[[], Any], interval: float, *, once: bool = F
                     source = None
             if stop.is_set():
                 break
+            if len(line) % SRUN_PIECE == 0:  # srun cuts output into 1,024-byte pieces: never end on a cut
+                line += " "
             stdout.write(line + "\n")
             stdout.flush()
             if once:

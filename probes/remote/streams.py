@@ -43,6 +43,8 @@ from .remote import (
 from .wire import NodeAnswer, decode_node
 
 LABEL = re.compile(rb"^\s*(\d+): ?(.*)$", re.S)
+# srun forwards a task's output in pieces of at most this many bytes, each labelled as a line of its own.
+SRUN_PIECE = 1024
 SRUN_TASK = re.compile(r"task (\d+): (.+)$")
 RESTART_MIN_S, RESTART_MAX_S = 2.0, 30.0
 STREAM_START_PARALLEL = 128  # agents connecting at once (a start is short; the agent then stays)
@@ -150,6 +152,7 @@ class Running:
     buffers: dict[int, bytearray] = field(default_factory=dict)
     stderr: bytearray = field(default_factory=bytearray)
     heard: set[str] = field(default_factory=set)  # nodes that wrote at least one line
+    pieces: dict[int, bytes] = field(default_factory=dict)  # per srun task, a long line's pieces so far
     open_fds: int = 2
     exited_at: float | None = None
 
@@ -351,7 +354,12 @@ class StreamSource:
             task = int(match.group(1))
             if task >= len(run.launch.names):
                 return
-            task_name, line = run.launch.names[task], match.group(2)
+            piece = match.group(2)
+            line = run.pieces.pop(task, b"") + piece
+            if len(piece) == SRUN_PIECE:  # cut by srun: the line goes on in this task's next piece
+                run.pieces[task] = line
+                return
+            task_name = run.launch.names[task]
         if not line.strip():
             return
         data: Any = None

@@ -131,7 +131,9 @@ def _poll_with_ranks(source):
 
 
 def node_line(node: str, ranks: list[int], phase: str, world: int) -> str:
-    frames = (Frame("compute_step" if phase == "compute" else "sync", "/w/train.py", 9 if phase == "compute" else 40),)
+    frames = (Frame("compute_step" if phase == "compute" else "sync", "/w/train.py", 9 if phase == "compute" else 40),
+              *(Frame(f"layer{i}", "/w/.venv/lib/python3.11/site-packages/torch/nn/modules/module.py", 1500 + i)
+                for i in range(30)))
     snap = Snapshot(
         job=Job(launcher="torchrun", pid=1, host=node, world_size=world, master_addr="a", master_port=1),
         ranks=tuple(Rank(rank=n, pid=100 + n, host=node, state="stuck", phase=phase,
@@ -154,7 +156,8 @@ echo "$@" > {bindir}/srun.args
 nodes=$(for a; do case "$a" in --nodelist=*) echo "${{a#--nodelist=}}" | tr ',' '\\n' | sed 's/^n1$/X/; s/^n2$/n1/; s/^X$/n2/' ;; esac; done)
 i=0
 for n in $nodes; do
-  if [ -e {bindir}/$n.line ]; then sed "s/^/$i: /" {bindir}/$n.line; fi
+  # like srun: each line forwarded in labelled pieces of at most 1,024 bytes
+  if [ -e {bindir}/$n.line ]; then fold -b -w 1024 {bindir}/$n.line | sed "s/^/$i: /"; fi
   if [ "$n" = n3 ]; then echo "srun: error: n3: task $i: Exited with exit code 127" >&2; fi
   i=$((i+1))
 done
@@ -164,6 +167,7 @@ exec sleep 60
 
 
 def test_one_srun_step_for_all_nodes_and_lines_routed_to_their_nodes(tmp_path):
+    assert len(node_line("n1", [0, 1], "collective", 8)) > 2048  # cut into pieces by the stand-in srun
     stand_in_srun(tmp_path, {"n1": node_line("n1", [0, 1], "collective", 8),
                              "n2": node_line("n2", [2, 3], "compute", 8),
                              "n4": node_line("n4.cluster", [6, 7], "collective", 8)})
