@@ -107,6 +107,22 @@ _SCALARS: dict[str, tuple[type, ...]] = {
 }
 
 
+_JOB_TUPLES = ("cmdline",)
+_JOB_FIELDS = {f.name for f in dataclasses.fields(Job)}
+
+
+def _job(data: dict[str, Any]) -> Job:
+    """The node's job record: plain values, checked by the generic decoder only when unusual."""
+    if not isinstance(data, dict) or not all(isinstance(v, (str, int, float, bool, type(None), list))
+                                             for v in data.values()):
+        return _JOB(data)
+    kwargs = {k: v for k, v in data.items() if k in _JOB_FIELDS}
+    for key in _JOB_TUPLES:
+        if key in kwargs:
+            kwargs[key] = tuple(str(v) for v in kwargs[key])
+    return Job(**kwargs)
+
+
 def _rank(record: dict[str, Any], host: str, threads: tuple[ThreadStack, ...]) -> Rank:
     kwargs: dict[str, Any] = {"host": host, "threads": threads}
     for key, value in record.items():
@@ -153,7 +169,7 @@ def decode_node(data: Any) -> NodeAnswer:
     if "error" in data:
         return NodeAnswer(node, seq, error=str(data["error"]), code=data.get("code"))
     try:
-        job = _JOB(data["job"])
+        job = _job(data["job"])
         threads = {entry["sig"]: _stack(entry) for entry in data["stacks"]}
         full = {int(k): _THREADS(v) for k, v in (data.get("full") or {}).items()}
         ranks = []
