@@ -1,6 +1,8 @@
-"""`trainwatch snapshot PID --json` against real framework jobs: HF Trainer, plain DDP, accelerate.
+"""`trainwatch snapshot PID --json` against real framework jobs: HF Trainer, plain DDP, accelerate,
+Lightning, DeepSpeed, mp.spawn.
 
-Each test starts one job of ``tests/jobs_frameworks/`` under torchrun (gloo, CPU), waits for
+Each test starts one job of ``tests/jobs_frameworks/`` under torchrun (gloo, CPU), or under the
+framework's own launcher (Lightning's, ``accelerate launch``, ``deepspeed``), waits for
 the job's own log to say the fault is planted, runs the CLI as a user would (default options)
 and asserts the truth: the verdict, its culprits, and where each rank is. The DDP ranks that
 wait for a peer wait in DDP's gradient all_reduce *inside* ``backward``: a user must read
@@ -91,9 +93,10 @@ def framework_job(tmp_path):
     """Factory: ``framework_job("ddp_uneven.py", nproc=3)`` starts a job script under torchrun."""
     jobs: list[PlantedJob] = []
 
-    def start(script: str, nproc: int, deadline: float = 120.0, args: list[str] | None = None) -> PlantedJob:
-        job = PlantedJob(tmp_path / f"job{len(jobs)}", nproc=nproc, deadline=deadline,
-                         script=FRAMEWORK_JOBS / script, script_args=args, extra_env=OFFLINE_ENV)
+    def start(script: str, nproc: int, deadline: float = 120.0, args: list[str] | None = None,
+              launcher: str = "torchrun", env: dict | None = None) -> PlantedJob:
+        job = PlantedJob(tmp_path / f"job{len(jobs)}", nproc=nproc, deadline=deadline, launcher=launcher,
+                         script=FRAMEWORK_JOBS / script, script_args=args, extra_env={**OFFLINE_ENV, **(env or {})})
         jobs.append(job)
         return job.start()
 
@@ -244,3 +247,87 @@ def test_exception_with_a_lingering_thread_is_a_crash(framework_job):
     assert lingering["phase"] == "exiting", said  # the main thread is in threading._shutdown
     backward_line = line_of("ddp_exception_lingers.py", "loss.backward()")
     assert_waits_in_ddp_gradients(ranks[0], f"ddp_exception_lingers.py:{backward_line} main", said)
+
+
+def assert_lightning_job(data: dict, nproc: int, job: PlantedJob) -> None:
+    """Found under Lightning's own launcher: the process started (rank 0) and the ranks it started."""
+    said = describe(data)
+    assert data["job"]["launcher"] == "lightning" and data["job"]["pid"] == job.pid, said
+    assert data["job"]["world_size"] == nproc and sorted(by_rank(data)) == list(range(nproc)), said
+    assert by_rank(data)[0]["pid"] == job.pid, said
+    others = {r["pid"] for r in data["ranks"]}
+    for r in data["ranks"]:  # rank 0 is the parent of the others, which are never its "children"
+        assert not others & set(r["children"]), said
+
+
+@needs("lightning")
+def test_lightning_rank_stuck_in_a_callback(framework_job):
+    # `python lightning_ddp.py`: Lightning starts rank 1 itself. Rank 1's on_train_batch_end never
+    # returns after batch 3; rank 0 waits in the broadcast that begins Lightning's batch 4.
+    job = framework_job("lightning_ddp.py", nproc=2, launcher="lightning",
+                        args=["--devices", "2", "--fault", "callback", "--odd", "1"])
+    job.wait_for_log(r"^\[rank 1\] planted: sleeping in on_train_batch_end", r"^\[rank 0\] batch 3 ends",
+                     timeout=90)
+    time.sleep(SETTLE_S)
+    data = snapshot(job.pid)
+    said = describe(data)
+    verdict, ranks = data["verdict"], by_rank(data)
+    assert_lightning_job(data, 2, job)
+    assert verdict["kind"] == "straggler" and verdict["culprits"] == [1], said
+    sleep_line = line_of("lightning_ddp.py", "planted: a user callback that never returns")
+    culprit = ranks[1]
+    assert culprit["state"] == "stuck" and culprit["phase"] == "sleep", said
+    assert culprit["where"] == f"lightning_ddp.py:{sleep_line} main.<locals>.Progress.on_train_batch_end", said
+    assert "rank 1" in verdict["summary"] and "on_train_batch_end" in verdict["summary"], said
+    waiting = ranks[0]
+    assert waiting["state"] == "stuck" and waiting["phase"] == "collective", said
+    assert waiting["op"] == "broadcast" and "_broadcast_sigterm_tensor" in (waiting["where"] or ""), said
+
+
+@needs("lightning")
+def test_lightning_uneven_data(framework_job):
+    # 3 ranks; rank 0 (the process started) has 3 batches, the others 6: it leaves fit and waits
+    # in the barrier of trainer.save_checkpoint, while ranks 1-2 wait for its batch-4 broadcast.
+    job = framework_job("lightning_ddp.py", nproc=3, launcher="lightning",
+                        args=["--devices", "3", "--fault", "uneven", "--odd", "0"])
+    job.wait_for_log(r"^\[rank 0\] saving the final checkpoint", r"^\[rank 1\] batch 3 ends",
+                     r"^\[rank 2\] batch 3 ends", timeout=100)
+    time.sleep(SETTLE_S)
+    data = snapshot(job.pid)
+    said = describe(data)
+    verdict, ranks = data["verdict"], by_rank(data)
+    assert_lightning_job(data, 3, job)
+    assert verdict["kind"] == "mismatch" and verdict["culprits"] == [0], said
+    odd = ranks[0]
+    assert odd["state"] == "stuck" and odd["phase"] == "collective" and odd["op"] == "barrier", said
+    assert re.fullmatch(r"ddp\.py:\d+ DDPStrategy\.barrier", odd["where"] or ""), said
+    for waiting in (ranks[1], ranks[2]):
+        assert waiting["state"] == "stuck" and waiting["phase"] == "collective", said
+        assert waiting["op"] == "broadcast" and "_broadcast_sigterm_tensor" in (waiting["where"] or ""), said
+    assert {g["label"]: g["culprit"] for g in data["groups"]} == {"0": True, "1-2": False}, said
+
+
+@needs("lightning")
+def test_lightning_dataloader_worker_never_returns(framework_job):
+    # Rank 0's (the launcher-rank's) one DataLoader worker never returns item 12 (batch 4); rank 1
+    # waits in batch 4's DDP gradient all_reduce. The worker is rank 0's child; rank 1 is not.
+    job = framework_job("lightning_ddp.py", nproc=2, launcher="lightning",
+                        args=["--devices", "2", "--fault", "worker", "--odd", "0"])
+    text = job.wait_for_log(r"^\[rank 0\] planted: worker pid \d+ blocks", r"^\[rank 1\] batch 4 begins",
+                            timeout=90)
+    worker_pid = int(re.search(r"^\[rank 0\] planted: worker pid (\d+) blocks", text, re.M).group(1))
+    time.sleep(SETTLE_S)
+    data = snapshot(job.pid)
+    said = describe(data)
+    verdict, ranks = data["verdict"], by_rank(data)
+    assert_lightning_job(data, 2, job)
+    assert verdict["kind"] == "straggler" and verdict["culprits"] == [0], said
+    stalled = ranks[0]
+    assert stalled["state"] == "stuck" and stalled["phase"] == "dataloader", said
+    assert stalled["children"] == [worker_pid], said
+    stuck_at = f"lightning_ddp.py:{line_of('lightning_ddp.py', 'time.sleep(max(0.0, self.stop_at')}"
+    assert str(worker_pid) in stalled["detail"] and f"{stuck_at} Items.__getitem__" in stalled["detail"], said
+    waiting = ranks[1]
+    assert waiting["state"] == "stuck" and waiting["phase"] == "collective", said
+    assert waiting["op"] and DDP_ALL_REDUCE.search(waiting["op"]), said
+    assert re.fullmatch(r"module\.py:\d+ LightningModule\.backward", waiting["where"] or ""), said
