@@ -331,3 +331,66 @@ def test_lightning_dataloader_worker_never_returns(framework_job):
     assert waiting["state"] == "stuck" and waiting["phase"] == "collective", said
     assert waiting["op"] and DDP_ALL_REDUCE.search(waiting["op"]), said
     assert re.fullmatch(r"module\.py:\d+ LightningModule\.backward", waiting["where"] or ""), said
+
+
+def assert_found_under(data: dict, launcher: str, job: PlantedJob, nproc: int) -> None:
+    """The job seen from its launcher's PID: that launcher, and every rank beneath it."""
+    said = describe(data)
+    assert data["job"]["launcher"] == launcher and data["job"]["pid"] == job.pid, said
+    assert data["job"]["world_size"] == nproc and sorted(by_rank(data)) == list(range(nproc)), said
+    assert job.pid not in {r["pid"] for r in data["ranks"]}, f"the launcher is not a rank\n{said}"
+
+
+def assert_sleeping_straggler(data: dict, culprit: int, at: str, function: str) -> None:
+    said = describe(data)
+    verdict, ranks = data["verdict"], by_rank(data)
+    assert verdict["kind"] == "straggler" and verdict["culprits"] == [culprit], said
+    sleeping = ranks[culprit]
+    assert sleeping["state"] == "stuck" and sleeping["phase"] == "sleep", said
+    assert sleeping["where"] == at, said
+    assert f"rank {culprit}" in verdict["summary"] and function in verdict["summary"], said
+
+
+@needs("accelerate")
+def test_accelerate_launch_straggler(framework_job):
+    # `accelerate launch --multi_gpu --num_processes 2` with no GPU: its MULTI_CPU mode (gloo).
+    # Rank 1 sleeps in upload_checkpoint after step 3; rank 0 waits in step 4's DDP all_reduce.
+    script = "accelerate_launch_straggler.py"
+    job = framework_job(script, nproc=2, launcher="accelerate")
+    job.wait_for_log(r"^\[rank 0\] accelerate starts: DistributedType\.MULTI_CPU backend gloo world 2",
+                     r"^\[rank 1\] planted: sleeping in upload_checkpoint", r"^\[rank 0\] step 4 begins",
+                     timeout=90)
+    time.sleep(SETTLE_S)
+    data = snapshot(job.pid)
+    assert_found_under(data, "accelerate", job, 2)
+    sleep_line = line_of(script, "planted: an upload that never returns")
+    assert_sleeping_straggler(data, 1, f"{script}:{sleep_line} upload_checkpoint", "upload_checkpoint")
+    backward_line = line_of(script, "accelerator.backward(loss)")
+    assert_waits_in_ddp_gradients(by_rank(data)[0], f"{script}:{backward_line} main", describe(data))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
+                    reason="deepspeed not installed: its sdist builds against the installed torch "
+                           "(pip install --no-build-isolation -r tests/requirements-deepspeed.txt)")
+def test_deepspeed_zero2_straggler(framework_job):
+    # `deepspeed --num_gpus 2 …` on CPU (DS_ACCELERATOR=cpu: gloo); ZeRO stage 2. Rank 1 sleeps in
+    # read_next_shard after step 3; rank 0 waits in ZeRO's gradient all_reduce in step 4's backward.
+    script = "deepspeed_zero_straggler.py"
+    job = framework_job(script, nproc=2, launcher="deepspeed", env={"DS_ACCELERATOR": "cpu", "DS_BUILD_OPS": "0"})
+    job.wait_for_log(r"^\[rank 1\] planted: sleeping in read_next_shard", r"^\[rank 0\] step 4 begins", timeout=100)
+    time.sleep(SETTLE_S)
+    data = snapshot(job.pid)
+    said = describe(data)
+    assert_found_under(data, "deepspeed", job, 2)
+    sleep_line = line_of(script, "planted: a shard read that never returns")
+    assert_sleeping_straggler(data, 1, f"{script}:{sleep_line} read_next_shard", "read_next_shard")
+    waiting = by_rank(data)[0]
+    assert waiting["state"] == "stuck" and waiting["phase"] == "collective" and waiting["op"] == "all_reduce", said
+    assert re.fullmatch(r"stage_1_and_2\.py:\d+ DeepSpeedZeroOptimizer\.\w+", waiting["where"] or ""), said
+    assert [by_rank(data)[n]["step"] for n in (0, 1)] == [4, 3], said
+    # From the per-node launcher and from a rank, the same job: the outermost launcher.
+    node_launcher = next(p.pid for p in psutil.Process(job.pid).children(recursive=True)
+                         if "deepspeed.launcher.launch" in p.cmdline())
+    for pid in (node_launcher, waiting["pid"]):
+        again = snapshot(pid)
+        assert again["job"]["pid"] == job.pid and again["verdict"]["culprits"] == [1], describe(again)
