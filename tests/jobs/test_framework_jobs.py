@@ -394,3 +394,41 @@ def test_deepspeed_zero2_straggler(framework_job):
     for pid in (node_launcher, waiting["pid"]):
         again = snapshot(pid)
         assert again["job"]["pid"] == job.pid and again["verdict"]["culprits"] == [1], describe(again)
+
+
+def test_mp_spawn_crash_reason_from_the_parents_report(framework_job, tmp_path):
+    # mp.spawn: rank 1 raises; the child prints nothing, the parent prints its traceback without a
+    # rank prefix as it exits. `trainwatch watch` still names rank 1, its exception and its line.
+    script = "spawn_rank_raises.py"
+    job = framework_job(script, nproc=2, launcher="python")
+    job.wait_for_log(r"^\[rank 0\] step 3$", r"^\[rank 1\] step 3$", timeout=60)
+    out = tmp_path / "watch"
+    watch = subprocess.Popen([*trainwatch_cli(), "watch", str(job.pid), "--out", str(out), "--interval", "1"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        seen = []
+        for line in watch.stdout:  # its first verdict: the watcher has found the ranks
+            seen.append(line)
+            if " verdict " in line:
+                break
+        assert seen and " verdict " in seen[-1], "".join(seen)
+        (job.workdir / "raise-now").touch()
+        rest, _ = watch.communicate(timeout=60)
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.wait()
+    said = "".join(seen) + rest
+    log = job.log.read_text(errors="replace")
+    assert "-- Process 1 terminated with the following error:" in log and "[rank1]" not in log, log
+    raise_line = line_of(script, "planted: rank 1 raises")
+    told = [line for line in said.splitlines() if re.search(r" crash (reason )?rank 1 ", line)]
+    assert told, said
+    crash = told[-1]  # at the death, or a moment later once the parent has printed the traceback
+    assert "RuntimeError: boom" in crash and f"{script}:{raise_line} worker" in crash, said
+    assert "(first to die)" in crash, said
+    assert watch.returncode == 11, said
+    records = [json.loads(p.read_text()) for p in (out / "crashes").glob("rank1-pid*.json")]
+    assert len(records) == 1, said
+    assert records[0]["exit"]["reason"] == "RuntimeError" and records[0]["exit"]["message"] == "RuntimeError: boom"
+    assert records[0]["exit"]["frame"].endswith(f"{script}:{raise_line} worker"), records[0]

@@ -41,6 +41,11 @@ def arm_deadline(seconds: float) -> None:
     threading.Thread(target=_expire, name="deadline", daemon=True).start()
 
 
+def free_port_env() -> str:
+    """The port the test chose for this job (MASTER_PORT), for jobs that pass it themselves."""
+    return os.environ.get("MASTER_PORT", "29500")
+
+
 def rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
