@@ -27,6 +27,7 @@ import psutil
 import pytest
 
 from real_jobs import FRAMEWORK_JOBS, PlantedJob
+from trainwatch.probes.read.discover import find_job
 
 pytestmark = [pytest.mark.job, pytest.mark.slow]
 
@@ -331,6 +332,11 @@ def test_lightning_dataloader_worker_never_returns(framework_job):
     assert waiting["state"] == "stuck" and waiting["phase"] == "collective", said
     assert waiting["op"] and DDP_ALL_REDUCE.search(waiting["op"]), said
     assert re.fullmatch(r"module\.py:\d+ LightningModule\.backward", waiting["where"] or ""), said
+    # From rank 1 (started by Lightning) and from rank 0's worker, the same job and ranks.
+    for pid in (waiting["pid"], worker_pid):
+        found = find_job(pid)
+        assert (found.launcher, found.root_pid) == ("lightning", job.pid), found
+        assert [(r.rank, r.pid) for r in found.ranks] == [(0, job.pid), (1, waiting["pid"])], found
 
 
 def assert_found_under(data: dict, launcher: str, job: PlantedJob, nproc: int) -> None:
@@ -392,8 +398,8 @@ def test_deepspeed_zero2_straggler(framework_job):
     node_launcher = next(p.pid for p in psutil.Process(job.pid).children(recursive=True)
                          if "deepspeed.launcher.launch" in p.cmdline())
     for pid in (node_launcher, waiting["pid"]):
-        again = snapshot(pid)
-        assert again["job"]["pid"] == job.pid and again["verdict"]["culprits"] == [1], describe(again)
+        found = find_job(pid)
+        assert (found.launcher, found.root_pid, len(found.ranks)) == ("deepspeed", job.pid, 2), found
 
 
 def test_mp_spawn_crash_reason_from_the_parents_report(framework_job, tmp_path):
