@@ -212,6 +212,8 @@ def _find_below(start: psutil.Process, jobs_only: bool = False) -> tuple[psutil.
             if kind:
                 return child, kind
         for child in sorted(frontier, key=lambda p: p.pid):
+            if jobs_only and _lightning_children(child):  # `trainwatch run -- python train.py` (Lightning)
+                return child, "lightning"
             if jobs_only and "RANK" in (job_env(child) or {}):
                 return _find_root(child)
             if not jobs_only and is_python(child):
@@ -221,15 +223,17 @@ def _find_below(start: psutil.Process, jobs_only: bool = False) -> tuple[psutil.
 
 
 def _is_lightning_child(proc: psutil.Process, parent_cmd: list[str]) -> bool:
-    """A rank started by Lightning's launcher: its parent's command line again, with LOCAL_RANK,
-    NODE_RANK and WORLD_SIZE (no RANK) in its environment."""
+    """A rank started by Lightning's launcher: LOCAL_RANK, NODE_RANK and WORLD_SIZE (no RANK) in
+    its environment, and its parent's script arguments again (it runs ``sys.executable
+    <abs script> args`` or ``sys.executable -m module args``; the parent may have had ``-u``...)."""
     env = job_env(proc) or {}
     if "RANK" in env or not {"LOCAL_RANK", "WORLD_SIZE"} <= env.keys() or "NODE_RANK" not in _safe(proc.environ, {}):
         return False
     cmd = _safe(proc.cmdline, [])
-    # The children run `sys.executable <absolute script> args`; the parent may name the script relatively.
-    return len(cmd) == len(parent_cmd) and cmd[2:] == parent_cmd[2:] and \
-        os.path.basename(cmd[1] if len(cmd) > 1 else "") == os.path.basename(parent_cmd[1] if len(parent_cmd) > 1 else "")
+    if len(cmd) < 2 or not parent_cmd:
+        return False
+    args = cmd[3:] if cmd[1] == "-m" else cmd[2:]
+    return not args or parent_cmd[-len(args):] == args
 
 
 def _lightning_children(parent: psutil.Process) -> list[psutil.Process]:
