@@ -4,13 +4,13 @@ started). Lightning begins each batch with a broadcast from rank 0 (``_broadcast
 
 Faults (rank ``R`` is the odd one):
 - ``callback``: its ``on_train_batch_end`` never returns after batch 3; the others wait in
-  batch 4's DDP gradient all_reduce inside backward. Truth: straggler, that rank.
-- ``uneven``: it has 3 batches, the others 6 (no distributed sampler); it leaves the epoch and
-  waits in the barrier of ``trainer.save_checkpoint`` after fit, while the others wait in
-  batch 4's backward.
-  Truth: mismatch, that rank.
+  batch 4's first collective (rank 0's broadcast). Truth: straggler, that rank.
+- ``uneven``: it has 3 batches, the others 6 (no distributed sampler); it leaves fit and waits
+  in the barrier of ``trainer.save_checkpoint``, while the others wait in batch 4's first
+  collective. Truth: mismatch, that rank.
 - ``worker``: its one DataLoader worker never returns item ``STUCK_INDEX`` (batch 4); the others
-  wait in batch 4's backward. Truth: straggler, that rank, in the DataLoader.
+  wait in batch 4's DDP gradient all_reduce inside backward. Truth: straggler, that rank, in the
+  DataLoader.
 """
 
 import argparse
@@ -23,19 +23,16 @@ BATCH = 4
 STUCK_INDEX = 3 * BATCH  # the first item of batch 4 (1-based)
 
 
-def rank() -> int:
+def rank(devices: int) -> int:
     """Lightning's ranks: LOCAL_RANK (and NODE_RANK) are all its launcher puts in the environment."""
-    return int(os.environ.get("NODE_RANK", "0")) * DEVICES + int(os.environ.get("LOCAL_RANK", "0"))
-
-
-DEVICES = 2
+    return int(os.environ.get("NODE_RANK", "0")) * devices + int(os.environ.get("LOCAL_RANK", "0"))
 
 
 class Items:
     """A map-style dataset; on the stalled rank one read never returns, as on a dead mount."""
 
-    def __init__(self, size: int, stall: bool, stop_at: float) -> None:
-        self.size, self.stall, self.stop_at = size, stall, stop_at
+    def __init__(self, size: int, stall: bool, stop_at: float, me: int) -> None:
+        self.size, self.stall, self.stop_at, self.me = size, stall, stop_at, me
 
     def __len__(self) -> int:
         return self.size
@@ -43,7 +40,7 @@ class Items:
     def __getitem__(self, index: int):
         import torch
         if self.stall and index == STUCK_INDEX:
-            log(f"planted: worker pid {os.getpid()} blocks in __getitem__({index})", rank())
+            log(f"planted: worker pid {os.getpid()} blocks in __getitem__({index})", self.me)
             time.sleep(max(0.0, self.stop_at - time.time()))  # forked workers keep the deadline themselves
             os._exit(124)
         generator = torch.Generator().manual_seed(index)
@@ -51,14 +48,12 @@ class Items:
 
 
 def main() -> None:
-    global DEVICES
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--deadline", type=float, default=60.0)
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--fault", choices=("callback", "uneven", "worker"), required=True)
     parser.add_argument("--odd", type=int, default=1, help="the rank with the fault")
     args = parser.parse_args()
-    DEVICES = args.devices
     stop_at = time.time() + args.deadline
     arm_deadline(args.deadline)
     import warnings
@@ -68,7 +63,7 @@ def main() -> None:
     import torch
     from torch.utils.data import DataLoader
 
-    me, odd = rank(), args.odd
+    me, odd = rank(args.devices), args.odd
 
     class Tiny(pl.LightningModule):
         def __init__(self) -> None:
@@ -95,7 +90,7 @@ def main() -> None:
 
     batches = 3 if args.fault == "uneven" and me == odd else 6
     stall = args.fault == "worker" and me == odd
-    loader = DataLoader(Items(batches * BATCH, stall, stop_at), batch_size=BATCH,
+    loader = DataLoader(Items(batches * BATCH, stall, stop_at, me), batch_size=BATCH,
                         num_workers=1 if stall else 0)
     trainer = pl.Trainer(accelerator="cpu", strategy="ddp", devices=args.devices, max_epochs=1,
                          use_distributed_sampler=False, logger=False, enable_checkpointing=False,
