@@ -36,6 +36,8 @@ from ..snapshot import CRASH_VERDICTS, HANG_VERDICTS, HEALTHY_VERDICTS, Job, Sna
 from ..source import Source
 
 
+LATE_S = 10.0  # how long a rank reaped without a word may still be explained by its log
+
 # `trainwatch watch` exit statuses (documented in its --help)
 EXIT_CLEAN, EXIT_PROBLEM, EXIT_CRASH = 0, 10, 11
 
@@ -55,6 +57,9 @@ class CrashCatcher:
         self.logs = RankLogs()
         self._tracked: dict[int, RankProcess] = {}
         self._done: set[int] = set()  # pids already judged
+        # Dead with no reason said yet: mp.spawn's parent prints a rank's traceback only after
+        # tearing the others down, so the reason may still come (pid -> (rank, status, died at)).
+        self._unexplained: dict[int, tuple[RankProcess, tuple | None, float]] = {}
         self._family: frozenset[int] | None = None
         self._job_root: int | None = None
         self._launcher_log: str | None = None
@@ -78,9 +83,11 @@ class CrashCatcher:
             record = self._judge(proc, status)
             if record is not None:
                 new.append(record)
+        late = self._explained_late()
+        new.extend(r for r in late if r.pid not in {known.pid for known in self.records})
         if new:
             self._mark_first(new)
-        return new
+        return new + [r for r in late if r not in new]
 
     def job_alive(self) -> bool:
         return psutil.pid_exists(self.root_pid) and procfs.state_letter(self.root_pid) not in (None, "Z")
@@ -138,9 +145,32 @@ class CrashCatcher:
         if record.exit.code == 0 and record.exit.signal is None:
             self.exited_ok.append(proc.pid)
             return None
+        if record.exit.reason is None:
+            self._unexplained[proc.pid] = (proc, status, record.exit.at or time.time())
         if not exits.abnormal(record.exit):
             return None  # vanished with no sign of trouble: most likely a normal exit
         return self._save(replace(record, error_file=error_copy))
+
+    def _explained_late(self) -> list[CrashRecord]:
+        """Deaths whose reason the log gave after the fact (within ``LATE_S``): new crash records
+        for ranks reaped unseen, and recorded crashes now with their reason (``first`` kept)."""
+        found = []
+        for pid, (proc, status, died_at) in list(self._unexplained.items()):
+            record = ended.read_exit(proc, status, now=died_at, run_dir=self.run_dir, logs=self.logs,
+                                     clean=self._clean, launcher_log=self._launcher_log)
+            if record.exit.reason is not None and exits.abnormal(record.exit):
+                known = next((i for i, r in enumerate(self.records) if r.pid == pid), None)
+                if known is not None:
+                    earlier = self.records[known]
+                    record = replace(record, exit=replace(record.exit, first=earlier.exit.first),
+                                     error_file=earlier.error_file)
+                    self.records[known] = record = self._save(record)
+                else:
+                    record = self._save(record)
+                found.append(record)
+            if record.exit.reason is not None or time.time() - died_at > LATE_S:
+                del self._unexplained[pid]
+        return found
 
     def _clean(self, text: str) -> str:
         return ended.redactor_for([self.root_pid, self._job_root])(text)
@@ -263,6 +293,7 @@ class Watcher:
         self.saw_problem = self.saw_crash = False
         self._crash_bundled = False
         self._last_kind: str | None = None
+        self._told: set[int] = set()  # pids whose crash was emitted
 
     def run(self) -> int:
         next_poll = 0.0
@@ -270,6 +301,8 @@ class Watcher:
             for record in self.catcher.tick():
                 self._on_crash(record)
             if not self.catcher.job_alive():
+                for record in self.catcher.tick():  # last words: mp.spawn's parent prints as it exits
+                    self._on_crash(record)
                 self._on_job_end()
                 break
             now = time.monotonic()
@@ -304,7 +337,14 @@ class Watcher:
     def _on_crash(self, record: CrashRecord) -> None:
         self.saw_crash = True
         first = " (first to die)" if record.exit.first else ""
-        self.emit(f"{_stamp()} crash {exits.death(record.rank, record.pid, record.exit)}{first}")
+        said = exits.death(record.rank, record.pid, record.exit)
+        if record.pid in self._told:  # its reason, read after the death (mp.spawn's parent's report)
+            self.emit(f"{_stamp()} crash reason {said}{first}")
+            if record.saved_to:
+                self.emit(f"{_stamp()} crash record {record.saved_to}")
+            return
+        self._told.add(record.pid)
+        self.emit(f"{_stamp()} crash {said}{first}")
         if record.saved_to:
             self.emit(f"{_stamp()} crash record {record.saved_to}")
         if "crash" in self.dump_on and not self._crash_bundled:
