@@ -16,6 +16,7 @@ import subprocess
 from typing import Any
 
 from ..probes.errors import PARTIAL_EXIT, TrainwatchError
+from .commands.common import count_between, positive_seconds
 from ..probes.remote.hostlist import parse_hosts, read_hostfile, slurm_hostnames, slurm_job_nodelist, unique
 from ..probes.remote.multinode import MultiNodeSource
 from ..probes.remote.remote import (
@@ -44,9 +45,9 @@ def add_remote_arguments(parser: argparse.ArgumentParser) -> None:
                        help="extra ssh option, e.g. Port=2222 (passed as -o OPT) or '-F ~/.ssh/cluster'; repeatable")
     group.add_argument("--remote-trainwatch", default="trainwatch", metavar="CMD",
                        help="command that runs trainwatch on the other nodes (default: trainwatch)")
-    group.add_argument("--remote-timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
+    group.add_argument("--remote-timeout", type=positive_seconds, default=DEFAULT_TIMEOUT_S, metavar="S",
                        help=f"give up on a node after this many seconds (default: {DEFAULT_TIMEOUT_S:g})")
-    group.add_argument("--remote-parallel", type=int, default=DEFAULT_PARALLEL, metavar="N",
+    group.add_argument("--remote-parallel", type=count_between(1, 1024), default=DEFAULT_PARALLEL, metavar="N",
                        help=f"ask at most this many nodes at once (default: {DEFAULT_PARALLEL})")
 
 

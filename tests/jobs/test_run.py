@@ -80,7 +80,7 @@ def test_sigterm_is_forwarded(tmp_path):
 
 def watch_crash(job: PlantedJob, out: Path, timeout: float = 60) -> Watcher:
     lines: list[str] = []
-    watcher = Watcher(job.pid, out, dump_on=frozenset({"crash"}), interval=1000, emit=lines.append)
+    watcher = Watcher(job.pid, out, dump_on=frozenset({"crashed"}), interval=1000, emit=lines.append)
     watcher.lines = lines
     deadline = time.monotonic() + timeout
     while job.alive() and time.monotonic() < deadline:

@@ -14,7 +14,7 @@ from pathlib import Path
 from ...probes import rundir
 from ...probes.errors import OutputError, TrainwatchError, UsageError
 from ...probes.read import procfs
-from .common import require_terminal
+from .common import add_window, require_terminal
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", type=Path, default=None,
                         help="run directory (default ./trainwatch-runs/<date>-<time>-<pid>)")
     parser.add_argument("--attach", action="store_true", help="open the live view on the job it starts")
-    parser.add_argument("--window", type=float, default=1.0, help=argparse.SUPPRESS)
+    add_window(parser, "run", hidden=True)
     parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
     parser.set_defaults(func=run)
 
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     if shutil.which(command[0]) is None:
         raise UsageError(f"command not found: {command[0]}", "check the spelling and your PATH")
     if args.attach:
-        require_terminal("trainwatch run --attach", "leave out --attach, and use `trainwatch watch PID` "
+        require_terminal("run --attach", "leave out --attach, and use `trainwatch watch PID` "
                                                     "or `trainwatch snapshot PID` on the job")
     run_dir = (args.out or rundir.default_run_dir()).resolve()
     _make_run_dir(run_dir)
