@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from ...probes import rundir
+from ...probes import rundir, torch_env
 from ...probes.errors import OutputError, TrainwatchError, UsageError
 from ...probes.read import procfs
 from .common import add_window, require_terminal
@@ -47,8 +47,10 @@ def run(args: argparse.Namespace) -> int:
                                                     "or `trainwatch snapshot PID` on the job")
     run_dir = (args.out or rundir.default_run_dir()).resolve()
     _make_run_dir(run_dir)
-    env, added = rundir.armed_env(run_dir, dict(os.environ))
-    return _supervise(command, env, added, run_dir, args.attach, args.window)
+    base = dict(os.environ)
+    torch = torch_env.find_torch(torch_env.job_python(command, base), base)
+    env, added = rundir.armed_env(run_dir, base, name_for=torch.name_for)
+    return _supervise(command, env, added, run_dir, args.attach, args.window, torch.version)
 
 
 def _make_run_dir(run_dir: Path) -> None:
@@ -65,7 +67,7 @@ def _make_run_dir(run_dir: Path) -> None:
 
 
 def _supervise(command: list[str], env: dict[str, str], added: dict[str, str], run_dir: Path,
-               attach: bool, window: float) -> int:
+               attach: bool, window: float, torch_version: str | None = None) -> int:
     """Start the command in its own process group, forward signals, return its status."""
     tty_fd = _terminal_fd() if not attach else None
     log = open(run_dir / "launcher.log", "ab") if attach else None
@@ -77,7 +79,7 @@ def _supervise(command: list[str], env: dict[str, str], added: dict[str, str], r
     finally:
         if log:
             log.close()
-    rundir.write_run_json(run_dir, command, added, child.pid)
+    rundir.write_run_json(run_dir, command, added, child.pid, torch_version)
     print(f"trainwatch: armed run {run_dir} (pid {child.pid}; on-demand traces: "
           f"kill -{procfs.signal_name(rundir.FAULTHANDLER_SIGNAL)} <rank pid>)", file=sys.stderr, flush=True)
     previous = {sig: signal.signal(sig, lambda n, _f: _forward(child.pid, n)) for sig in FORWARDED}
