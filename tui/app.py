@@ -27,7 +27,7 @@ from textual.worker import get_current_worker
 
 from ..probes.errors import TrainwatchError
 from ..probes.read.ranklog import RankLogs
-from ..probes.snapshot import PROBLEM_VERDICTS, Rank, Snapshot, compact_ranks
+from ..probes.snapshot import PROBLEM_VERDICTS, Rank, Snapshot
 from ..probes.source import Source, write_evidence
 
 from .widgets import format as fmt
@@ -99,11 +99,11 @@ class TrainwatchApp(App[None]):
         Binding("q", "quit", "quit"),
         Binding("question_mark", "help", "help"),
         Binding("slash", "filter", "filter"),
-        Binding("n", "native", "native"),
+        Binding("n", "native", "native", show=False),  # n, + and -: in the help screen (?)
         Binding("s", "sample", "sample"),
         Binding("p", "pause", "pause"),
-        Binding("plus", "slower", "slower", key_display="+"),
-        Binding("minus", "faster", "faster", key_display="-"),
+        Binding("plus", "slower", "slower", key_display="+", show=False),
+        Binding("minus", "faster", "faster", key_display="-", show=False),
         Binding("d", "dump", "dump"),
         Binding("j", "move(1)", "down", show=False),
         Binding("k", "move(-1)", "up", show=False),
@@ -244,9 +244,7 @@ class TrainwatchApp(App[None]):
         if kind == self._alerted:
             return
         self._alerted = kind
-        self.bell()
-        summary = snapshot.verdict.summary or f"culprits: {compact_ranks(snapshot.verdict.culprits) or 'n/a'}"
-        self.notify(summary, title=kind.upper(), severity="error", timeout=5)  # the header keeps it
+        self.bell()  # no toast: it would cover the detail pane, and the header shows the verdict in full
 
     # ----- drawing
 

@@ -33,7 +33,7 @@ def job_line(snapshot: Snapshot | None, now: float) -> Text:
 class JobHeader(Static):
     """Job identity and verdict on the left, monitor status on the right."""
 
-    DEFAULT_CSS = "JobHeader { height: auto; max-height: 3; }"
+    DEFAULT_CSS = "JobHeader { height: auto; }"  # the verdict wraps in full: it matters most
 
     def show(self, snapshot: Snapshot | None, now: float, status: Text, layout: bool = True) -> None:
         """``layout=False`` for clock ticks: only durations changed, the height stays."""

@@ -81,12 +81,16 @@ def verdict_line(snapshot: Snapshot | None, now: float | None = None) -> Text:
     return Text.assemble(badge, (held, "bold"), " ", summary or fmt.NA)
 
 
-def group_line(group: Group, culprit: bool) -> Text:
-    """``ranks 0-6: all_reduce ← train.py:88 step``; a culprit group starts with ▶ and is red."""
+def group_line(group: Group, culprit: bool, width: int | None = None) -> Text:
+    """``ranks 0-6: all_reduce ← train.py:88 step``; a culprit group starts with ▶ and is red.
+    Wider than ``width``, the ``← where`` goes on a line of its own rather than wrap mid-frame."""
     head = f"{'▶' if culprit else ' '} {fmt.rank_noun(len(group.ranks))} {group.label}: "
     line = Text(head, style="bold red" if culprit else "bold")
     line.append(group_what(group), style="bold red" if culprit else phase_style(group.phase))
     if group.where:
-        line.append(" ← ", style="dim")
+        arrow = " ← "
+        if width is not None and line.cell_len + len(arrow) + len(group.where) > width:
+            arrow = "\n    ← "
+        line.append(arrow, style="dim")
         line.append(group.where, style="red" if culprit else "")
     return line
