@@ -269,6 +269,8 @@ class TrainwatchApp(App[None]):
             parts.append(("job ended", "bold red"))
         if not self.live:
             parts.append(("read-only", "bold"))
+            if self.snapshot is not None and self.snapshot.taken_at:
+                parts.append((f"dumped {fmt.duration(self.clock() - self.snapshot.taken_at)} ago", "dim"))
         elif self.paused:
             parts.append(("paused", "bold yellow reverse"))
         else:
@@ -283,9 +285,15 @@ class TrainwatchApp(App[None]):
             text.append(part, style=style)
         return text
 
+    def durations_now(self) -> float:
+        """The time durations are measured to: a bundle's are as at its dump, live ones as of now."""
+        if not self.live and self.snapshot is not None and self.snapshot.taken_at:
+            return self.snapshot.taken_at
+        return self.clock()
+
     def _redraw(self) -> None:
         with self.batch_update():
-            now = self.clock()
+            now = self.durations_now()
             snapshot = self.snapshot
             self.query_one(JobHeader).show(snapshot, now, self.status_text())
             self.query_one(AlertBar).show(snapshot.warnings if snapshot else (), self.error, self.dump_status)
@@ -303,7 +311,7 @@ class TrainwatchApp(App[None]):
         tail = self.log_tails.get(rank.key) if rank and rank.log_path else None
         key = rank.key if rank else None
         fresh, self._detail_key = key != self._detail_key, key
-        self.query_one(DetailPane).show(rank, self.clock(), native, tail, fresh=fresh)
+        self.query_one(DetailPane).show(rank, self.durations_now(), native, tail, fresh=fresh)
         if fresh and rank is not None and rank.rank is not None:
             self.query_one(GroupsPane).follow(rank.rank)
 
@@ -314,7 +322,7 @@ class TrainwatchApp(App[None]):
             header = self.query_one(JobHeader)
         except NoMatches:  # the timer can still fire while the screen is being torn down
             return
-        header.show(self.snapshot, self.clock(), self.status_text(), layout=False)
+        header.show(self.snapshot, self.durations_now(), self.status_text(), layout=False)
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         self._redraw_detail()

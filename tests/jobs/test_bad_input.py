@@ -229,3 +229,16 @@ def test_the_name_is_said_once():
     proc = trainwatch("attach", "1")
     assert proc.stderr.startswith("trainwatch: attach shows a live screen"), proc.stderr
     assert "trainwatch: trainwatch" not in proc.stderr
+
+
+def test_open_a_file_that_is_no_bundle(tmp_path):
+    proc = trainwatch("open", "/etc/passwd", "--summary")
+    assert_clean_error(proc, "/etc/passwd is not a trainwatch bundle (not a tar archive)")
+    assert proc.returncode == 7 and "ReadError" not in proc.stderr and "method gz" not in proc.stderr
+    cut = tmp_path / "cut.tar.gz"
+    subprocess.run(["tar", "czf", str(tmp_path / "whole.tar.gz"), "-C", "/usr/lib/python3", "."], check=False,
+                   capture_output=True)
+    cut.write_bytes((tmp_path / "whole.tar.gz").read_bytes()[:4000])
+    proc = trainwatch("open", str(cut), "--summary")
+    assert_clean_error(proc, "damaged bundle archive")
+    assert proc.returncode == 7

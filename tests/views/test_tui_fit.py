@@ -74,3 +74,17 @@ async def test_the_detail_scrollbar_is_one_quiet_column():
         detail = app.query_one("#detail")
         assert detail.styles.scrollbar_size_vertical == 1
         assert detail.styles.scrollbar_color != app.query_one("#ranks").styles.scrollbar_color  # muted
+
+
+async def test_a_bundle_shows_its_times_as_at_the_dump():
+    from dataclasses import replace
+
+    dumped = replace(ddp_straggler(), source="bundle:/tmp/trainwatch-node1-4242", taken_at=clock() - 150)
+    dumped = replace(dumped, verdict=replace(dumped.verdict, since=dumped.taken_at - 34))
+    app = TrainwatchApp(ListSource(dumped), live=False, clock=clock)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.polls == 1)
+        text = screen_text(app)
+        assert "at dump: for 34s" in text and "dumped 2m30s ago" in text, text
+        assert "up 10m04s at dump" in text  # started 754 s before the clock, dumped 150 s before it
+        assert "3m04s" not in text  # not the verdict's age measured against the time of reading

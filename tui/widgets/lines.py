@@ -75,6 +75,8 @@ def verdict_line(snapshot: Snapshot | None, now: float | None = None) -> Text:
     verdict = snapshot.verdict
     badge = Text(f" {verdict.kind.upper()} ", style=VERDICT_STYLES.get(verdict.kind, VERDICT_STYLES["unknown"]))
     held = f" for {fmt.duration(now - verdict.since)}" if now is not None and verdict.since else ""
+    if held and snapshot.source.startswith("bundle"):
+        held = " at dump:" + held  # a bundle's times are its dump's, not the reader's
     summary = verdict.summary
     if not summary and verdict.culprits:
         summary = f"culprit {fmt.rank_noun(len(verdict.culprits))} {compact_ranks(verdict.culprits)}"
