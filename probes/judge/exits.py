@@ -29,6 +29,7 @@ from ..read.kernlog import kernel_fault
 from ..read.process import JobProcesses, RankProcess
 from ..read.ranklog import LogReason, RankLogs
 from ..snapshot import ExitInfo, Rank, ThreadStack
+from ..wording import how_ended
 
 TEARDOWN_SIGNALS = frozenset({"SIGTERM", "SIGKILL", "SIGINT", "SIGHUP"})
 # Deaths seen this close together are one moment: the most telling one is taken as the first.
@@ -64,10 +65,8 @@ class CrashRecord:
 
 # -- words ---------------------------------------------------------------------------------------
 def how(info: ExitInfo) -> str:
-    """``killed by SIGSEGV``, ``exit code 1`` or ``exit status not seen``."""
-    if info.signal:
-        return f"killed by {info.signal}"
-    return f"exit code {info.code}" if info.code is not None else "exit status not seen"
+    """``killed by SIGSEGV``, ``exit code 1`` or ``exit status not seen`` (``wording.how_ended``)."""
+    return how_ended(info)
 
 
 def headline(info: ExitInfo) -> str | None:

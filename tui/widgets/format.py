@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-NA = "n/a"
+from ...probes.wording import NA  # noqa: F401  (the one n/a, shared with summary.md)
+
 SPARK = "▁▂▃▄▅▆▇█"
 
 

@@ -12,6 +12,8 @@ from ...probes.judge.groups import group_what
 from ...probes.snapshot import (WAITING_PHASES, Group, Phase, Rank, Snapshot, State, VerdictKind,
                                         compact_ranks)
 
+from ...probes.wording import how_ended
+
 from . import format as fmt
 
 # Styles use the 16 ANSI colours so they read the same in 256-colour terminals.
@@ -43,10 +45,8 @@ PHASE_STYLES: dict[Phase, str] = {
 def state_label(rank: Rank) -> str:
     """``running``, ``stuck 42s``, or how an exited rank ended: ``SIGSEGV``, ``exit 1``, ``exited``;
     ``raised`` for a rank whose uncaught exception left it alive (a non-daemon thread keeps it)."""
-    if rank.exit is not None and rank.state != "exited":
-        return "raised"
     if rank.exit is not None:
-        return rank.exit.signal or (f"exit {rank.exit.code}" if rank.exit.code is not None else "exited")
+        return how_ended(rank.exit, alive=rank.state != "exited", short=True)
     if rank.state == "stuck" and rank.stuck_for_s is not None:
         return f"stuck {fmt.duration(rank.stuck_for_s)}"
     return rank.state
