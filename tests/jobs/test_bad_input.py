@@ -242,3 +242,20 @@ def test_open_a_file_that_is_no_bundle(tmp_path):
     proc = trainwatch("open", str(cut), "--summary")
     assert_clean_error(proc, "damaged bundle archive")
     assert proc.returncode == 7
+
+
+def test_snapshot_json_leads_with_its_version():
+    from trainwatch.probes.snapshot import SCHEMA_VERSION, Job, Snapshot
+
+    text = Snapshot(job=Job(launcher="torchrun", pid=1, host="h")).to_json()
+    assert next(iter(json.loads(text))) == "version" and json.loads(text)["version"] == SCHEMA_VERSION
+    assert text.lstrip("{ \n").startswith('"version"')
+
+
+def test_watch_dump_on_speaks_the_verdict_vocabulary():
+    from trainwatch.probes.snapshot import PROBLEM_VERDICTS, VERDICTS
+    from trainwatch.tui.commands.watch import DUMP_ON_WORDS, dump_on_kinds
+
+    assert set(DUMP_ON_WORDS) == set(PROBLEM_VERDICTS) and set(DUMP_ON_WORDS) <= set(VERDICTS)
+    assert dump_on_kinds("all") == PROBLEM_VERDICTS and dump_on_kinds("none") == frozenset()
+    assert dump_on_kinds("straggler, crashed") == {"straggler", "crashed"}
