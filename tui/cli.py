@@ -8,7 +8,7 @@ import importlib
 import importlib.metadata
 import sys
 
-from ..probes.errors import TrainwatchError
+from ..probes import TrainwatchError
 from .commands import COMMANDS
 
 

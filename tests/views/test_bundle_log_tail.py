@@ -6,7 +6,7 @@ import os
 
 from trainwatch.probes.evidence.bundle import _Writer
 from trainwatch.probes.evidence.bundle_rank import LOG_TAIL_BYTES, RankEvidence, RankPlan, _settings_and_logs
-from trainwatch.probes.evidence.redact import Redactor
+from trainwatch.probes.redact import Redactor
 
 NOISY = """\
 /venv/lib/python3.11/site-packages/torch/_subclasses/functional_tensor.py:276: UserWarning: Failed to initialize NumPy: No module named 'numpy' (Triggered internally at /pytorch/torch/csrc/utils/tensor_numpy.cpp:81.)

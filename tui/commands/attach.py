@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ...probes.live import open_source
+    from ...probes import open_source
 
     require_terminal("attach", "use `trainwatch snapshot PID` for one verdict, "
                                           "or `trainwatch watch PID` for a log of events")

@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ...probes.errors import TrainwatchError
+from ...probes import TrainwatchError
 from .common import WINDOW_DEFAULTS, count_between, positive_seconds, require_terminal
 from ..planted import SCENARIOS, stop_job_tree
 
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         print(f"trainwatch: starting a {args.ranks}-rank '{args.scenario}' demo job…", file=sys.stderr)
         job.wait_for_ranks()
-        from ...probes.live import open_source
+        from ...probes import open_source
         source = open_source(job.proc.pid, window=WINDOW_DEFAULTS["attach"])
         try:
             if args.no_tui:

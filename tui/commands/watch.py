@@ -6,11 +6,7 @@ import argparse
 import socket
 from pathlib import Path
 
-from ...probes.errors import OutputError
-from ...probes.evidence import watcher
-from ...probes.evidence.watcher import WatchEvent
-from ...probes.live import open_source
-from ...probes.snapshot import PROBLEM_VERDICTS, VERDICTS
+from ...probes import PROBLEM_VERDICTS, VERDICTS, OutputError, Watcher, WatchEvent, open_source
 from .common import add_stuck_after, add_window, pid_arg, positive_seconds
 from .event_command import EventCommand, print_json
 from .snapshot import add_remote, wrap_remote
@@ -102,9 +98,9 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"watching pid {args.pid}; evidence goes to {out}", flush=True)
         emit = (lambda line: None) if args.json else (lambda line: print(line, flush=True))
-        return watcher.Watcher(job.root_pid, out, dump_on=args.dump_on, hang_after=args.hang_after,
-                               interval=args.interval, window=args.window, emit=emit, source=source,
-                               run_dir=run_dir, on_event=on_event).run()
+        return Watcher(job.root_pid, out, dump_on=args.dump_on, hang_after=args.hang_after,
+                       interval=args.interval, window=args.window, emit=emit, source=source,
+                       run_dir=run_dir, on_event=on_event).run()
     finally:
         source.close()
         if hook is not None:

@@ -6,9 +6,9 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from ...probes.snapshot import Frame, Rank, ThreadStack, compact_ranks
+from ...probes import Frame, Rank, ThreadStack, compact_ranks
 
-from ...probes.wording import how_ended
+from ...probes import how_ended
 
 from . import format as fmt
 from .lines import phase_text, state_text

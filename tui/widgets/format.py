@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from ...probes.wording import NA  # noqa: F401  (the one n/a, shared with summary.md)
+from ...probes import NA  # noqa: F401  (the one n/a, shared with summary.md)
 
 SPARK = "▁▂▃▄▅▆▇█"
 

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from ...probes.judge.groups import group_what
-from ...probes.snapshot import (WAITING_PHASES, Group, Phase, Rank, Snapshot, State, VerdictKind,
-                                        compact_ranks)
+from ...probes import WAITING_PHASES, Group, Phase, Rank, Snapshot, State, VerdictKind, compact_ranks, group_what
 
-from ...probes.wording import how_ended
+from ...probes import how_ended
 
 from . import format as fmt
 
