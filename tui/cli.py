@@ -49,7 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     if not argv:
         sys.stderr.write(command_list(parser))
         return 2
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse's own exit: a usage error (2), or --help/--version (0)
+        return exc.code if isinstance(exc.code, int) else 2
     try:
         return int(args.func(args) or 0)
     except TrainwatchError as exc:
