@@ -13,7 +13,7 @@ from ..judge.steps import step_label
 from ..judge.groups import group_what
 from ..read import ranklog
 from ..snapshot import Rank, Snapshot, compact_ranks, who
-from ..wording import NA, how_ended, na
+from ..wording import NA, how_ended, na, pct, size
 
 
 def _trainwatch_version() -> str:
@@ -21,10 +21,6 @@ def _trainwatch_version() -> str:
         return metadata.version("trainwatch")
     except metadata.PackageNotFoundError:
         return "unknown"
-
-
-def _bytes(value: int | None) -> str:
-    return f"{value / 2**30:.1f} GiB" if value is not None else NA
 
 
 def render(snapshot: Snapshot, evidence: list[RankEvidence], host_notes: list[str], *,
@@ -98,8 +94,8 @@ def render(snapshot: Snapshot, evidence: list[RankEvidence], host_notes: list[st
         out.append(f"- host {host.name}: driver {na(host.driver_version)}, "
                    f"CUDA driver {na(host.cuda_driver_version)}" + (f" ({host.error})" if host.error else ""))
         for gpu in host.gpus:
-            out.append(f"  - GPU {gpu.index} {gpu.name or ''}: util {na(gpu.util_pct)}%, "
-                       f"mem {_bytes(gpu.mem_used_bytes)} / {_bytes(gpu.mem_total_bytes)}"
+            out.append(f"  - GPU {gpu.index} {gpu.name or ''}: util {pct(gpu.util_pct)}, "
+                       f"mem {size(gpu.mem_used_bytes)} / {size(gpu.mem_total_bytes)}"
                        f"{', LOST' if gpu.lost else ''}{', throttle ' + ','.join(gpu.throttle) if gpu.throttle else ''}")
         for line in host.xid_events:
             out.append(f"  - Xid: {line}")
