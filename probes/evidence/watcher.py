@@ -273,7 +273,7 @@ class Watcher:
         try:
             snapshot = self.source.poll()
         except Exception as exc:  # the job may be ending under us; the crash path still works
-            self._say(WatchEvent("note", f"snapshot failed: {exc}"))
+            self._say(WatchEvent("note", f"note: snapshot failed: {exc}"))
             return
         self.last = snapshot
         if snapshot.job.run_dir and self.catcher.run_dir is None:
@@ -339,11 +339,15 @@ class Watcher:
             with self.source.paused_judgement() if self.source is not None else contextlib.nullcontext():
                 path = write_bundle(self.pid, snapshot, self.out_dir, reason=reason)
         except Exception as exc:
-            self._say(WatchEvent("note", f"bundle failed: {type(exc).__name__}: {exc}"))
+            self._say(WatchEvent("note", f"note: bundle failed: {type(exc).__name__}: {exc}"))
             return None
         self.bundles.append(Path(path))
         verdict = snapshot.verdict
         self._say(WatchEvent("bundle", f"bundle {path}", verdict.kind, verdict.culprits, verdict.summary, str(path)))
+        collect = getattr(self.source, "collect_bundles", None)  # a job on several nodes, as `dump` does
+        if collect is not None:
+            for note in collect(path):  # each other node's bundle under <bundle>/hosts/<node>/
+                self._say(WatchEvent("note", f"note: {note}"))
         return str(path)
 
 

@@ -11,7 +11,7 @@ from trainwatch.probes.snapshot import ExitInfo, Rank
 from trainwatch.probes.wording import how_ended
 from trainwatch.tui.widgets.lines import state_label
 
-from test_tui_samples import straggler
+from tui_samples import straggler
 
 SHARED = "Flight Recorder from the hook: no hook in this process (start the job with `trainwatch run`)"
 

@@ -11,7 +11,7 @@ from trainwatch.tui.widgets.groups import GroupsPane
 from trainwatch.tui.widgets.ranks import RanksTable, plan_columns
 
 from test_tui_app import make_app, screen_text, until
-from test_tui_samples import ListSource, clock, ddp_straggler
+from tui_samples import ListSource, clock, ddp_straggler
 
 @pytest.mark.parametrize("size", [(80, 24), (120, 40), (60, 20)])
 async def test_the_verdict_reads_in_full(size):

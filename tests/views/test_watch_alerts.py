@@ -9,7 +9,7 @@ from dataclasses import replace
 from trainwatch.probes import Watcher, WatchEvent
 from trainwatch.tui.commands.event_command import event_env, event_record
 
-from test_tui_samples import ListSource, straggler
+from tui_samples import ListSource, straggler
 
 
 def test_a_persisting_problem_is_one_alert(tmp_path):
