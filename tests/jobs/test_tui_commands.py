@@ -55,6 +55,8 @@ def test_attach_closes_its_source_and_prints_the_bundles_on_exit(monkeypatch, ca
     source = ListSource(straggler())
     source.job = None  # what wrap_remote reads when no other node is named
     monkeypatch.setattr(live, "open_source", lambda pid, window, **kwargs: source)
+    import trainwatch.probes as probes  # the front door caches what it handed out before
+    monkeypatch.setattr(probes, "open_source", live.open_source, raising=False)
     seen = {}
 
     def run(app):  # stands in for the screen: a person pressed d, then q

@@ -6,7 +6,7 @@ import argparse
 import socket
 from pathlib import Path
 
-from ...probes import PROBLEM_VERDICTS, VERDICTS, OutputError, Watcher, WatchEvent, open_source
+from ...probes import PROBLEM_VERDICTS, VERDICTS, OutputError, Watcher, WatchEvent
 from .common import add_stuck_after, add_window, pid_arg, positive_seconds
 from .event_command import EventCommand, print_json
 from .snapshot import add_remote, wrap_remote
@@ -70,6 +70,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ...probes import open_source  # here: building the parser must not bind the source opener
+
     local = open_source(args.pid, args.window, catch_crashes=False, stuck_after=args.stuck_after)  # the watcher runs its own catcher
     job = local.job  # found from any PID, `trainwatch run`'s own included
     run_dir = Path(job.run_dir) if job.run_dir else None
