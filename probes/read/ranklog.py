@@ -158,9 +158,9 @@ def is_noise(line: str) -> bool:
     return bool(_NOISE.search(line)) or set(line.strip()) == {"*"}
 
 
-def telling_tail(lines: Sequence[str], reason: LogReason | None, count: int = 30) -> tuple[str, ...]:
-    """What to show of a log: the error first (traceback or fatal line), then the last
-    ``count`` lines of output without noise (and without repeating the error)."""
+def without_noise(lines: Iterable[str]) -> list[str]:
+    """The lines that say something: no warnings (nor the source line a Python warning quotes),
+    no torchrun banner, no torch NumPy complaint, no blank lines."""
     quiet: list[str] = []
     skip_source = False
     for line in lines:
@@ -170,6 +170,13 @@ def telling_tail(lines: Sequence[str], reason: LogReason | None, count: int = 30
         skip_source = bool(_PY_WARNING.search(line))
         if not is_noise(line) and line.strip():
             quiet.append(line)
+    return quiet
+
+
+def telling_tail(lines: Sequence[str], reason: LogReason | None, count: int = 30) -> tuple[str, ...]:
+    """What to show of a log: the error first (traceback or fatal line), then the last
+    ``count`` lines of output without noise (and without repeating the error)."""
+    quiet = without_noise(lines)
     if reason is None:
         return tuple(quiet[-count:])
     shown = set(reason.lines)
