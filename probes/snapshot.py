@@ -101,6 +101,10 @@ class GpuDevice:
     mem_total_bytes: int | None = None
     temperature_c: float | None = None
     power_w: float | None = None
+    power_limit_w: float | None = None  # enforced power limit
+    sm_active_pct: float | None = None  # GPM (Hopper and newer): SM activity over the last interval
+    tensor_active_pct: float | None = None  # GPM: tensor core activity (any precision)
+    dram_bw_pct: float | None = None  # GPM: DRAM bandwidth utilization
     sm_clock_mhz: int | None = None
     throttle: tuple[str, ...] = ()
     ecc_errors: int | None = None
@@ -117,6 +121,16 @@ class HostInfo:
     nvml_version: str | None = None
     xid_events: tuple[str, ...] = ()
     error: str | None = None  # why this host could not be read (remote nodes)
+
+
+@dataclass(frozen=True)
+class LogActivity:
+    """How a rank's log file grows: when it last grew, against how often it grew while watched."""
+
+    age_s: float | None = None  # seconds since the file last grew (its mtime), at taken_at
+    every_s: float | None = None  # median seconds between writes seen while watching (None: not learnt yet)
+    longest_s: float | None = None  # longest interval between writes seen while watching
+    own: bool = True  # the rank's own file; False: shared with other ranks or the launcher
 
 
 @dataclass(frozen=True)
@@ -142,6 +156,9 @@ class Rank:
     step: int | None = None  # training step the rank is at (Flight Recorder, loop locals, HF Trainer)
     step_period_s: float | None = None  # the rank's observed time per step
     native: bool = False  # phase decided from a native (C/C++) sample
+    log: LogActivity | None = None  # growth of the file at log_path
+    longest_quiet_s: float | None = None  # longest stretch without progress that ended in progress (live)
+    collective_timeout_s: float | None = None  # the job's collective timeout, where its environment shows it
 
     @property
     def key(self) -> str:

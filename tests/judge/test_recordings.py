@@ -11,10 +11,12 @@ what tells them from a hang, since their Python stack is the same in every sampl
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from trainwatch.probes.judge.gpuwait import collective_timeout_s
 from trainwatch.probes.judge.native import NativeCache, resolve_natively
 from trainwatch.probes.judge.phases import classify, main_thread, stack_signature
 from trainwatch.probes.judge.progress import ProgressTracker
@@ -22,7 +24,7 @@ from trainwatch.probes.judge.verdict import judge
 from trainwatch.probes.read.procfs import ThreadCounters
 from trainwatch.probes.read.pyspy import parse_dump
 from trainwatch.probes.read.sampler import StackSample
-from trainwatch.probes.snapshot import Job, Rank
+from trainwatch.probes.snapshot import Job, LogActivity, Rank
 
 PYSPY = Path(__file__).parents[1] / "fixtures" / "h100" / "pyspy"
 WINDOW = 3.0
@@ -67,12 +69,56 @@ HANGS = [  # (recording, pid, op shown, where)
 
 
 @pytest.mark.parametrize("prefix,pid,op,where", HANGS, ids=[h[0] for h in HANGS])
-def test_nccl_hangs_judged_hang_with_rank_in_gpu_wait(prefix, pid, op, where):
+def test_nccl_hangs_are_not_called_hang_on_first_attach_without_evidence(prefix, pid, op, where):
+    # 3 s of waiting on the GPU and no collective state: a long GPU step would look the same.
     rank = replay(prefix, pid, wakeups_per_sample=0)
     assert (rank.state, rank.phase, rank.op, rank.where) == ("stuck", "gpu_wait", op, where)
     verdict = judge([rank], Job("torchrun", 1, "h"))
+    assert verdict.kind == "unknown"
+    assert verdict.summary == (f"rank 0 waits on its GPU ({op}) at {where} for 3 s; no collective state yet: "
+                               "not called a hang before 120 s (the floor for a GPU wait)")
+
+
+@pytest.mark.parametrize("prefix,pid,op,where", HANGS, ids=[h[0] for h in HANGS])
+def test_nccl_hangs_judged_hang_once_the_bound_passes(prefix, pid, op, where):
+    rank = replace(replay(prefix, pid, wakeups_per_sample=0), stuck_for_s=125.0)  # the live view, 2 min on
+    verdict = judge([rank], Job("torchrun", 1, "h"))
     assert verdict.kind == "hang"
-    assert verdict.summary.startswith(f"rank 0 waits on its GPU ({op}) at {where} for")
+    assert verdict.summary.startswith(f"rank 0 waits on its GPU ({op}) at {where} for 125s+: no local culprit")
+    assert verdict.summary.endswith("; waited past 120 s (the floor for a GPU wait) with no sign of progress")
+
+
+@pytest.mark.parametrize("prefix,pid,op,where", HANGS, ids=[h[0] for h in HANGS])
+def test_nccl_hangs_judged_hang_at_once_when_the_log_went_silent(prefix, pid, op, where):
+    silent = LogActivity(age_s=19 * 60, every_s=10.0, longest_s=12.0)
+    rank = replace(replay(prefix, pid, wakeups_per_sample=0), log=silent)
+    verdict = judge([rank], Job("torchrun", 1, "h"))
+    assert verdict.kind == "hang"
+    assert verdict.summary.endswith("; last output 19 min ago; it wrote every 10 s: its log went silent")
+
+
+def test_log_age_alone_is_shown_but_is_no_evidence():
+    # On first attach the log's rhythm is not known yet: a job may print once every 20 minutes.
+    rank = replace(replay("nccl_item-pid557", 557, wakeups_per_sample=0), log=LogActivity(age_s=19 * 60, own=False))
+    verdict = judge([rank], Job("torchrun", 1, "h"))
+    assert verdict.kind == "unknown"
+    assert verdict.summary.endswith("(the floor for a GPU wait); last output 19 min ago (a shared log)")
+
+
+def test_a_log_still_growing_at_its_rhythm_is_no_evidence():
+    rank = replace(replay("nccl_item-pid557", 557, wakeups_per_sample=0),
+                   log=LogActivity(age_s=20.0, every_s=10.0, longest_s=12.0))
+    assert judge([rank], Job("torchrun", 1, "h")).kind == "unknown"
+
+
+def test_the_jobs_own_timeout_and_rhythm_set_the_bound():
+    rank = replay("nccl_item-pid557", 557, wakeups_per_sample=0)
+    short = replace(rank, stuck_for_s=61.0, collective_timeout_s=collective_timeout_s({"DEEPSPEED_TIMEOUT": "1"}))
+    verdict = judge([short], Job("torchrun", 1, "h"))
+    assert verdict.kind == "hang" and "waited past 60 s (the job's collective timeout)" in verdict.summary
+    slow = replace(rank, stuck_for_s=125.0, step_period_s=50.0)  # 50 s steps: 3 steps before a hang
+    verdict = judge([slow], Job("torchrun", 1, "h"))
+    assert verdict.kind == "unknown" and "not called a hang before 150 s (3 of its 50 s steps)" in verdict.summary
 
 
 def test_trainer_hang_keeps_the_users_own_frame():
@@ -120,3 +166,44 @@ def test_nccl_item_hang_with_its_flight_recorder_names_the_pending_all_reduce():
     assert verdict.summary.startswith(
         "rank 0 waits on its GPU (item()) at gpujob.py:100 main behind all_reduce #544 (pending 27 s) for")
     assert "no collective state" not in verdict.summary  # the pending collective says why it waits
+
+
+def _moved_on(threads: tuple) -> tuple:
+    """The recorded gpubound stack once the GPU work is done: out of ``synchronize`` (gpujob.py:73),
+    back in ``main`` at gpujob.py:75, the step's next line."""
+    out = []
+    for thread in threads:
+        if thread.is_main:
+            frames = tuple(replace(f, line=75) if f.function == "main" else f
+                           for f in thread.frames if f.function != "synchronize")
+            thread = replace(thread, frames=frames)
+        out.append(thread)
+    return tuple(out)
+
+
+def test_replayed_long_gpu_step_is_never_hang():
+    """A healthy rank whose host blocks 8 s in ``torch.cuda.synchronize`` every step, spinning as the
+    recorded CUDA waits do (voluntary context switches +0, CPU 100%), then moves on; a live view
+    polls it every second from first attach, deciding stuck as live.py does."""
+    pid, job = 558, Job("torchrun", 1, "h")
+    waiting = load("gpubound-pid558-1", pid)
+    moving = _moved_on(waiting)
+    tracker, now, ticks, seen = ProgressTracker(), 1000.0, 0, []
+    for step in range(3):
+        for threads in [waiting] * 8 + [moving]:
+            now, ticks = now + 1.0, ticks + 100
+            counters = ThreadCounters(cpu_ticks=ticks, voluntary=40, involuntary=3)
+            cls = classify(threads)
+            tracker.observe(pid, stack_signature(main_thread(threads)), cls.phase, counters, counters, now)
+            idle = tracker.idle_for(pid, now)
+            stuck = idle >= tracker.threshold(pid, WINDOW) * 0.95 and tracker.observed_for(pid, now) >= WINDOW * 0.95
+            rank = Rank(rank=0, pid=pid, state="stuck" if stuck else "running", phase=cls.phase, op=cls.op,
+                        where=cls.where, stuck_for_s=round(idle, 1) if stuck else None, threads=threads,
+                        longest_quiet_s=tracker.longest_gap(pid))
+            seen.append((step, cls.phase, judge([rank], job, now=now)))
+    assert {phase for _s, phase, _v in seen} == {"gpu_wait", "compute"}
+    assert not [v for _s, _p, v in seen if v.kind == "hang"]
+    first = [v for s, _p, v in seen if s == 0 and v.kind == "unknown"]  # before its rhythm is known
+    assert first and first[-1].summary.startswith("rank 0 waits on its GPU (synchronize) at gpujob.py:73 main for 7 s; "
+                                                  "no collective state yet")
+    assert all(v.kind == "healthy" for s, _p, v in seen if s > 0)  # then it is seen to come out of it
