@@ -77,6 +77,13 @@ class RankGpu:
     mem_used_bytes: int | None = None  # this process's GPU memory
     mem_total_bytes: int | None = None
     shared_with: tuple[int, ...] = ()  # other ranks on the same device
+    # The device's activity (shown, never judged: no real recording yet shows them telling a
+    # waiting NCCL kernel from real math): power draw and limit, GPM on Hopper and newer.
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    sm_active_pct: float | None = None
+    tensor_active_pct: float | None = None
+    dram_bw_pct: float | None = None
 
 
 @dataclass(frozen=True)

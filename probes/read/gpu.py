@@ -23,7 +23,7 @@ from .gpu_map import (
     DeviceId, expected_device, parse_visible_devices, pick_device, proc_in_initial_pid_ns,
     sharing,
 )
-from .gpu_nvml import NvmlSession
+from .gpu_nvml import GPM_FIRST_GAP_S, NvmlSession
 from .process import RankProcess
 from .xid import KmsgReader, NvmlXidListener, XidEvent, describe, normalize_bus
 from ..snapshot import GpuDevice, GpuProcess, HostInfo, RankGpu
@@ -85,6 +85,8 @@ class GpuProbe:
         if not session.start():
             return GpuReading(HostInfo(name=hostname), {}, (), (session.error or "NVML unavailable",))
         notes: list[str] = []
+        if session.gpm_prime():  # a first reading: GPM compares two samples
+            time.sleep(GPM_FIRST_GAP_S)
         devices = [session.read_device(i) for i in range(len(session.devices))]
         if not devices:
             notes.append("NVML: no NVIDIA GPU on this host")
@@ -199,6 +201,11 @@ class GpuProbe:
                 mem_used_bytes=mem,
                 mem_total_bytes=device.mem_total_bytes if device else None,
                 shared_with=shared.get(rp.rank, ()) if rp.rank is not None else (),
+                power_w=device.power_w if device else None,
+                power_limit_w=device.power_limit_w if device else None,
+                sm_active_pct=device.sm_active_pct if device else None,
+                tensor_active_pct=device.tensor_active_pct if device else None,
+                dram_bw_pct=device.dram_bw_pct if device else None,
             )
 
         if not job_devices:
