@@ -17,7 +17,8 @@ from typing import Any, Literal
 SCHEMA_VERSION = 1
 
 # The vocabulary: every phase, state and verdict kind that a probe produces or a view shows.
-# gpu_wait: the host blocks on its GPU (stream/context/event synchronize, .item(), device-to-host copy).
+# gpu_wait: the host blocks on its GPU (stream/context/event synchronize, .item(), device-to-host copy),
+# or on a torch Future of asynchronous work.
 # exiting: the main thread is in interpreter shutdown (threading._shutdown, atexit).
 Phase = Literal["collective", "gpu_wait", "dataloader", "init", "checkpoint", "lock", "sleep", "compute", "exiting",
                 "unknown"]
