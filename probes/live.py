@@ -285,7 +285,7 @@ class LocalSource:
         return LogActivity(age_s=round(max(0.0, now - growth.last_write_at), 1),
                            every_s=growth.usual_every_s if learnt else None,
                            longest_s=growth.longest_s if learnt else None,
-                           own=self._exits.logs.own(growth.path))
+                           own=self._exits.logs.own(growth.path), bar_s=growth.bar_s)
 
     def _collectives_advanced(self, state: CollectiveState | None, job: JobProcesses, now: float) -> None:
         """Completed collectives that advanced since the last poll are progress, whatever the stacks

@@ -139,6 +139,7 @@ class LogActivity:
     every_s: float | None = None  # median seconds between writes seen while watching (None: not learnt yet)
     longest_s: float | None = None  # longest interval between writes seen while watching
     own: bool = True  # the rank's own file; False: shared with other ranks or the launcher
+    bar_s: float | None = None  # seconds per update of the unfinished progress bar that is its last line
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ with evidence:
   ended in progress), but never longer than the job's collective timeout where its environment
   shows it (past that, its own watchdog would have called the collective hung);
 * or the rank's log has been **silent** far beyond how often it was seen to write
-  (``LOG_FACTOR`` times its longest interval, at least ``LOG_MIN_SILENCE_S``).
+  (``LOG_FACTOR`` times its longest interval, at least ``LOG_MIN_SILENCE_S``), or, on first
+  attach, beyond the rate of the unfinished progress bar that is its last line.
 
 Until then the verdict is ``unknown`` (progress cannot be judged yet), saying what is missing.
 """
@@ -72,14 +73,22 @@ def log_text(log: LogActivity | None) -> str | None:
     text = f"last output {age_text(max(0.0, log.age_s))} ago"
     if log.every_s is not None:
         text += f"; it wrote every {age_text(log.every_s)}"
+    elif log.bar_s is not None:
+        text += f"; its progress bar ran at {_rate(log.bar_s)}"
     return text if log.own else text + " (a shared log)"
 
 
+def _rate(seconds: float) -> str:
+    return f"{seconds:.3g} s/it" if seconds >= 1 else f"{1 / seconds:.3g} it/s"
+
+
 def silent(log: LogActivity | None) -> bool:
-    """The log stopped growing far beyond its usual interval (learnt while watching)."""
-    if log is None or log.age_s is None or log.longest_s is None or log.every_s is None:
+    """The log stopped growing far beyond its usual interval (learnt while watching, else the
+    rate of its progress bar)."""
+    if log is None or log.age_s is None:
         return False
-    return log.age_s >= max(LOG_FACTOR * log.longest_s, LOG_MIN_SILENCE_S)
+    usual = log.longest_s if log.every_s is not None else log.bar_s
+    return usual is not None and log.age_s >= max(LOG_FACTOR * usual, LOG_MIN_SILENCE_S)
 
 
 def judge_gpu_wait(waiting: Sequence[Rank], seconds: float) -> tuple[bool, str]:

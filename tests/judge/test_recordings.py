@@ -97,6 +97,16 @@ def test_nccl_hangs_judged_hang_at_once_when_the_log_went_silent(prefix, pid, op
     assert verdict.summary.endswith("; last output 19 min ago; it wrote every 10 s: its log went silent")
 
 
+def test_a_progress_bar_gives_the_rhythm_on_first_attach():
+    stalled = LogActivity(age_s=19 * 60, bar_s=8.02)  # " 12%|█▏ | 120/1000 [16:02<1:57:36,  8.02s/it]"
+    rank = replace(replay("nccl_trainer", 484, wakeups_per_sample=0), log=stalled)
+    verdict = judge([rank], Job("torchrun", 1, "h"))
+    assert verdict.kind == "hang"
+    assert verdict.summary.endswith("; last output 19 min ago; its progress bar ran at 8.02 s/it: its log went silent")
+    mid_step = replace(rank, log=LogActivity(age_s=6.0, bar_s=8.02))  # a healthy 8 s step, 6 s in
+    assert judge([mid_step], Job("torchrun", 1, "h")).kind == "unknown"
+
+
 def test_log_age_alone_is_shown_but_is_no_evidence():
     # On first attach the log's rhythm is not known yet: a job may print once every 20 minutes.
     rank = replace(replay("nccl_item-pid557", 557, wakeups_per_sample=0), log=LogActivity(age_s=19 * 60, own=False))

@@ -109,6 +109,8 @@ def log_activity_text(rank: Rank) -> str | None:
     text = f"last output {fmt.duration(log.age_s)} ago"
     if log.every_s is not None:
         text += f"; it wrote every {fmt.duration(log.every_s)}"
+    elif log.bar_s is not None:
+        text += f"; its progress bar ran at {log.bar_s:.3g} s/it"
     return text + ("" if log.own else " (shared with other processes)")
 
 
