@@ -1,8 +1,9 @@
 """Per-rank GPU facts from NVML: what each rank's GPU is doing, and GPU faults that kill jobs.
 
 ``GpuProbe.read`` is called once per snapshot tick, from any one thread at a time (a lock
-serialises calls). Cost per tick: about ten NVML calls per healthy device, none for a lost
-one, one non-blocking read of new kernel-log records and one short NVML event wait.
+serialises calls). Cost per tick: about ten NVML calls per healthy device (four more for GPM
+on Hopper and newer; the first tick waits 0.1 s once for its second GPM sample), none for a
+lost one, one non-blocking read of new kernel-log records and one short NVML event wait.
 NVML calls into a *failing* GPU can block for seconds before it is reported lost; for a hard
 bound, run ``read`` in a worker thread and wait on it with a timeout, reusing the previous
 reading meanwhile (the probe stays usable after such a slow call).
