@@ -217,3 +217,16 @@ def test_replayed_long_gpu_step_is_never_hang():
     assert first and first[-1].summary.startswith("rank 0 waits on its GPU (synchronize) at gpujob.py:73 main for 7 s; "
                                                   "no collective state yet")
     assert all(v.kind == "healthy" for s, _p, v in seen if s > 0)  # then it is seen to come out of it
+
+
+def test_gpu_waits_at_different_places_are_no_mismatch_without_evidence():
+    item = replace(replay("nccl_item-pid557", 557, wakeups_per_sample=0), rank=0)
+    sync = replace(replay("nccl_sync-pid564", 564, wakeups_per_sample=0), rank=1)
+    verdict = judge([item, sync], Job("torchrun", 1, "h"))
+    assert verdict.kind == "unknown"
+    assert verdict.summary.startswith("all 2 ranks wait on their GPUs (rank 0 is in a GPU wait (item()) at gpujob.py:100 "
+                                      "main; rank 1 is in a GPU wait (synchronize) at gpujob.py:97 main) for 3 s; "
+                                      "no collective state yet")
+    later = judge([replace(r, stuck_for_s=125.0) for r in (item, sync)], Job("torchrun", 1, "h"))
+    assert later.kind == "mismatch" and later.summary.startswith("ranks disagree: rank 0 is in a GPU wait (item())")
+    assert later.summary.endswith("waited past 120 s (the floor for a GPU wait) with no sign of progress")
