@@ -32,5 +32,8 @@ def test_long_step_is_not_a_hang_on_first_attach_nor_later(planted):
     assert first.verdict.kind == "unknown", first.verdict
     assert first.verdict.summary.startswith("all 2 ranks wait on their GPU (Future.wait) at train.py:")
     assert "no collective state yet: not called a hang before 120 s (the floor for a GPU wait)" in first.verdict.summary
+    # torchrun's ranks and the launcher share job.log: its growth is shown, nobody's progress in particular
+    assert all(r.log is not None and not r.log.own and r.log.age_s < 8.0 for r in first.ranks), first.ranks
+    assert "last output" in first.verdict.summary and "(a shared log)" in first.verdict.summary
     kinds = [s.verdict.kind for s in later]
     assert "hang" not in kinds and "healthy" in kinds, [s.verdict.summary for s in later]
