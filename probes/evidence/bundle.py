@@ -25,19 +25,21 @@ import tarfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from ..errors import OutputError, TrainwatchError
 from .bundle_rank import RankEvidence, RankPlan, bounded, collect_rank
-from .redact import Redactor
+from ..redact import Redactor
 from .summary import render
-from ..judge import flightrec
-from ..judge.groups import group_ranks
-from ..judge.verdict import judge
+from ..read import flightrec
+from ..judge.judgement import JudgeMemory, judge_job
 from ..read import hookclient, nccl_state
 from ..read.discover import find_job
-from ..snapshot import Snapshot
+from ..observed import observed_snapshot
+from ..snapshot import UNJUDGED_VERDICTS, CollectiveState, Snapshot
+from ..source import Source
 
 BUNDLE_FORMAT = "trainwatch-bundle"
 BUNDLE_VERSION = 1
@@ -170,17 +172,19 @@ def _with_collectives(snapshot: Snapshot, evidence: list[RankEvidence], redactor
     state = flightrec.analyze(traces, source="+".join(sources) or "flight-recorder") if traces else None
     job = dataclasses.replace(snapshot.job, cmdline=redactor.cmdline(snapshot.job.cmdline))
     notes = tuple(dict.fromkeys([*snapshot.notes, *extra_notes]))
-    return _rejudged(dataclasses.replace(snapshot, job=job, collectives=state or snapshot.collectives, notes=notes))
+    taken = dataclasses.replace(snapshot, job=job, notes=notes)
+    return rejudged(taken, state) if state is not None and state != snapshot.collectives else taken
 
 
-def _rejudged(snapshot: Snapshot) -> Snapshot:
-    """Verdict and groups judged again with the bundle's own collective state, so the summary's
-    verdict and its Collective state section tell one story."""
-    verdict = judge(snapshot.ranks, snapshot.job, snapshot.collectives)
-    same = (verdict.kind, verdict.culprits) == (snapshot.verdict.kind, snapshot.verdict.culprits)
-    if same or verdict.kind in ("healthy", "unknown"):
-        return snapshot  # nothing new from the collectives: keep the sampled verdict and its wording
-    return dataclasses.replace(snapshot, verdict=verdict, groups=group_ranks(snapshot.ranks, verdict.culprits))
+def rejudged(snapshot: Snapshot, collectives: CollectiveState) -> Snapshot:
+    """The snapshot with the bundle's own collective state, judged again by the one judge, so the
+    summary's verdict and its Collective state section tell one story. A verdict that finds
+    nothing (healthy, unknown) does not replace the sampled one."""
+    judged = judge_job(dataclasses.replace(observed_snapshot(snapshot), collectives=collectives),
+                       JudgeMemory.after(snapshot), snapshot.taken_at)
+    if judged.verdict.kind in UNJUDGED_VERDICTS:
+        return dataclasses.replace(snapshot, collectives=collectives)
+    return dataclasses.replace(snapshot, collectives=collectives, verdict=judged.verdict, groups=judged.groups)
 
 
 def _manifest(source_pid: int, reason: str | None, redacted: bool, evidence: list[RankEvidence],
@@ -196,6 +200,13 @@ def _env_text(env: dict[str, str] | None, redactor: Redactor) -> str:
     if env is None:
         return "environment unreadable\n"
     return "".join(f"{k}={v}\n" for k, v in redactor.env(env).items())
+
+
+def write_evidence(source: Source, snapshot: Snapshot, out_dir: Path, **options: Any) -> Path:
+    """Write an evidence bundle about ``snapshot``'s job into ``out_dir`` while ``source`` holds
+    its judgement; returns the bundle's path (``write_bundle`` names it)."""
+    with source.paused_judgement():
+        return write_bundle(snapshot.job.pid, snapshot, out_dir, **options)
 
 
 def write_bundle(source_pid: int, snapshot: Snapshot, out_dir: Path, *, tar: bool = False,

@@ -7,7 +7,8 @@ import time
 from importlib import metadata
 
 from .bundle_rank import RankEvidence
-from ..judge import exits, flightrec
+from ..judge import exits
+from ..read import flightrec
 from ..judge.steps import step_label
 from ..judge.groups import group_what
 from ..read import ranklog

@@ -8,7 +8,8 @@ with evidence:
 * the wait outlasted a **bound** no healthy step reaches: ``FLOOR_S``, or longer for a job whose
   own rhythm is slower (``STEP_FACTOR`` steps, ``GAP_FACTOR`` times its longest quiet stretch that
   ended in progress), but never longer than the job's collective timeout where its environment
-  shows it (past that, its own watchdog would have called the collective hung);
+  shows it (``read/process.py collective_timeout_s``; past that, its own watchdog would have
+  called the collective hung);
 * or the rank's log has been **silent** far beyond how often it was seen to write
   (``LOG_FACTOR`` times its longest interval, at least ``LOG_MIN_SILENCE_S``), or, on first
   attach, beyond the rate of the unfinished progress bar that is its last line.
@@ -18,33 +19,15 @@ Until then the verdict is ``unknown`` (progress cannot be judged yet), saying wh
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
-from .flightrec import age_text
-from ..snapshot import LogActivity, Rank
+from ..snapshot import LogActivity, Rank, age_text
 
 FLOOR_S = 120.0  # no healthy step keeps the host blocked on its GPU this long without a collective
 STEP_FACTOR = 3.0
 GAP_FACTOR = 2.0
 LOG_FACTOR = 4.0
 LOG_MIN_SILENCE_S = 30.0
-LOG_MIN_INTERVALS = 3  # intervals between writes seen while watching before the log's rhythm counts
-# Where a job's environment sets its collective timeout: variable, seconds per unit.
-# torch itself has none (init_process_group(timeout=), 10 min for NCCL by default, is code);
-# TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC bounds the watchdog thread's own stalls, not a collective.
-TIMEOUT_VARS: tuple[tuple[str, float], ...] = (("DEEPSPEED_TIMEOUT", 60.0),)
-
-
-def collective_timeout_s(env: Mapping[str, str]) -> float | None:
-    """The collective timeout a rank's environment sets, in seconds; None when it sets none."""
-    for name, unit in TIMEOUT_VARS:
-        try:
-            value = float(env.get(name, ""))
-        except ValueError:
-            continue
-        if value > 0:
-            return value * unit
-    return None
 
 
 def bound(ranks: Sequence[Rank]) -> tuple[float, str]:

@@ -21,6 +21,7 @@ from statistics import median
 from .logtail import read_tail
 
 INTERVALS_KEPT = 16
+MIN_INTERVALS = 3  # intervals between writes seen before the file's rhythm is reported
 BAR_TAIL_BYTES = 4096
 # "| 45/100 [00:10<00:12,  4.50it/s, loss=0.1]", "| 7/? [01:03,  9.02s/it]", "45it [00:10, 4.50it/s]"
 _BAR = re.compile(r"(?:\|\s*(?P<n>\d+)/(?P<total>\d+|\?)\s*|\d+\w*\s)\[(?:\d+:)?\d+:\d+(?:<[^,\]]*)?,\s*"
@@ -40,12 +41,13 @@ class LogGrowth:
 
     @property
     def usual_every_s(self) -> float | None:
-        """The median interval between writes seen while watching; None before any was seen."""
-        return median(self.intervals) if self.intervals else None
+        """The median interval between writes seen while watching; None before ``MIN_INTERVALS``."""
+        return median(self.intervals) if len(self.intervals) >= MIN_INTERVALS else None
 
     @property
     def longest_s(self) -> float | None:
-        return max(self.intervals) if self.intervals else None
+        """The longest interval between writes seen while watching; None before ``MIN_INTERVALS``."""
+        return max(self.intervals) if len(self.intervals) >= MIN_INTERVALS else None
 
 
 @dataclass

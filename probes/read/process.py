@@ -53,3 +53,21 @@ class JobProcesses:
     started_at: float | None = None
     waiting_rendezvous: bool = False
     notes: tuple[str, ...] = ()
+
+
+# Where a job's environment sets its collective timeout: variable, seconds per unit.
+# torch itself has none (init_process_group(timeout=), 10 min for NCCL by default, is code);
+# TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC bounds the watchdog thread's own stalls, not a collective.
+TIMEOUT_VARS: tuple[tuple[str, float], ...] = (("DEEPSPEED_TIMEOUT", 60.0),)
+
+
+def collective_timeout_s(env: dict[str, str]) -> float | None:
+    """The collective timeout a rank's environment sets, in seconds; None when it sets none."""
+    for name, unit in TIMEOUT_VARS:
+        try:
+            value = float(env.get(name, ""))
+        except ValueError:
+            continue
+        if value > 0:
+            return value * unit
+    return None

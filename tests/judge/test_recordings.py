@@ -10,53 +10,21 @@ what tells them from a hang, since their Python stack is the same in every sampl
 
 from __future__ import annotations
 
-import json
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from trainwatch.probes.judge.gpuwait import collective_timeout_s
-from trainwatch.probes.judge.native import NativeCache, resolve_natively
+from dataclasses import replace
+
+from recorded import END, JudgeMemory, judged, load, observe, replay
 from trainwatch.probes.judge.phases import classify, main_thread, stack_signature
-from trainwatch.probes.judge.progress import ProgressTracker
-from trainwatch.probes.judge.verdict import judge
+from trainwatch.probes.observed import ObservedRank
+from trainwatch.probes.read.process import collective_timeout_s
 from trainwatch.probes.read.procfs import ThreadCounters
-from trainwatch.probes.read.pyspy import parse_dump
-from trainwatch.probes.read.sampler import StackSample
-from trainwatch.probes.snapshot import Job, LogActivity, Rank
+from trainwatch.probes.snapshot import LogActivity
+from trainwatch.probes.read.flightrec import analyze, load_trace
 
 PYSPY = Path(__file__).parents[1] / "fixtures" / "h100" / "pyspy"
-WINDOW = 3.0
-SPACING = WINDOW / 2  # three samples over the window, as `snapshot` takes them
-
-
-def load(name: str, pid: int) -> tuple:
-    return tuple(parse_dump(json.loads((PYSPY / f"{name}.json").read_text()), pid))
-
-
-def replay(prefix: str, pid: int, wakeups_per_sample: int, native: bool = True) -> Rank:
-    """One rank through three plain samples (+ the recorded native one when asked for)."""
-    tracker, cache = ProgressTracker(), NativeCache()
-    native_threads = load(f"{prefix}-native", pid)
-    now = 1000.0
-    for i in (1, 2, 3):
-        now += SPACING
-        counters = ThreadCounters(cpu_ticks=150 * i, voluntary=40 + wakeups_per_sample * i, involuntary=3)
-        sample = StackSample(pid, load(f"{prefix}-{i}", pid), counters, counters)
-
-        def take(pids: list[int]) -> dict[int, StackSample]:
-            return {p: StackSample(p, native_threads if native else None, counters, counters) for p in pids}
-
-        samples, classes = resolve_natively({pid: sample}, {pid: classify(sample.threads)}, cache, tracker, now, take)
-        tracker.observe(pid, stack_signature(main_thread(samples[pid].threads)), classes[pid].phase,
-                        samples[pid].before, samples[pid].after, now)
-    cls = classes[pid]
-    idle = tracker.idle_for(pid, now)
-    stuck = idle >= tracker.threshold(pid, WINDOW) * 0.95 and tracker.observed_for(pid, now) >= WINDOW * 0.95
-    return Rank(rank=0, pid=pid, state="stuck" if stuck else "running", phase=cls.phase, op=cls.op,
-                where=cls.where, user_frame=cls.user_frame, stuck_for_s=round(idle, 1) if stuck else None,
-                threads=samples[pid].threads)
 
 
 HANGS = [  # (recording, pid, op shown, where)
@@ -71,9 +39,10 @@ HANGS = [  # (recording, pid, op shown, where)
 @pytest.mark.parametrize("prefix,pid,op,where", HANGS, ids=[h[0] for h in HANGS])
 def test_nccl_hangs_are_not_called_hang_on_first_attach_without_evidence(prefix, pid, op, where):
     # 3 s of waiting on the GPU and no collective state: a long GPU step would look the same.
-    rank = replay(prefix, pid, wakeups_per_sample=0)
+    memory = JudgeMemory()
+    result = judged(memory, [observe(memory, prefix, pid, wakeups_per_sample=0)])
+    (rank,), verdict = result.ranks, result.verdict
     assert (rank.state, rank.phase, rank.op, rank.where) == ("stuck", "gpu_wait", op, where)
-    verdict = judge([rank], Job("torchrun", 1, "h"))
     assert verdict.kind == "unknown"
     assert verdict.summary == (f"rank 0 waits on its GPU ({op}) at {where} for 3 s; no collective state yet: "
                                "not called a hang before 120 s (the floor for a GPU wait)")
@@ -81,8 +50,9 @@ def test_nccl_hangs_are_not_called_hang_on_first_attach_without_evidence(prefix,
 
 @pytest.mark.parametrize("prefix,pid,op,where", HANGS, ids=[h[0] for h in HANGS])
 def test_nccl_hangs_judged_hang_once_the_bound_passes(prefix, pid, op, where):
-    rank = replace(replay(prefix, pid, wakeups_per_sample=0), stuck_for_s=125.0)  # the live view, 2 min on
-    verdict = judge([rank], Job("torchrun", 1, "h"))
+    memory = JudgeMemory()
+    evidence = observe(memory, prefix, pid, wakeups_per_sample=0)
+    verdict = judged(memory, [evidence], now=END + 122.0).verdict  # the live view, 2 min on: no progress since
     assert verdict.kind == "hang"
     assert verdict.summary.startswith(f"rank 0 waits on its GPU ({op}) at {where} for 125s+: no local culprit")
     assert verdict.summary.endswith("; waited past 120 s (the floor for a GPU wait) with no sign of progress")
@@ -90,45 +60,63 @@ def test_nccl_hangs_judged_hang_once_the_bound_passes(prefix, pid, op, where):
 
 @pytest.mark.parametrize("prefix,pid,op,where", HANGS, ids=[h[0] for h in HANGS])
 def test_nccl_hangs_judged_hang_at_once_when_the_log_went_silent(prefix, pid, op, where):
+    memory = JudgeMemory()
     silent = LogActivity(age_s=19 * 60, every_s=10.0, longest_s=12.0)
-    rank = replace(replay(prefix, pid, wakeups_per_sample=0), log=silent)
-    verdict = judge([rank], Job("torchrun", 1, "h"))
+    verdict = judged(memory, [replace(observe(memory, prefix, pid, wakeups_per_sample=0), log=silent)]).verdict
     assert verdict.kind == "hang"
     assert verdict.summary.endswith("; last output 19 min ago; it wrote every 10 s: its log went silent")
 
 
+def first_attach(log: LogActivity | None = None, prefix: str = "nccl_item-pid557", pid: int = 557, **fields):
+    """The recorded hang's rank on first attach with ``log`` (and other evidence ``fields``), judged."""
+    memory = JudgeMemory()
+    evidence = replace(observe(memory, prefix, pid, wakeups_per_sample=0), log=log, **fields)
+    return memory, evidence, judged(memory, [evidence]).verdict
+
+
 def test_a_progress_bar_gives_the_rhythm_on_first_attach():
-    stalled = LogActivity(age_s=19 * 60, bar_s=8.02)  # " 12%|█▏ | 120/1000 [16:02<1:57:36,  8.02s/it]"
-    rank = replace(replay("nccl_trainer", 484, wakeups_per_sample=0), log=stalled)
-    verdict = judge([rank], Job("torchrun", 1, "h"))
+    # " 12%|█▏ | 120/1000 [16:02<1:57:36,  8.02s/it]" as the log's last line, 19 minutes ago
+    _m, _e, verdict = first_attach(LogActivity(age_s=19 * 60, bar_s=8.02))
     assert verdict.kind == "hang"
     assert verdict.summary.endswith("; last output 19 min ago; its progress bar ran at 8.02 s/it: its log went silent")
-    mid_step = replace(rank, log=LogActivity(age_s=6.0, bar_s=8.02))  # a healthy 8 s step, 6 s in
-    assert judge([mid_step], Job("torchrun", 1, "h")).kind == "unknown"
+    _m, _e, mid_step = first_attach(LogActivity(age_s=6.0, bar_s=8.02))  # a healthy 8 s step, 6 s in
+    assert mid_step.kind == "unknown"
 
 
 def test_log_age_alone_is_shown_but_is_no_evidence():
     # On first attach the log's rhythm is not known yet: a job may print once every 20 minutes.
-    rank = replace(replay("nccl_item-pid557", 557, wakeups_per_sample=0), log=LogActivity(age_s=19 * 60, own=False))
-    verdict = judge([rank], Job("torchrun", 1, "h"))
+    _m, _e, verdict = first_attach(LogActivity(age_s=19 * 60, own=False))
     assert verdict.kind == "unknown"
     assert verdict.summary.endswith("(the floor for a GPU wait); last output 19 min ago (a shared log)")
 
 
 def test_a_log_still_growing_at_its_rhythm_is_no_evidence():
-    rank = replace(replay("nccl_item-pid557", 557, wakeups_per_sample=0),
-                   log=LogActivity(age_s=20.0, every_s=10.0, longest_s=12.0))
-    assert judge([rank], Job("torchrun", 1, "h")).kind == "unknown"
+    _m, _e, verdict = first_attach(LogActivity(age_s=20.0, every_s=10.0, longest_s=12.0))
+    assert verdict.kind == "unknown"
 
 
 def test_the_jobs_own_timeout_and_rhythm_set_the_bound():
-    rank = replay("nccl_item-pid557", 557, wakeups_per_sample=0)
-    short = replace(rank, stuck_for_s=61.0, collective_timeout_s=collective_timeout_s({"DEEPSPEED_TIMEOUT": "1"}))
-    verdict = judge([short], Job("torchrun", 1, "h"))
+    memory, evidence, _v = first_attach(collective_timeout_s=collective_timeout_s({"DEEPSPEED_TIMEOUT": "1"}))
+    verdict = judged(memory, [evidence], now=END + 58.0).verdict  # 61 s waiting, past its 60 s timeout
     assert verdict.kind == "hang" and "waited past 60 s (the job's collective timeout)" in verdict.summary
-    slow = replace(rank, stuck_for_s=125.0, step_period_s=50.0)  # 50 s steps: 3 steps before a hang
-    verdict = judge([slow], Job("torchrun", 1, "h"))
-    assert verdict.kind == "unknown" and "not called a hang before 150 s (3 of its 50 s steps)" in verdict.summary
+    memory, evidence, _v = first_attach(step_period_s=50.0)  # 50 s steps: not even stuck before 3 of them
+    assert judged(memory, [evidence], now=END + 122.0).verdict.kind == "healthy"
+    verdict = judged(memory, [evidence], now=END + 148.0).verdict
+    assert verdict.kind == "hang" and "waited past 150 s (3 of its 50 s steps)" in verdict.summary
+
+
+def test_gpu_waits_at_different_places_are_no_mismatch_without_evidence():
+    memory = JudgeMemory()
+    ranks = [observe(memory, "nccl_item-pid557", 557, wakeups_per_sample=0, rank=0),
+             observe(memory, "nccl_sync-pid564", 564, wakeups_per_sample=0, rank=1)]
+    verdict = judged(memory, ranks).verdict
+    assert verdict.kind == "unknown"
+    assert verdict.summary.startswith("all 2 ranks wait on their GPUs (rank 0 is in a GPU wait (item()) at gpujob.py:100 "
+                                      "main; rank 1 is in a GPU wait (synchronize) at gpujob.py:97 main) for 3 s; "
+                                      "no collective state yet")
+    later = judged(memory, ranks, now=END + 122.0).verdict
+    assert later.kind == "mismatch" and later.summary.startswith("ranks disagree: rank 0 is in a GPU wait (item())")
+    assert later.summary.endswith("waited past 120 s (the floor for a GPU wait) with no sign of progress")
 
 
 def test_trainer_hang_keeps_the_users_own_frame():
@@ -144,18 +132,22 @@ def test_without_native_frames_the_spin_looks_like_work(prefix, pid):
 
 
 def test_nccl_barrier_stays_a_collective_hang_without_native_sample():
-    rank = replay("nccl_barrier-pid555", 555, wakeups_per_sample=0)
+    memory = JudgeMemory()
+    result = judged(memory, [observe(memory, "nccl_barrier-pid555", 555, wakeups_per_sample=0)])
+    (rank,) = result.ranks
     assert (rank.state, rank.phase, rank.op, rank.native) == ("stuck", "collective", "barrier", False)
     assert not any(f.native for t in rank.threads for f in t.frames)  # clear from Python: no native sample
-    assert judge([rank], Job("torchrun", 1, "h")).kind == "hang"
+    assert result.verdict.kind == "hang"
 
 
 def test_gpubound_job_stays_healthy():
-    ranks = [replay(f"gpubound-pid{pid}", pid, wakeups_per_sample=4) for pid in (558, 559)]
-    ranks = [Rank(**{**r.__dict__, "rank": i}) for i, r in enumerate(ranks)]
+    memory = JudgeMemory()
+    result = judged(memory, [observe(memory, f"gpubound-pid{pid}", pid, wakeups_per_sample=4, rank=i)
+                             for i, pid in enumerate((558, 559))])
+    ranks = result.ranks
     assert [r.phase for r in ranks] == ["gpu_wait", "gpu_wait"]  # a sync point, seen each time...
     assert [r.state for r in ranks] == ["running", "running"]  # ...but it blocks and wakes every step
-    assert judge(ranks, Job("torchrun", 1, "h")).kind == "healthy"
+    assert result.verdict.kind == "healthy"
 
 
 def test_counters_in_the_recordings_are_a_spin():
@@ -166,12 +158,12 @@ def test_counters_in_the_recordings_are_a_spin():
 
 def test_nccl_item_hang_with_its_flight_recorder_names_the_pending_all_reduce():
     # The Flight Recorder dump taken through the hook during the same recorded hang.
-    from trainwatch.probes.judge import flightrec
     fr = Path(__file__).parents[1] / "fixtures" / "fr" / "h100" / "hook-dump_nccl_trace_json-hung.json"
-    state = flightrec.analyze({0: flightrec.load_trace(fr.read_bytes())})
+    state = analyze({0: load_trace(fr.read_bytes())})
     (row,) = state.ranks
-    rank = replay("nccl_item-pid557", 557, wakeups_per_sample=0)
-    verdict = judge([rank], Job("torchrun", 1, "h"), state, now=row.pending_since + 27.4)
+    memory = JudgeMemory()
+    evidence = observe(memory, "nccl_item-pid557", 557, wakeups_per_sample=0)
+    verdict = judged(memory, [evidence], state, now=row.pending_since + 27.4).verdict
     assert verdict.kind == "hang"
     assert verdict.summary.startswith(
         "rank 0 waits on its GPU (item()) at gpujob.py:100 main behind all_reduce #544 (pending 27 s) for")
@@ -193,40 +185,24 @@ def _moved_on(threads: tuple) -> tuple:
 
 def test_replayed_long_gpu_step_is_never_hang():
     """A healthy rank whose host blocks 8 s in ``torch.cuda.synchronize`` every step, spinning as the
-    recorded CUDA waits do (voluntary context switches +0, CPU 100%), then moves on; a live view
-    polls it every second from first attach, deciding stuck as live.py does."""
-    pid, job = 558, Job("torchrun", 1, "h")
+    recorded CUDA waits do (voluntary context switches +0, CPU 100%), then moves on; the live view
+    polls it every second from first attach and the one judge decides."""
+    pid, memory = 558, JudgeMemory()
     waiting = load("gpubound-pid558-1", pid)
     moving = _moved_on(waiting)
-    tracker, now, ticks, seen = ProgressTracker(), 1000.0, 0, []
+    now, ticks, seen = 1000.0, 0, []
     for step in range(3):
         for threads in [waiting] * 8 + [moving]:
             now, ticks = now + 1.0, ticks + 100
             counters = ThreadCounters(cpu_ticks=ticks, voluntary=40, involuntary=3)
             cls = classify(threads)
-            tracker.observe(pid, stack_signature(main_thread(threads)), cls.phase, counters, counters, now)
-            idle = tracker.idle_for(pid, now)
-            stuck = idle >= tracker.threshold(pid, WINDOW) * 0.95 and tracker.observed_for(pid, now) >= WINDOW * 0.95
-            rank = Rank(rank=0, pid=pid, state="stuck" if stuck else "running", phase=cls.phase, op=cls.op,
-                        where=cls.where, stuck_for_s=round(idle, 1) if stuck else None, threads=threads,
-                        longest_quiet_s=tracker.longest_gap(pid))
-            seen.append((step, cls.phase, judge([rank], job, now=now)))
+            memory.progress.observe(pid, stack_signature(main_thread(threads)), cls.phase, counters, counters, now)
+            evidence = ObservedRank(rank=0, pid=pid, host="h", phase=cls.phase, op=cls.op, where=cls.where,
+                                    user_frame=cls.user_frame, threads=threads)
+            seen.append((step, cls.phase, judged(memory, [evidence], now=now).verdict))
     assert {phase for _s, phase, _v in seen} == {"gpu_wait", "compute"}
     assert not [v for _s, _p, v in seen if v.kind == "hang"]
     first = [v for s, _p, v in seen if s == 0 and v.kind == "unknown"]  # before its rhythm is known
     assert first and first[-1].summary.startswith("rank 0 waits on its GPU (synchronize) at gpujob.py:73 main for 7 s; "
                                                   "no collective state yet")
     assert all(v.kind == "healthy" for s, _p, v in seen if s > 0)  # then it is seen to come out of it
-
-
-def test_gpu_waits_at_different_places_are_no_mismatch_without_evidence():
-    item = replace(replay("nccl_item-pid557", 557, wakeups_per_sample=0), rank=0)
-    sync = replace(replay("nccl_sync-pid564", 564, wakeups_per_sample=0), rank=1)
-    verdict = judge([item, sync], Job("torchrun", 1, "h"))
-    assert verdict.kind == "unknown"
-    assert verdict.summary.startswith("all 2 ranks wait on their GPUs (rank 0 is in a GPU wait (item()) at gpujob.py:100 "
-                                      "main; rank 1 is in a GPU wait (synchronize) at gpujob.py:97 main) for 3 s; "
-                                      "no collective state yet")
-    later = judge([replace(r, stuck_for_s=125.0) for r in (item, sync)], Job("torchrun", 1, "h"))
-    assert later.kind == "mismatch" and later.summary.startswith("ranks disagree: rank 0 is in a GPU wait (item())")
-    assert later.summary.endswith("waited past 120 s (the floor for a GPU wait) with no sign of progress")
