@@ -8,7 +8,7 @@ from trainwatch.probes.evidence.summary import render
 from trainwatch.probes.snapshot import GpuDevice, HostInfo, LogActivity, RankGpu
 from trainwatch.tui.widgets.detail import detail_text
 
-from test_tui_samples import NOW, straggler
+from tui_samples import NOW, straggler
 
 H100 = dict(power_w=595.3, power_limit_w=700.0, sm_active_pct=87.5, tensor_active_pct=61.2, dram_bw_pct=43.0)
 
