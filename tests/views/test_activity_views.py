@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from trainwatch.probes.evidence.summary import render
-from trainwatch.probes.snapshot import GpuDevice, HostInfo, LogActivity, RankGpu
+from trainwatch.probes.snapshot import GpuDevice, HostInfo, LogActivity, RankGpu, Snapshot
 from trainwatch.tui.widgets.detail import detail_text
 
 from tui_samples import NOW, straggler
@@ -34,3 +34,16 @@ def test_summary_lists_power_and_gpm_per_gpu():
                                                                           **H100),)),))
     text = render(snap, [], [], reason=None, redacted=True, sources={})
     assert "util 100.0%" in text and ", power 595 / 700 W, SM active 88%, tensor 61%, DRAM bw 43%" in text
+
+
+def test_log_activity_survives_json_and_old_snapshots_still_read():
+    snap = straggler()
+    rank = replace(snap.rank(0), log=LogActivity(age_s=1140.0, every_s=10.0, longest_s=12.0, own=False, bar_s=8.02),
+                   longest_quiet_s=8.5, collective_timeout_s=1800.0)
+    snap = replace(snap, ranks=(rank, *snap.ranks[1:]))
+    back = Snapshot.from_json(snap.to_json()).rank(0)
+    assert back.log == rank.log and (back.longest_quiet_s, back.collective_timeout_s) == (8.5, 1800.0)
+    old = snap.to_dict()
+    for key in ("log", "longest_quiet_s", "collective_timeout_s"):
+        del old["ranks"][0][key]
+    assert Snapshot.from_dict(old).rank(0).log is None
