@@ -7,6 +7,9 @@ as a GPU rank waits at ``loss.item()`` (tui/planted.py ``longstep``).
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -37,3 +40,14 @@ def test_long_step_is_not_a_hang_on_first_attach_nor_later(planted):
     assert "last output" in first.verdict.summary and "(a shared log)" in first.verdict.summary
     kinds = [s.verdict.kind for s in later]
     assert "hang" not in kinds and "healthy" in kinds, [s.verdict.summary for s in later]
+
+
+def test_snapshot_command_says_what_is_missing_instead_of_hang(planted):
+    job = planted("longstep", nproc=2, step_s=10.0, deadline=90, wait=False)
+    job.wait_for_log(r"^step 1 loss", timeout=60)  # the next 10 s: every rank waits
+    cmd = [sys.executable, "-m", "trainwatch.tui", "snapshot", str(job.pid), "--json"]  # the default window
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    verdict = json.loads(out.stdout)["verdict"]
+    assert verdict["kind"] == "unknown", verdict
+    assert "wait on their GPU (Future.wait)" in verdict["summary"] and "no collective state yet" in verdict["summary"]
