@@ -223,18 +223,17 @@ def _mismatch_or_hang(waiting: list[Rank], collectives: CollectiveState | None,
                       familiar: Mapping[int, frozenset[str]], now: float | None) -> Verdict:
     groups = by_place(waiting)
     secs = min((r.stuck_for_s or 0.0) for r in waiting)
+    subject = who(_numbers(waiting)) if len(waiting) == 1 else f"all {len(waiting)} ranks"
     evidence = None
     if all(r.phase == "gpu_wait" for r in waiting) and not any(_pending(r, collectives) for r in waiting):
         # A long GPU step looks the same as a hang: call it one only with evidence (judge/gpuwait.py).
         hang, evidence = judge_gpu_wait(waiting, secs)
         if not hang:
-            subject = who(_numbers(waiting)) if len(waiting) == 1 else f"all {len(waiting)} ranks"
             where = waits(waiting, collectives, now) if len(groups) == 1 else \
                 f"wait on their GPUs ({each_at(waiting)})"
             return Verdict("unknown", (), f"{subject} {where} for {span(secs)}; {evidence}")
     tail = f"; {evidence}" if evidence else ""
     if len(groups) == 1:
-        subject = who(_numbers(waiting)) if len(waiting) == 1 else f"all {len(waiting)} ranks"
         text = f"{subject} {waits(waiting, collectives, now)} for {secs:.0f}s+"
         return Verdict("hang", (), f"{text}: no local culprit (a peer on another node, or the network){tail}")
     odd = _odd_group(groups, familiar)
