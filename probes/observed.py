@@ -14,7 +14,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from .errors import TrainwatchError
-from .snapshot import CollectiveState, ExitInfo, Job, LogActivity, Phase, Rank, RankGpu, Snapshot, State, ThreadStack
+from .snapshot import (CollectiveState, ExitInfo, Job, LogActivity, Phase, Rank, RankCollective, RankGpu, Snapshot,
+                       State, ThreadStack)
 
 
 SIGNAL_REASONS = {"SIGSEGV": "segmentation fault", "SIGBUS": "bus error", "SIGABRT": "aborted",
@@ -91,13 +92,36 @@ class ObservedRank:
 class ObservedJob:
     """Everything read about one job in one poll: the ranks, and every collective-state source.
 
-    ``collectives``: the Flight Recorder's view (hook, dump files, pipes, debug server), merged.
+    Each collective-state source is one field holding a ``CollectiveState`` (the judge combines
+    them all, see :meth:`collective_state`). ``collectives``: the Flight Recorder's view (hook,
+    dump files, pipe, debug server; read back from a snapshot: every source's, combined).
     ``unsampled``: why no rank could be sampled at all (py-spy missing), or None."""
 
     job: Job
     ranks: tuple[ObservedRank, ...] = ()
     collectives: CollectiveState | None = None
     unsampled: str | None = None
+
+    def collective_state(self) -> CollectiveState | None:
+        """Every collective-state source of this poll as one state (:func:`combine_states`)."""
+        return combine_states([value for f in dataclasses.fields(self)
+                               if isinstance(value := getattr(self, f.name), CollectiveState)])
+
+
+def combine_states(states: list[CollectiveState | None]) -> CollectiveState | None:
+    """Several collective states as one: each (rank, process group) row from the first state that
+    has it, the first divergence found, every culprit, the sources joined with ``+``."""
+    present = [s for s in states if s is not None]
+    if len(present) <= 1:
+        return present[0] if present else None
+    rows: dict[tuple[int, str], RankCollective] = {}
+    for state in present:
+        for row in state.ranks:
+            rows.setdefault((row.rank, row.pg), row)
+    return CollectiveState(source="+".join(dict.fromkeys(s.source for s in present)),
+                           ranks=tuple(sorted(rows.values(), key=lambda r: (r.rank, r.pg))),
+                           divergence=next((s.divergence for s in present if s.divergence), None),
+                           culprits=tuple(sorted({c for s in present for c in s.culprits})))
 
 
 def observed_rank(rank: Rank) -> ObservedRank:

@@ -14,7 +14,7 @@ from .groups import group_ranks
 from .progress import CompletedCollectives, ProgressTracker
 from .verdict import judge
 from ..observed import ObservedJob, ObservedRank
-from ..snapshot import UNJUDGED_VERDICTS, Group, Rank, Snapshot, Verdict
+from ..snapshot import UNJUDGED_VERDICTS, CollectiveState, Group, Rank, Snapshot, Verdict
 
 # Rounding for "enough": a window of samples taken on a schedule ends a little early.
 SLACK = 0.95
@@ -50,16 +50,21 @@ class JudgeOptions:
 
 @dataclass(frozen=True)
 class Judgement:
+    """The ranks with their states, the groups, the verdict, and the collective state judged with
+    (every source's, combined: what the snapshot shows)."""
+
     ranks: tuple[Rank, ...]
     groups: tuple[Group, ...]
     verdict: Verdict
+    collectives: CollectiveState | None = None
 
 
 def judge_job(evidence: ObservedJob, memory: JudgeMemory, now: float,
               options: JudgeOptions = JudgeOptions()) -> Judgement:
     """Judge one poll's evidence; updates ``memory``."""
+    collectives = evidence.collective_state()
     # Completed collectives that advanced are progress, whatever the stacks showed.
-    moved = memory.completed.advanced(evidence.collectives)
+    moved = memory.completed.advanced(collectives)
     for ev in evidence.ranks:
         if ev.rank in moved and ev.pid is not None:
             memory.progress.mark_progress(ev.pid, now)
@@ -67,7 +72,7 @@ def judge_job(evidence: ObservedJob, memory: JudgeMemory, now: float,
     for rank in ranks:  # where each rank goes while it makes progress: breaks ties between waiting ranks
         if rank.state == "running" and rank.where and rank.rank is not None:
             memory.familiar[rank.rank] = memory.familiar.get(rank.rank, frozenset()) | {rank.where}
-    verdict = judge(ranks, evidence.job, evidence.collectives, familiar=memory.familiar, now=now)
+    verdict = judge(ranks, evidence.job, collectives, familiar=memory.familiar, now=now)
     if verdict.kind in UNJUDGED_VERDICTS:
         verdict = _unjudged(verdict, ranks, evidence.unsampled)
     if memory.verdict is not None and memory.verdict.kind == verdict.kind and memory.verdict.since is not None:
@@ -75,7 +80,8 @@ def judge_job(evidence: ObservedJob, memory: JudgeMemory, now: float,
     else:
         verdict = replace(verdict, since=now)
     memory.verdict = verdict
-    return Judgement(ranks=tuple(ranks), groups=group_ranks(ranks, verdict.culprits), verdict=verdict)
+    return Judgement(ranks=tuple(ranks), groups=group_ranks(ranks, verdict.culprits), verdict=verdict,
+                     collectives=collectives)
 
 
 def rank_state(ev: ObservedRank, progress: ProgressTracker, now: float, options: JudgeOptions) -> Rank:
