@@ -33,7 +33,7 @@ def test_summary_lists_power_and_gpm_per_gpu():
     snap = replace(straggler(), hosts=(HostInfo("node1", gpus=(GpuDevice(index=0, name="NVIDIA H100", util_pct=100.0,
                                                                           **H100),)),))
     text = render(snap, [], [], reason=None, redacted=True, sources={})
-    assert "util 100.0%" in text and ", power 595 / 700 W, SM active 88%, tensor 61%, DRAM bw 43%" in text
+    assert "util 100%" in text and ", power 595 / 700 W, SM active 88%, tensor 61%, DRAM bw 43%" in text
 
 
 def test_log_activity_survives_json_and_old_snapshots_still_read():
