@@ -7,6 +7,7 @@ Pure: no I/O; :class:`JudgeMemory` is plain state the caller keeps between polls
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from .exits import first_to_die
@@ -34,9 +35,10 @@ class JudgeMemory:
     verdict: Verdict | None = None
 
     @classmethod
-    def after(cls, snapshot: Snapshot) -> JudgeMemory:
-        """A memory that knows only ``snapshot``'s verdict (re-judging a snapshot keeps its ``since``)."""
-        return cls(verdict=snapshot.verdict)
+    def after(cls, snapshot: Snapshot, familiar: Mapping[int, frozenset[str]] | None = None) -> JudgeMemory:
+        """A memory that knows ``snapshot``'s verdict (re-judging a snapshot keeps its ``since``)
+        and, when given, the places its source saw each rank at while running (a copy)."""
+        return cls(verdict=snapshot.verdict, familiar=dict(familiar or {}))
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,8 @@ def rank_state(ev: ObservedRank, progress: ProgressTracker, now: float, options:
         return ev.as_rank("unknown", None)
     threshold = options.stuck_after or progress.threshold(ev.pid, options.window, ev.step_period_s)
     stuck = idle >= threshold * SLACK
-    return ev.as_rank("stuck" if stuck else "running", round(idle, 1) if stuck else None)
+    rank = ev.as_rank("stuck" if stuck else "running", round(idle, 1) if stuck else None)
+    return replace(rank, longest_quiet_s=progress.longest_gap(ev.pid))  # its rhythm, for judge/gpuwait.py
 
 
 def _first_to_die(ranks: list[Rank]) -> list[Rank]:

@@ -299,7 +299,11 @@ class StreamSource:
                     with contextlib.suppress(OSError):
                         os.read(self._wake_r, 4096)
                     continue
-                self._read_fd(key.fd)
+                try:
+                    self._read_fd(key.fd)
+                except Exception:  # noqa: BLE001 - one bad stream must not stop reading the others
+                    with self._lock:
+                        self._drop_fd(key.fd)
 
     def _read_fd(self, fd: int) -> None:
         try:
@@ -321,7 +325,10 @@ class StreamSource:
             if kind == "err":
                 self._stderr(run, chunk)
                 return
-            buffer = run.buffers[fd]
+            buffer = run.buffers.get(fd)
+            if buffer is None:  # the fd number now belongs to another launch's other pipe
+                self._drop_fd(fd)
+                return
             buffer += chunk
             if b"\n" not in chunk:
                 return
