@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any, BinaryIO, TextIO
 
-from ..errors import TrainwatchError
+from ..errors import TrainwatchError, UsageError
 from .wire import encode_line, error_line
 
 SRUN_PIECE = 1024
@@ -120,7 +120,7 @@ def run_agent(open_source: Callable[[], Any], interval: float, *, once: bool = F
                 line = encode_line(snap, node, requests.full, seq)
             except TrainwatchError as exc:
                 line = error_line(node, exc.message, exc.exit_code, seq)
-                if once:
+                if once or isinstance(exc, UsageError):  # asking again cannot fix bad arguments
                     stdout.write(line + "\n")
                     stdout.flush()
                     return exc.exit_code

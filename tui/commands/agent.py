@@ -7,6 +7,8 @@ It keeps sampling this node's ranks of the job and writes one compact JSON line 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 from ...probes import LocalSource, run_agent
 from .common import add_stuck_after, positive_seconds
@@ -32,4 +34,10 @@ def run(args: argparse.Namespace) -> int:
         return LocalSource(resolve_pid(args), window=args.window, samples=args.samples, stuck_after=args.stuck_after,
                            collective_wait=COLLECTIVE_WAIT_S if args.once else 0.0)
 
-    return run_agent(open_source, args.interval, once=args.once)
+    code = run_agent(open_source, args.interval, once=args.once)
+    if args.once:
+        return code
+    # The stdin reader may still block in read(): leave now rather than wait at interpreter shutdown.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
