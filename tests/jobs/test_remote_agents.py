@@ -207,3 +207,16 @@ def test_requests_on_stdin_choose_full_stacks_and_native_ranks_and_eof_stops():
     requests.read(io.BytesIO(b'{"full": [3, 7], "native": [7]}\nnot json\n{"full": [1, true, "x"]}\n'))
     assert requests.full == frozenset({1}) and requests.native == frozenset({7})
     assert stop.is_set()  # the stream ended: the viewer is gone
+
+
+def test_agent_leaves_cleanly_on_sigterm_while_its_stdin_is_still_open():
+    """srun and kill(1) stop agents with SIGTERM; its exit must be clean (not an abort at shutdown)."""
+    proc = subprocess.Popen([*CLI, *NO_JOB], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert json.loads(proc.stdout.readline())["hello"] is True
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0, proc.stderr.read()
+    finally:
+        proc.stdin.close()
+        proc.kill()
+        proc.wait()
