@@ -38,6 +38,7 @@ class Requests:
     def __init__(self, stop: threading.Event) -> None:
         self.stop = stop
         self.full: frozenset[int] = frozenset()
+        self.full_all = False  # every thread of every rank (one-shot snapshots)
         self.native: frozenset[int] = frozenset()
         self.changed = threading.Event()
 
@@ -55,6 +56,7 @@ class Requests:
         except ValueError:
             return
         if isinstance(data, dict):
+            self.full_all = data.get("full") == "all" or (self.full_all and "full" not in data)
             self.full = _ranks(data.get("full"), self.full)
             self.native = _ranks(data.get("native"), self.native)
             self.changed.set()
@@ -117,7 +119,9 @@ def run_agent(open_source: Callable[[], Any], interval: float, *, once: bool = F
                 if source is None:
                     source = open_source()
                 snap = source.poll(native_for=requests.native)
-                line = encode_line(snap, node, requests.full, seq)
+                full = (frozenset(r.rank for r in snap.ranks if r.rank is not None) if requests.full_all
+                        else requests.full)
+                line = encode_line(snap, node, full, seq)
             except TrainwatchError as exc:
                 line = error_line(node, exc.message, exc.exit_code, seq)
                 if once or isinstance(exc, UsageError):  # asking again cannot fix bad arguments

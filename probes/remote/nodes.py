@@ -160,6 +160,12 @@ def open_nodes(local_source: Any, spec: NodeSpec, job: Any, *, wait_s: float | N
         raise TrainwatchError(str(exc), remedy="other nodes find the job by MASTER_ADDR:MASTER_PORT") from exc
     extra = (["--samples", str(samples)] if samples is not None else []) + (
         ["--stuck-after", f"{stuck_after:g}"] if stuck_after is not None else [])
+    if stream_interval is None and all(isinstance(r, SlurmRemote) for r in remotes):
+        # One-shot on SLURM: still one step for all nodes (agents asked for every thread), not one per node.
+        return StreamSource(local_source, remotes, match=match, trainwatch=spec.trainwatch, timeout=spec.timeout,
+                            interval=max(1.0, window or 1.0), parallel=spec.parallel or STREAM_START_PARALLEL,
+                            window=window, world_size=getattr(job, "world_size", None), extra_args=extra,
+                            full_stacks=True)
     if stream_interval is not None:
         return StreamSource(local_source, remotes, match=match, trainwatch=spec.trainwatch,
                             timeout=spec.timeout, interval=stream_interval,

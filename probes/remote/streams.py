@@ -164,7 +164,7 @@ class StreamSource:
                  trainwatch: str = "trainwatch", timeout: float = DEFAULT_TIMEOUT_S, interval: float = 2.0,
                  window: float | None = None, wait_s: float | None = None, parallel: int = DEFAULT_PARALLEL,
                  world_size: int | None = None, extra_args: Sequence[str] = (),
-                 spawn: Any = None, reuse_ssh: bool = True) -> None:
+                 spawn: Any = None, reuse_ssh: bool = True, full_stacks: bool = False) -> None:
         self.local = local_source
         self.match = list(match)
         self.trainwatch = trainwatch
@@ -197,6 +197,7 @@ class StreamSource:
         self._culprits: frozenset[int] = frozenset()
         self._selected: frozenset[int] = frozenset()
         self._native: frozenset[int] = frozenset()
+        self.full_stacks = full_stacks  # every thread of every rank (one-shot snapshots), not only culprits
         self._polls = 0
         self._local_takes_native = _accepts(local_source, "native_for")
         _raise_fd_limit(3 * len(self.launches) + 64)
@@ -403,7 +404,8 @@ class StreamSource:
 
     def request(self, full: frozenset[int], native: frozenset[int]) -> None:
         """Ask every agent for every thread of ``full`` and native frames of ``native`` (broadcast)."""
-        data = (json.dumps({"full": sorted(full), "native": sorted(native)}) + "\n").encode()
+        wanted: Any = "all" if self.full_stacks else sorted(full)
+        data = (json.dumps({"full": wanted, "native": sorted(native)}) + "\n").encode()
         with self._lock:
             if data == self._request:
                 return

@@ -205,8 +205,10 @@ def test_requests_on_stdin_choose_full_stacks_and_native_ranks_and_eof_stops():
     stop = threading.Event()
     requests = Requests(stop)
     requests.read(io.BytesIO(b'{"full": [3, 7], "native": [7]}\nnot json\n{"full": [1, true, "x"]}\n'))
-    assert requests.full == frozenset({1}) and requests.native == frozenset({7})
+    assert requests.full == frozenset({1}) and requests.native == frozenset({7}) and not requests.full_all
     assert stop.is_set()  # the stream ended: the viewer is gone
+    requests.read(io.BytesIO(b'{"full": "all", "native": []}\n{"native": [2]}\n'))  # one-shot snapshots
+    assert requests.full_all and requests.native == frozenset({2})
 
 
 def test_agent_leaves_cleanly_on_sigterm_while_its_stdin_is_still_open():
