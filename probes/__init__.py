@@ -28,6 +28,7 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("Remote", "DEFAULT_PARALLEL", "DEFAULT_TIMEOUT_S"), ".remote.remote"),
     **dict.fromkeys(("find_job_matching",), ".read.discover"),
     "find_pyspy": ".read.pyspy",
+    "run_agent": ".remote.node_agent",
     # evidence
     **dict.fromkeys(("write_evidence", "write_bundle"), ".evidence.bundle"),
     **dict.fromkeys(("Watcher", "WatchEvent", "EXIT_CLEAN", "EXIT_PROBLEM", "EXIT_CRASH"), ".evidence.watcher"),
