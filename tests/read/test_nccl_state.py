@@ -90,7 +90,7 @@ class _RasServer:
             if self.answer_status:
                 conn.sendall(self.REPORT)
             else:
-                time.sleep(3)
+                time.sleep(3)  # deliberate: a server that stays silent past the client's timeout
 
     def close(self):
         self.sock.close()
