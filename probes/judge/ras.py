@@ -1,0 +1,291 @@
+"""NCCL RAS across polls: progress, and the culprits of a stalled communicator. Pure, no I/O.
+
+RAS counts, per rank and communicator, the collectives each rank has *launched* (per operation
+type since NCCL 2.26). NCCL's own documentation (docs: troubleshooting/ras) says a MISMATCH on
+its own is normal, collectives outpace the RAS query, and only counts that stop changing across
+repeated queries mean a stuck communicator. So:
+
+* counts that advanced since the previous poll are progress for the ranks that launched them
+  (:func:`progress_pids`; the live view feeds it to the progress tracker as it does the
+  Flight Recorder's completed collectives);
+* a communicator whose counts differ between ranks and did not change since the previous poll
+  is stalled: ranks whose counts trail the others' are *behind* (the culprits); ranks ahead in
+  one operation type and behind in another launched different collectives: a *mismatch*, the
+  minority being the culprits;
+* ranks RAS cannot reach (``unreachable``) or declared ``dead`` (60 s unreachable) are culprits
+  at once.
+
+Every culprit is named with its rank, node and PID from RAS itself: no other node is asked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Iterable, Mapping
+
+from ..read.ras_report import ANY_OP, RasComm, RasReport
+from ..snapshot import OpCount, RasRank, RasState, compact_ranks
+
+MAX_ROWS = 256  # rows kept in a snapshot; beyond, only the notable ones (culprits, local, not ok)
+NAMED = 4  # culprits spelled out one by one in the finding
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """Ranks of one communicator that share one count vector (text: the unnamed rest is one entry)."""
+
+    vector: tuple[int, ...]
+    rows: tuple[RasRank, ...]
+    size: int  # ranks it stands for (>= len(rows))
+
+
+class RasTracker:
+    """Remembers the previous poll; turns each new report into a :class:`RasState`."""
+
+    def __init__(self) -> None:
+        self._signature: dict[str, tuple] = {}  # communicator -> its counts at the last poll
+        self._still_since: dict[str, float] = {}  # communicator -> first poll that saw them as now
+        self._counts: dict[tuple[str, int], int] = {}  # (communicator, comm rank) -> launched, all ops
+
+    def observe(self, report: RasReport, at: float, origin: str, *, local_pids: Iterable[int] = (),
+                names: Mapping[str, str] | None = None) -> RasState:
+        """Judge ``report`` (taken at unix time ``at``) against the previous one. ``names`` maps
+        RAS's host addresses to node names where known (this node's)."""
+        names = names or {}
+        comms = sorted(report.comms, key=lambda c: (-(c.size or len(c.ranks)), c.hash))
+        global_of = _global_ranks(comms)
+        rows: list[RasRank] = []
+        advancing, findings, still = False, [], []
+        if report.format == "text":  # a text report details troubled communicators only: one gone quiet moved on
+            gone = [h for h in self._signature if h not in {c.hash for c in comms}]
+            advancing = any(_grew(self._signature.pop(h), ((), (), ())) for h in gone)
+        for index, comm in enumerate(comms):
+            signature = _signature(comm)
+            previous = self._signature.get(comm.hash)
+            if previous != signature:
+                self._still_since[comm.hash] = at
+            stalled = previous == signature
+            comm_rows = [self._row(comm, r, global_of, names, biggest=index == 0) for r in comm.ranks]
+            moved = any(r.moving for r in comm_rows) or (previous is not None and not comm.complete
+                                                          and previous != signature and _grew(previous, signature))
+            advancing |= moved
+            self._signature[comm.hash] = signature
+            rows += comm_rows
+            if stalled:
+                still.append(at - self._still_since[comm.hash])
+            found = _lost(index, comm_rows) or (_stalled(index, comm, comm_rows) if stalled else None)
+            if found:
+                findings.append(found)
+        kind, finding, culprits = findings[0] if findings else (None, None, ())
+        local = set(local_pids)
+        return RasState(origin=origin, format=report.format, nccl_version=report.nccl_version, taken_at=at,
+                        comms=tuple(c.hash for c in comms), ranks=_kept(rows, culprits, local),
+                        kind=kind, finding=finding, culprits=tuple(culprits), advancing=advancing,
+                        still_s=round(min(still), 1) if still and len(still) == len(comms) else None,
+                        notes=report.notes)
+
+    def _row(self, comm: RasComm, rank, global_of: Mapping[tuple[str, int], int], names: Mapping[str, str],
+             biggest: bool) -> RasRank:
+        counts = tuple(OpCount(op, n) for op, n in rank.counts)
+        moving = None
+        if rank.state == "ok" and counts and comm.complete:
+            total = sum(c.count for c in counts)
+            before = self._counts.get((comm.hash, rank.rank))
+            moving = None if before is None else total > before
+            self._counts[(comm.hash, rank.rank)] = total
+        host = names.get(rank.host, rank.host)
+        number = global_of.get((rank.host, rank.pid), rank.rank if biggest else None)
+        return RasRank(comm=comm.hash, comm_rank=rank.rank, rank=number, host=host,
+                       pid=rank.pid, gpu=rank.cuda_dev, nvml_gpu=rank.nvml_dev, counts=counts, state=rank.state,
+                       moving=moving)
+
+
+def progress_pids(state: RasState | None, local_pids: Iterable[int]) -> set[int]:
+    """Local rank PIDs that RAS saw launch collectives since the previous poll. A text report
+    names no rank of a healthy communicator: there, any advance counts for every local rank."""
+    if state is None:
+        return set()
+    local = set(local_pids)
+    if state.format == "text":
+        return local if state.advancing else set()
+    return {r.pid for r in state.ranks if r.moving and r.pid in local}
+
+
+def describe(state: RasState) -> list[str]:
+    """One line per communicator and rank worth reading, for the summary and bundles."""
+    lines = [f"NCCL RAS at {state.origin} ({state.format}, NCCL {state.nccl_version or '?'}): "
+             f"{len(state.comms)} communicator{'s' if len(state.comms) != 1 else ''}"
+             + (", counts advancing" if state.advancing else "")
+             + (f", counts unchanged for {state.still_s:g} s" if state.still_s else "")]
+    if state.finding:
+        lines.append(f"finding: {state.finding}")
+    for row in state.ranks:
+        counts = ", ".join(f"{c.op} {c.count}" for c in row.counts if c.count) or "none launched"
+        who = f"rank {row.rank}" if row.rank is not None else f"comm rank {row.comm_rank}"
+        lines.append(f"communicator {_number(state, row.comm)} {who} ({row.host or '?'}, pid {row.pid or '?'}, "
+                     f"GPU {row.gpu if row.gpu is not None else '?'}): {row.state}; {counts}"
+                     + (" (moving)" if row.moving else ""))
+    return lines
+
+
+# -- findings ------------------------------------------------------------------------------------
+def _lost(index: int, rows: list[RasRank]) -> tuple[str, str, list[int]] | None:
+    """Ranks RAS could not reach or declared dead: culprits from one poll."""
+    lost = [r for r in rows if r.state in ("unreachable", "dead")]
+    if not lost:
+        return None
+    kind = "dead" if any(r.state == "dead" for r in lost) else "unreachable"
+    why = {"dead": "considered dead by NCCL RAS (unreachable for 60 s)", "unreachable": "unreachable by NCCL RAS"}
+    parts = [f"{_names(group)} {'is' if len(group) == 1 else 'are'} {why[state]}"
+             for state in ("dead", "unreachable") if (group := [r for r in lost if r.state == state])]
+    return kind, f"{'; '.join(parts)} (communicator {index})", _numbers(lost)
+
+
+def _stalled(index: int, comm: RasComm, rows: list[RasRank]) -> tuple[str, str, list[int]] | None:
+    """A communicator whose counts did not move since the previous poll and differ between ranks."""
+    entries, ops = _entries(comm, rows)
+    if len(entries) < 2:
+        return None
+    lead = tuple(max(e.vector[i] for e in entries) for i in range(len(ops)))
+    if _incomparable(entries):
+        return _mismatch(index, entries, ops)
+    behind = [e for e in entries if e.vector != lead]
+    ahead = [e for e in entries if e.vector == lead]
+    culprits = [r for e in behind for r in e.rows]
+    if not culprits:  # the ranks behind are the unnamed majority of a text report
+        n = sum(e.size for e in behind)
+        return "behind", f"{n} ranks are behind in communicator {index} (RAS names only outliers)", []
+    gap = max(sum(lead) - sum(e.vector) for e in behind)
+    op = _op_word(ops, lead, behind[0].vector)
+    others = sum(e.size for e in ahead)
+    lag = f"{gap} collective{'s' if gap != 1 else ''}"
+    text = (f"{_names(culprits)} {'is' if len(culprits) == 1 else 'are'} {lag} behind in communicator {index} "
+            f"({'all ' if others > 1 else ''}{others} other{'s' if others != 1 else ''} launched {op}#{_top(ops, lead)})")
+    return "behind", text, _numbers(culprits)
+
+
+def _mismatch(index: int, entries: list[_Entry], ops: tuple[str, ...]) -> tuple[str, str, list[int]]:
+    """Ranks ahead in one operation type and behind in another: they launched different collectives."""
+    biggest = max(e.size for e in entries)
+    majority = [e for e in entries if e.size == biggest]
+    if len(majority) > 1:
+        return "mismatch", f"ranks launched different collectives in communicator {index} (no majority)", []
+    main = majority[0]
+    odd = [e for e in entries if e is not main]
+    culprits = [r for e in odd for r in e.rows]
+    theirs = _extra_op(ops, odd[0].vector, main.vector)
+    ours = _extra_op(ops, main.vector, odd[0].vector)
+    text = (f"{_names(culprits)} launched {theirs} where the {main.size} others launched {ours} "
+            f"in communicator {index}")
+    return "mismatch", text, _numbers(culprits)
+
+
+def _incomparable(entries: list[_Entry]) -> bool:
+    """Some two entries each lead the other in some operation type."""
+    for a in entries:
+        for b in entries:
+            if any(x > y for x, y in zip(a.vector, b.vector)) and any(x < y for x, y in zip(a.vector, b.vector)):
+                return True
+    return False
+
+
+def _entries(comm: RasComm, rows: list[RasRank]) -> tuple[list[_Entry], tuple[str, ...]]:
+    """Reachable ranks grouped by their count vector over the operation types RAS reported."""
+    present = [r for r in rows if r.state == "ok"]
+    if comm.complete:
+        ops = tuple(dict.fromkeys(c.op for r in present for c in r.counts))
+        groups: dict[tuple[int, ...], list[RasRank]] = {}
+        for row in present:
+            counts = {c.op: c.count for c in row.counts}
+            groups.setdefault(tuple(counts.get(op, 0) for op in ops), []).append(row)
+        return [_Entry(v, tuple(g), len(g)) for v, g in groups.items()], ops
+    # Text: per operation type, the biggest group's count stands for every rank RAS did not name.
+    ops = tuple(dict.fromkeys(g.op for g in comm.groups))
+    usual = {op: max((g for g in comm.groups if g.op == op), key=lambda g: (g.ranks, g.count)).count for op in ops}
+    named: dict[tuple[int, ...], list[RasRank]] = {}
+    for row in present:
+        counts = {c.op: c.count for c in row.counts}
+        named.setdefault(tuple(counts.get(op, usual[op]) for op in ops), []).append(row)
+    entries = [_Entry(v, tuple(g), len(g)) for v, g in named.items()]
+    rest = (comm.size or 0) - sum(len(g) for g in named.values()) - sum(r.state != "ok" for r in rows)
+    majority = tuple(usual[op] for op in ops)
+    if rest > 0:
+        same = next((e for e in entries if e.vector == majority), None)
+        entries = [e for e in entries if e is not same] + [_Entry(majority, same.rows if same else (), rest + (same.size if same else 0))]
+    return entries, ops
+
+
+def _global_ranks(comms: list[RasComm]) -> dict[tuple[str, int], int]:
+    """(host, pid) -> global rank: the rank in the biggest communicator (torch's default group)."""
+    for comm in comms:
+        known = {(r.host, r.pid): r.rank for r in comm.ranks if r.pid is not None}
+        if comm.complete or known:
+            return known
+    return {}
+
+
+def _signature(comm: RasComm) -> tuple:
+    if comm.complete:
+        return tuple((r.rank, r.state, r.counts) for r in comm.ranks)
+    return (comm.groups, comm.problems, tuple((r.rank, r.state, r.counts) for r in comm.ranks))
+
+
+def _grew(previous: tuple, signature: tuple) -> bool:
+    """Text: some operation's top count went up (the communicator moved on)."""
+    def tops(sig: tuple) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for group in sig[0]:
+            out[group.op] = max(out.get(group.op, 0), group.count)
+        return out
+    before, now = tops(previous), tops(signature)
+    return any(now[op] > before.get(op, now[op]) for op in now) or (bool(before) and not now)
+
+
+def _op_word(ops: tuple[str, ...], lead: tuple[int, ...], behind: tuple[int, ...]) -> str:
+    """``AllReduce `` when the gap is in one known operation type; else nothing."""
+    gaps = [op for op, a, b in zip(ops, lead, behind) if a > b]
+    return f"{gaps[0]} " if len(gaps) == 1 and gaps[0] != ANY_OP else ""
+
+
+def _top(ops: tuple[str, ...], lead: tuple[int, ...]) -> int:
+    return max(lead) if len(ops) != 1 else lead[0]
+
+
+def _extra_op(ops: tuple[str, ...], mine: tuple[int, ...], theirs: tuple[int, ...]) -> str:
+    """``AllGather #4``: the operation type where ``mine`` leads ``theirs``."""
+    for op, a, b in zip(ops, mine, theirs):
+        if a > b:
+            return f"{op} #{a}"
+    return "a different collective"
+
+
+def _names(rows: list[RasRank]) -> str:
+    """``rank 37 (node12, pid 4411)``, several joined, the rest counted."""
+    def one(row: RasRank) -> str:
+        who = f"rank {row.rank}" if row.rank is not None else f"comm rank {row.comm_rank}"
+        return f"{who} ({row.host or 'unknown node'}, pid {row.pid if row.pid is not None else '?'})"
+    shown = [one(r) for r in rows[:NAMED]]
+    if len(rows) > NAMED:
+        rest = _numbers(rows[NAMED:])
+        shown.append(f"{len(rows) - NAMED} more" + (f" (ranks {compact_ranks(rest)})" if rest else ""))
+    return shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " and " + shown[-1]
+
+
+def _numbers(rows: Iterable[RasRank]) -> list[int]:
+    return sorted({r.rank for r in rows if r.rank is not None})
+
+
+def _number(state: RasState, comm: str) -> int | str:
+    return state.comms.index(comm) if comm in state.comms else comm
+
+
+def _kept(rows: list[RasRank], culprits: Iterable[int], local: set[int]) -> tuple[RasRank, ...]:
+    if len(rows) <= MAX_ROWS:
+        return tuple(rows)
+    wanted = set(culprits)
+    return tuple(r for r in rows if r.rank in wanted or r.pid in local or r.state != "ok")[:MAX_ROWS]
+
+
+def with_names(state: RasState, names: Mapping[str, str]) -> RasState:
+    """The same state with host addresses replaced by node names (a merged view knows more)."""
+    return replace(state, ranks=tuple(replace(r, host=names.get(r.host, r.host)) for r in state.ranks))
