@@ -1,0 +1,88 @@
+"""NCCL RAS as a collective source: progress across polls, culprits of a stalled communicator, wording."""
+
+from pathlib import Path
+
+import pytest
+
+from trainwatch.probes.judge import ras as ras_judge
+from trainwatch.probes.read import ras_report
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "ras"
+LOCAL = [4101, 4102, 4103, 4104]  # this node's ranks 0-3 in every synthetic fixture (node 10.0.0.11)
+NAMES = {"10.0.0.11": "node11"}
+
+
+def two_polls(name: str, ext: str = "json", apart: float = 3.0):
+    tracker = ras_judge.RasTracker()
+    reports = [ras_report.parse((FIXTURES / f"synthetic-{name}-{take}.{ext}").read_text()) for take in "ab"]
+    first = tracker.observe(reports[0], 1000.0, "localhost:28028", local_pids=LOCAL, names=NAMES)
+    second = tracker.observe(reports[1], 1000.0 + apart, "localhost:28028", local_pids=LOCAL, names=NAMES)
+    return first, second
+
+
+@pytest.mark.parametrize("ext", ["json", "txt"])
+def test_counts_that_advance_are_progress_not_a_hang(ext):
+    """Take a has a collective in flight (rank 7 one behind): normal. Take b moved on."""
+    first, second = two_polls("healthy", ext)
+    assert first.kind is None and second.kind is None and second.culprits == ()
+    assert second.advancing
+    assert ras_judge.progress_pids(second, LOCAL) == set(LOCAL)
+    assert ras_judge.progress_pids(first, LOCAL) == set()  # nothing to compare with yet
+
+
+@pytest.mark.parametrize("ext", ["json", "txt"])
+def test_a_rank_behind_and_not_moving_is_the_culprit_on_its_node(ext):
+    first, second = two_polls("straggler", ext)
+    assert first.kind is None  # one poll: a collective in flight looks the same
+    assert second.kind == "behind" and second.culprits == (6,)
+    assert second.finding == ("rank 6 (10.0.0.12, pid 5203) is 1 collective behind in communicator 0 "
+                              "(all 7 others launched AllReduce #1205)")
+    assert second.still_s == 3.0 and not second.advancing
+    assert ras_judge.progress_pids(second, LOCAL) == set()
+
+
+@pytest.mark.parametrize("ext", ["json", "txt"])
+def test_different_collectives_are_a_mismatch(ext):
+    _, second = two_polls("mismatch", ext)
+    assert second.kind == "mismatch" and second.culprits == (2,)
+    assert second.finding == ("rank 2 (node11, pid 4103) launched AllGather #4 where the 7 others launched "
+                              "AllReduce #1205 in communicator 0")
+
+
+@pytest.mark.parametrize("ext", ["json", "txt"])
+def test_unreachable_then_dead(ext):
+    first, second = two_polls("dead", ext)
+    assert first.kind == "unreachable" and first.culprits == (5,)  # one poll is enough: RAS saw it
+    assert "rank 5 (10.0.0.12, pid 5202) is unreachable by NCCL RAS" in first.finding
+    assert second.kind == "dead" and second.culprits == (5,)
+    assert "considered dead by NCCL RAS" in second.finding
+
+
+def test_unreachable_rank_named_from_one_node():
+    _, second = two_polls("unreachable", "txt")
+    assert second.kind == "unreachable" and second.culprits == (7,)
+    assert second.finding.startswith("rank 7 (10.0.0.12, pid 5204) is unreachable")
+
+
+def test_old_text_format_names_the_straggler():
+    report = ras_report.parse((FIXTURES / "synthetic-old-straggler.txt").read_text())
+    tracker = ras_judge.RasTracker()
+    tracker.observe(report, 1.0, "x")
+    state = tracker.observe(report, 4.0, "x")
+    assert state.kind == "behind" and state.culprits == (6,)
+    assert "(all 7 others launched #1209)" in state.finding  # one count for every operation type
+
+
+def test_global_ranks_come_from_the_biggest_communicator():
+    """Node 2's own communicator numbers its ranks 0-3; they are global ranks 4-7."""
+    _, second = two_polls("straggler")
+    node2 = [r for r in second.ranks if r.comm == "0c11d2e3f4a5b607"]
+    assert [(r.comm_rank, r.rank) for r in node2] == [(0, 4), (1, 5), (2, 6), (3, 7)]
+
+
+def test_describe_lists_each_rank():
+    _, second = two_polls("straggler")
+    lines = ras_judge.describe(second)
+    assert lines[0].startswith("NCCL RAS at localhost:28028 (json, NCCL 2.29.7): 2 communicators")
+    assert any(line.startswith("communicator 0 rank 6 (10.0.0.12, pid 5203, GPU 2): ok;") and "AllReduce 1204" in line
+               for line in lines), lines
