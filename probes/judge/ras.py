@@ -21,7 +21,7 @@ Every culprit is named with its rank, node and PID from RAS itself: no other nod
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, NamedTuple
 
 from ..read.ras_report import ANY_OP, RasComm, RasReport
 from ..snapshot import OpCount, RasRank, RasState, compact_ranks
@@ -30,12 +30,27 @@ MAX_ROWS = 256  # rows kept in a snapshot; beyond, only the notable ones (culpri
 NAMED = 4  # culprits spelled out one by one in the finding
 
 
+class _Row(NamedTuple):
+    """A parsed rank with what the tracker adds: its global rank, node name and movement."""
+
+    comm: str
+    comm_rank: int
+    rank: int | None  # global rank
+    host: str
+    pid: int | None
+    gpu: int | None
+    nvml_gpu: int | None
+    counts: tuple[tuple[str, int], ...]
+    state: str
+    moving: bool | None
+
+
 @dataclass(frozen=True)
 class _Entry:
     """Ranks of one communicator that share one count vector (text: the unnamed rest is one entry)."""
 
     vector: tuple[int, ...]
-    rows: tuple[RasRank, ...]
+    rows: tuple[_Row, ...]
     size: int  # ranks it stands for (>= len(rows))
 
 
@@ -45,7 +60,7 @@ class RasTracker:
     def __init__(self) -> None:
         self._signature: dict[str, tuple] = {}  # communicator -> its counts at the last poll
         self._still_since: dict[str, float] = {}  # communicator -> first poll that saw them as now
-        self._counts: dict[tuple[str, int], int] = {}  # (communicator, comm rank) -> launched, all ops
+        self._counts: dict[tuple[str, int], tuple] = {}  # (communicator, comm rank) -> its counts
 
     def observe(self, report: RasReport, at: float, origin: str, *, local_pids: Iterable[int] = (),
                 names: Mapping[str, str] | None = None) -> RasState:
@@ -54,18 +69,18 @@ class RasTracker:
         names = names or {}
         comms = sorted(report.comms, key=lambda c: (-(c.size or len(c.ranks)), c.hash))
         global_of = _global_ranks(comms)
-        rows: list[RasRank] = []
+        rows: list[_Row] = []
         advancing, findings, still = False, [], []
         if report.format == "text":  # a text report details troubled communicators only: one gone quiet moved on
             gone = [h for h in self._signature if h not in {c.hash for c in comms}]
             advancing = any(_grew(self._signature.pop(h), ((), (), ())) for h in gone)
         for index, comm in enumerate(comms):
-            signature = _signature(comm)
+            signature = comm.ranks if comm.complete else (comm.groups, comm.problems, comm.ranks)
             previous = self._signature.get(comm.hash)
             if previous != signature:
                 self._still_since[comm.hash] = at
             stalled = previous == signature
-            comm_rows = [self._row(comm, r, global_of, names, biggest=index == 0) for r in comm.ranks]
+            comm_rows = self._rows(comm, global_of, names, biggest=index == 0)
             moved = any(r.moving for r in comm_rows) or (previous is not None and not comm.complete
                                                           and previous != signature and _grew(previous, signature))
             advancing |= moved
@@ -77,27 +92,27 @@ class RasTracker:
             if found:
                 findings.append(found)
         kind, finding, culprits = findings[0] if findings else (None, None, ())
-        local = set(local_pids)
         return RasState(origin=origin, format=report.format, nccl_version=report.nccl_version, taken_at=at,
-                        comms=tuple(c.hash for c in comms), ranks=_kept(rows, culprits, local),
+                        comms=tuple(c.hash for c in comms), ranks=_kept(rows, culprits, set(local_pids)),
                         kind=kind, finding=finding, culprits=tuple(culprits), advancing=advancing,
                         still_s=round(min(still), 1) if still and len(still) == len(comms) else None,
                         notes=report.notes)
 
-    def _row(self, comm: RasComm, rank, global_of: Mapping[tuple[str, int], int], names: Mapping[str, str],
-             biggest: bool) -> RasRank:
-        counts = tuple(OpCount(op, n) for op, n in rank.counts)
-        moving = None
-        if rank.state == "ok" and counts and comm.complete:
-            total = sum(c.count for c in counts)
-            before = self._counts.get((comm.hash, rank.rank))
-            moving = None if before is None else total > before
-            self._counts[(comm.hash, rank.rank)] = total
-        host = names.get(rank.host, rank.host)
-        number = global_of.get((rank.host, rank.pid), rank.rank if biggest else None)
-        return RasRank(comm=comm.hash, comm_rank=rank.rank, rank=number, host=host,
-                       pid=rank.pid, gpu=rank.cuda_dev, nvml_gpu=rank.nvml_dev, counts=counts, state=rank.state,
-                       moving=moving)
+    def _rows(self, comm: RasComm, global_of: Mapping[tuple[str, int | None], int], names: Mapping[str, str],
+              biggest: bool) -> list[_Row]:
+        out = []
+        seen = self._counts
+        for r in comm.ranks:
+            moving = None
+            if comm.complete and r.state == "ok" and r.counts:
+                key = (comm.hash, r.rank)
+                before = seen.get(key)
+                if before is not None:
+                    moving = before != r.counts and sum(n for _, n in r.counts) > sum(n for _, n in before)
+                seen[key] = r.counts
+            out.append(_Row(comm.hash, r.rank, global_of.get((r.host, r.pid), r.rank if biggest else None),
+                            names.get(r.host, r.host), r.pid, r.cuda_dev, r.nvml_dev, r.counts, r.state, moving))
+        return out
 
 
 def progress_pids(state: RasState | None, local_pids: Iterable[int]) -> set[int]:
@@ -129,7 +144,7 @@ def describe(state: RasState) -> list[str]:
 
 
 # -- findings ------------------------------------------------------------------------------------
-def _lost(index: int, rows: list[RasRank]) -> tuple[str, str, list[int]] | None:
+def _lost(index: int, rows: list[_Row]) -> tuple[str, str, list[int]] | None:
     """Ranks RAS could not reach or declared dead: culprits from one poll."""
     lost = [r for r in rows if r.state in ("unreachable", "dead")]
     if not lost:
@@ -141,7 +156,7 @@ def _lost(index: int, rows: list[RasRank]) -> tuple[str, str, list[int]] | None:
     return kind, f"{'; '.join(parts)} (communicator {index})", _numbers(lost)
 
 
-def _stalled(index: int, comm: RasComm, rows: list[RasRank]) -> tuple[str, str, list[int]] | None:
+def _stalled(index: int, comm: RasComm, rows: list[_Row]) -> tuple[str, str, list[int]] | None:
     """A communicator whose counts did not move since the previous poll and differ between ranks."""
     entries, ops = _entries(comm, rows)
     if len(entries) < 2:
@@ -189,22 +204,22 @@ def _incomparable(entries: list[_Entry]) -> bool:
     return False
 
 
-def _entries(comm: RasComm, rows: list[RasRank]) -> tuple[list[_Entry], tuple[str, ...]]:
+def _entries(comm: RasComm, rows: list[_Row]) -> tuple[list[_Entry], tuple[str, ...]]:
     """Reachable ranks grouped by their count vector over the operation types RAS reported."""
     present = [r for r in rows if r.state == "ok"]
     if comm.complete:
-        ops = tuple(dict.fromkeys(c.op for r in present for c in r.counts))
-        groups: dict[tuple[int, ...], list[RasRank]] = {}
+        groups: dict[tuple, list[_Row]] = {}
         for row in present:
-            counts = {c.op: c.count for c in row.counts}
-            groups.setdefault(tuple(counts.get(op, 0) for op in ops), []).append(row)
-        return [_Entry(v, tuple(g), len(g)) for v, g in groups.items()], ops
+            groups.setdefault(row.counts, []).append(row)
+        ops = tuple(dict.fromkeys(op for key in groups for op, _ in key))
+        vectors = {key: tuple(dict(key).get(op, 0) for op in ops) for key in groups}
+        return [_Entry(vectors[k], tuple(g), len(g)) for k, g in groups.items()], ops
     # Text: per operation type, the biggest group's count stands for every rank RAS did not name.
     ops = tuple(dict.fromkeys(g.op for g in comm.groups))
     usual = {op: max((g for g in comm.groups if g.op == op), key=lambda g: (g.ranks, g.count)).count for op in ops}
-    named: dict[tuple[int, ...], list[RasRank]] = {}
+    named: dict[tuple[int, ...], list[_Row]] = {}
     for row in present:
-        counts = {c.op: c.count for c in row.counts}
+        counts = dict(row.counts)
         named.setdefault(tuple(counts.get(op, usual[op]) for op in ops), []).append(row)
     entries = [_Entry(v, tuple(g), len(g)) for v, g in named.items()]
     rest = (comm.size or 0) - sum(len(g) for g in named.values()) - sum(r.state != "ok" for r in rows)
@@ -222,12 +237,6 @@ def _global_ranks(comms: list[RasComm]) -> dict[tuple[str, int], int]:
         if comm.complete or known:
             return known
     return {}
-
-
-def _signature(comm: RasComm) -> tuple:
-    if comm.complete:
-        return tuple((r.rank, r.state, r.counts) for r in comm.ranks)
-    return (comm.groups, comm.problems, tuple((r.rank, r.state, r.counts) for r in comm.ranks))
 
 
 def _grew(previous: tuple, signature: tuple) -> bool:
@@ -259,9 +268,9 @@ def _extra_op(ops: tuple[str, ...], mine: tuple[int, ...], theirs: tuple[int, ..
     return "a different collective"
 
 
-def _names(rows: list[RasRank]) -> str:
+def _names(rows: list[_Row]) -> str:
     """``rank 37 (node12, pid 4411)``, several joined, the rest counted."""
-    def one(row: RasRank) -> str:
+    def one(row: _Row) -> str:
         who = f"rank {row.rank}" if row.rank is not None else f"comm rank {row.comm_rank}"
         return f"{who} ({row.host or 'unknown node'}, pid {row.pid if row.pid is not None else '?'})"
     shown = [one(r) for r in rows[:NAMED]]
@@ -271,7 +280,7 @@ def _names(rows: list[RasRank]) -> str:
     return shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " and " + shown[-1]
 
 
-def _numbers(rows: Iterable[RasRank]) -> list[int]:
+def _numbers(rows: Iterable[_Row]) -> list[int]:
     return sorted({r.rank for r in rows if r.rank is not None})
 
 
@@ -279,11 +288,14 @@ def _number(state: RasState, comm: str) -> int | str:
     return state.comms.index(comm) if comm in state.comms else comm
 
 
-def _kept(rows: list[RasRank], culprits: Iterable[int], local: set[int]) -> tuple[RasRank, ...]:
-    if len(rows) <= MAX_ROWS:
-        return tuple(rows)
-    wanted = set(culprits)
-    return tuple(r for r in rows if r.rank in wanted or r.pid in local or r.state != "ok")[:MAX_ROWS]
+def _kept(rows: list[_Row], culprits: Iterable[int], local: set[int]) -> tuple[RasRank, ...]:
+    """Snapshot rows: every rank of a small job; of a big one, the culprits, this node's and the troubled."""
+    if len(rows) > MAX_ROWS:
+        wanted = set(culprits)
+        rows = [r for r in rows if r.rank in wanted or r.pid in local or r.state != "ok"][:MAX_ROWS]
+    return tuple(RasRank(comm=r.comm, comm_rank=r.comm_rank, rank=r.rank, host=r.host, pid=r.pid, gpu=r.gpu,
+                         nvml_gpu=r.nvml_gpu, counts=tuple(OpCount(op, n) for op, n in r.counts), state=r.state,
+                         moving=r.moving) for r in rows)
 
 
 def with_names(state: RasState, names: Mapping[str, str]) -> RasState:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 # ncclFuncStr order (NCCL_NUM_FUNCTIONS = 5); "collective" is the single count of NCCL < 2.26.
 OPS = ("Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce")
@@ -40,9 +41,8 @@ class ReportError(ValueError):
     """Bytes that are not a RAS report."""
 
 
-@dataclass(frozen=True)
-class RasRank:
-    """One rank of one communicator as RAS saw it."""
+class RasRank(NamedTuple):
+    """One rank of one communicator as RAS saw it (a tuple: big jobs have thousands)."""
 
     rank: int  # rank within the communicator
     host: str = ""  # the rank's node as RAS prints it (its IP address)
@@ -54,8 +54,7 @@ class RasRank:
     error: str | None = None  # an initialization or asynchronous NCCL error
 
 
-@dataclass(frozen=True)
-class CountGroup:
+class CountGroup(NamedTuple):
     """Text format: ``26 ranks have launched up to operation 6650`` (for one operation type)."""
 
     op: str
@@ -126,14 +125,24 @@ def _json_comm(data: dict) -> RasComm:
 
 
 def _json_rank(data: dict) -> RasRank:
-    counts = data.get("collective_counts") if isinstance(data.get("collective_counts"), dict) else {}
-    status = data.get("status") if isinstance(data.get("status"), dict) else {}
-    error = next((NCCL_RESULTS.get(code, f"NCCL error {code}") for code in
-                  (_int(status.get("init_state")), _int(status.get("async_error"))) if code not in (None, 0, 7)), None)
-    return RasRank(rank=_int(data.get("rank")) or 0, host=_host(data.get("host")), pid=_pid(data.get("pid")),
-                   cuda_dev=_int(data.get("cuda_dev")), nvml_dev=_int(data.get("nvml_dev")),
-                   counts=tuple((str(op), n) for op, n in ((op, _int(v)) for op, v in counts.items()) if n is not None),
-                   error=error)
+    get = data.get
+    counts = get("collective_counts")
+    if type(counts) is dict:
+        values = set(map(type, counts.values()))
+        counts = tuple(counts.items()) if values <= {int} else tuple(
+            (str(op), n) for op, n in ((op, _int(v)) for op, v in counts.items()) if n is not None)
+    else:
+        counts = ()
+    status = get("status")
+    init, late = (status.get("init_state", 0), status.get("async_error", 0)) if type(status) is dict else (0, 0)
+    error = None if init in (0, 7) and late in (0, 7) else next(
+        NCCL_RESULTS.get(code, f"NCCL error {code}") for code in (init, late) if code not in (0, 7))
+    rank, pid, host, cuda, nvml = get("rank"), get("pid"), get("host"), get("cuda_dev"), get("nvml_dev")
+    return RasRank(rank if type(rank) is int else _int(rank) or 0,
+                   host if type(host) is str and host != "unknown" else _host(host),
+                   pid if type(pid) is int and pid > 0 else _pid(pid),
+                   cuda if type(cuda) is int else _int(cuda), nvml if type(nvml) is int else _int(nvml),
+                   counts, "ok", error)
 
 
 def _json_missing(data: dict) -> RasRank:
