@@ -8,7 +8,8 @@ Layout of ``trainwatch-<host>-<pid>-<UTC time>/``::
     ranks/<rank>/      stacks.txt, stacks-native.txt, hook-stacks.txt, faulthandler.txt,
                        flight-recorder/*, proc.txt, fds.txt, env.txt, nccl-settings.txt,
                        log-tail.txt, notes.txt
-    host/              gpu.txt, xid.txt, process-tree.txt, ras-status.txt, debug-server.txt
+    host/              gpu.txt, xid.txt, process-tree.txt, ras.txt, ras.json, ras-summary.txt,
+                       debug-server.txt
 
 Written owner-only into ``<name>.partial/`` and renamed when complete (a tarball goes
 through a temp file and ``os.replace``), so the final name never holds half a bundle.
@@ -34,10 +35,11 @@ from .redact import Redactor
 from .summary import render
 from ..judge import flightrec
 from ..judge.groups import group_ranks
+from ..judge.ras import RasTracker
 from ..judge.verdict import judge
-from ..read import hookclient, nccl_state
+from ..read import hookclient, nccl_state, ras
 from ..read.discover import find_job
-from ..snapshot import Snapshot
+from ..snapshot import CollectiveState, RasState, Snapshot
 
 BUNDLE_FORMAT = "trainwatch-bundle"
 BUNDLE_VERSION = 1
@@ -147,27 +149,46 @@ def _host_files(snapshot: Snapshot) -> tuple[dict[str, str], list[str]]:
     return files, notes
 
 
-def _ras(evidence: list[RankEvidence]) -> tuple[dict[str, str], list[str], list[str]]:
-    """NCCL RAS once per address the ranks name (default localhost:28028)."""
-    files, notes, worked = {}, [], []
-    addresses = {nccl_state.ras_address(ev.env or {}) for ev in evidence} or {("localhost", nccl_state.RAS_DEFAULT_PORT)}
+def _ras(evidence: list[RankEvidence]) -> tuple[dict[str, str], list[str], list[str], RasState | None]:
+    """NCCL RAS once per address the ranks name (default localhost:28028): the text report a person
+    reads (host/ras.txt), the JSON one where the service has it (host/ras.json), and their state."""
+    files, notes, worked, state = {}, [], [], None
+    envs = [ev.env or {} for ev in evidence]
+    if envs and all(ras.disabled(env) for env in envs):
+        return files, ["NCCL RAS: off in this job (NCCL_RAS_ENABLE=0)"], worked, None
+    pids = {ev.pid for ev in evidence if ev.pid is not None}
+    addresses = {ras.address(env) for env in envs} or {("localhost", ras.DEFAULT_PORT)}
     for host, port in sorted(addresses):
-        found = nccl_state.ras_status(host, port)
-        if found.data is None:
-            notes.append(f"NCCL RAS: {found.note}")
+        text = ras.query(host, port, want_json=False)
+        if text.raw is None:
+            notes.append(f"NCCL RAS: {text.note}")
             continue
-        text = found.data.decode(errors="replace")
-        files["host/ras-status.txt"] = text
-        files["host/ras-summary.txt"] = "\n".join(nccl_state.summarize_ras(text)) + "\n"
+        files["host/ras.txt"] = text.raw.decode(errors="replace")
+        files["host/ras-summary.txt"] = "\n".join(nccl_state.summarize_ras(files["host/ras.txt"])) + "\n"
         worked.append(f"{host}:{port}")
-    return files, notes, worked
+        reply = ras.query(host, port, want_json=True)
+        if reply.format == "json" and reply.raw:
+            files["host/ras.json"] = reply.raw.decode(errors="replace")
+        report = reply.report or text.report
+        whose = ras.ownership(report, pids) if report is not None else None
+        if whose:
+            notes.append(whose)
+        elif report is not None and state is None:
+            state = RasTracker().observe(report, time.time(), reply.origin, local_pids=pids)
+        notes += [f"NCCL RAS: {r.note}" for r in (text, reply) if r.note]
+    return files, notes, worked, state
 
 
 def _with_collectives(snapshot: Snapshot, evidence: list[RankEvidence], redactor: Redactor,
-                      extra_notes: list[str]) -> Snapshot:
+                      extra_notes: list[str], ras_state: RasState | None = None) -> Snapshot:
     traces = {ev.rank: ev.trace for ev in evidence if ev.rank is not None and ev.trace is not None}
     sources = sorted({ev.trace_source for ev in evidence if ev.trace is not None and ev.trace_source})
     state = flightrec.analyze(traces, source="+".join(sources) or "flight-recorder") if traces else None
+    # RAS: the live view's state (judged across its polls) over the bundle's single look.
+    ras_state = (snapshot.collectives.ras if snapshot.collectives else None) or ras_state
+    if ras_state is not None:
+        base = state or snapshot.collectives or CollectiveState(source="ras")
+        state = dataclasses.replace(base, ras=ras_state)
     job = dataclasses.replace(snapshot.job, cmdline=redactor.cmdline(snapshot.job.cmdline))
     notes = tuple(dict.fromkeys([*snapshot.notes, *extra_notes]))
     return _rejudged(dataclasses.replace(snapshot, job=job, collectives=state or snapshot.collectives, notes=notes))
@@ -236,7 +257,7 @@ def write_bundle(source_pid: int, snapshot: Snapshot, out_dir: Path, *, tar: boo
             ev.note(f"faulthandler traces: {ev.faulthandler}")
         if ev.trace is None and ev.rank is not None:
             ev.note("no Flight Recorder trace obtainable")
-    ras_files, ras_notes, ras_worked = _ras(evidence)
+    ras_files, ras_notes, ras_worked, ras_state = _ras(evidence)
     notes += ras_notes
     host_files, host_notes = _host_files(snapshot)
     notes += host_notes
@@ -249,7 +270,7 @@ def write_bundle(source_pid: int, snapshot: Snapshot, out_dir: Path, *, tar: boo
             sources.setdefault(ev.trace_source, []).append(ev.label)
     if ras_worked:
         sources["ras"] = ras_worked
-    bundle_snapshot = _with_collectives(snapshot, evidence, redactor, [])
+    bundle_snapshot = _with_collectives(snapshot, evidence, redactor, [], ras_state)
     try:
         writer = _Writer(partial, redactor)
         writer.write("bundle.json", _manifest(source_pid, reason, redact, evidence, sources))
