@@ -12,11 +12,12 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ..judge import ras as ras_judge
 from ..judge.flightrec import analyze_rows
 from ..judge.groups import group_ranks as default_group_ranks
 from ..judge.verdict import judge as default_judge
 from ..snapshot import (
-    CollectiveState, Group, HostInfo, Rank, RankCollective, Snapshot, Verdict,
+    CollectiveState, Group, HostInfo, Rank, RankCollective, RasState, Snapshot, Verdict, compact_ranks,
 )
 
 GroupFn = Callable[..., tuple[Group, ...]]  # group_ranks(ranks, culprits)
@@ -108,6 +109,11 @@ def merge_nodes(views: Sequence[NodeView], *, group_ranks: GroupFn | None = None
     job = dataclasses.replace(base.job, world_size=world,
                               nnodes=max(base.job.nnodes or 0, len(views)) or None)
     collectives = _merge_collectives([v.snapshot.collectives for _, v in good])
+    ras_state, ras_notes = merge_ras([(v.name, v.snapshot.collectives.ras) for _, v in good
+                                      if v.snapshot.collectives is not None], ranks)
+    if ras_state is not None:
+        collectives = dataclasses.replace(collectives or CollectiveState(source="ras"), ras=ras_state)
+    notes.extend(ras_notes)
     verdict = judge(ranks, job, collectives)
     groups = tuple(group_ranks(ranks, verdict.culprits))
     return Snapshot(
@@ -158,6 +164,34 @@ def _merge_collectives(states: list[CollectiveState | None]) -> CollectiveState 
         if across is not None and across.divergence:
             return across
     return CollectiveState(source=source, ranks=tuple(rows), divergence=divergence, culprits=tuple(culprits))
+
+
+def merge_ras(states: list[tuple[str, RasState | None]], ranks: Sequence[Rank]) -> tuple[RasState | None, list[str]]:
+    """One NCCL RAS view for the merged job, checked against the nodes' answers: the state with the
+    gravest finding (a lost rank first; then the freshest), RAS's node addresses renamed to the nodes' names
+    where a rank's PID matches, and a note where the nodes' RAS views or their own ranks disagree."""
+    present = [(node, s) for node, s in states if s is not None]
+    if not present:
+        return None, []
+    notes = []
+    named = {(r.rank, r.pid): r.host for r in ranks if r.rank is not None and r.pid is not None}
+    findings = {node: s.culprits for node, s in present if s.kind}
+    if len(set(findings.values())) > 1:
+        notes.append("NCCL RAS views differ between nodes: " + "; ".join(
+            f"{node} names {('ranks ' + compact_ranks(c)) if c else 'no rank'}" for node, c in findings.items()))
+    weight = {"dead": 3, "unreachable": 2, "mismatch": 1, "behind": 1}  # a lost rank is the plainest fact
+    chosen = max(present, key=lambda item: (weight.get(item[1].kind or "", 0), item[1].taken_at or 0.0))[1]
+    names = {row.host: named[(row.rank, row.pid)] for row in chosen.ranks if (row.rank, row.pid) in named}
+    finding = chosen.finding
+    for address, node in names.items():
+        finding = finding.replace(f"({address}, ", f"({node}, ") if finding else finding
+    by_rank = {r.rank: r for r in ranks if r.rank is not None}
+    for rank in chosen.culprits:
+        seen = by_rank.get(rank)
+        if chosen.kind in ("dead", "unreachable") and seen is not None and seen.state == "running":
+            notes.append(f"NCCL RAS says rank {rank} is {chosen.kind}, but node {seen.host} sees it running "
+                         "(the RAS network may be cut, not the rank)")
+    return dataclasses.replace(ras_judge.with_names(chosen, names), finding=finding), notes
 
 
 def _sorted(ranks: list[Rank]) -> list[Rank]:

@@ -86,3 +86,24 @@ def test_describe_lists_each_rank():
     assert lines[0].startswith("NCCL RAS at localhost:28028 (json, NCCL 2.29.7): 2 communicators")
     assert any(line.startswith("communicator 0 rank 6 (10.0.0.12, pid 5203, GPU 2): ok;") and "AllReduce 1204" in line
                for line in lines), lines
+
+
+def test_merged_view_names_nodes_and_checks_them_against_each_other():
+    from trainwatch.probes.remote.merge import merge_ras
+    from trainwatch.probes.snapshot import Rank
+
+    _, node11 = two_polls("straggler")
+    _, node12 = two_polls("straggler")
+    ranks = [Rank(rank=n, pid=(4101 if n < 4 else 5201) + n % 4, host="node11" if n < 4 else "node12",
+                  state="stuck", phase="gpu_wait") for n in range(8)]
+    merged, notes = merge_ras([("node11", node11), ("node12", node12)], ranks)
+    assert notes == []
+    assert merged.finding.startswith("rank 6 (node12, pid 5203) is 1 collective behind")
+    assert {r.host for r in merged.ranks} == {"node11", "node12"}
+
+    _, dead = two_polls("dead")
+    alive = [r if r.rank != 5 else Rank(rank=5, pid=5202, host="node12", state="running") for r in ranks]
+    merged, notes = merge_ras([("node11", node11), ("node12", dead)], alive)
+    assert merged.kind == "dead" and merged.culprits == (5,)
+    assert "NCCL RAS views differ between nodes: node11 names rank 6; node12 names rank 5" in notes
+    assert any("rank 5 is dead, but node node12 sees it running" in n for n in notes), notes
