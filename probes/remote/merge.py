@@ -17,7 +17,7 @@ from ..judge.flightrec import analyze_rows
 from ..judge.groups import group_ranks as default_group_ranks
 from ..judge.verdict import judge as default_judge
 from ..snapshot import (
-    CollectiveState, Group, HostInfo, Rank, RankCollective, RasState, Snapshot, Verdict, compact_ranks,
+    CollectiveState, Group, HostInfo, Rank, RankCollective, RasState, Snapshot, Verdict, who,
 )
 
 GroupFn = Callable[..., tuple[Group, ...]]  # group_ranks(ranks, culprits)
@@ -178,7 +178,7 @@ def merge_ras(states: list[tuple[str, RasState | None]], ranks: Sequence[Rank]) 
     findings = {node: s.culprits for node, s in present if s.kind}
     if len(set(findings.values())) > 1:
         notes.append("NCCL RAS views differ between nodes: " + "; ".join(
-            f"{node} names {('ranks ' + compact_ranks(c)) if c else 'no rank'}" for node, c in findings.items()))
+            f"{node} names {who(c) if c else 'no rank'}" for node, c in findings.items()))
     weight = {"dead": 3, "unreachable": 2, "mismatch": 1, "behind": 1}  # a lost rank is the plainest fact
     chosen = max(present, key=lambda item: (weight.get(item[1].kind or "", 0), item[1].taken_at or 0.0))[1]
     names = {row.host: named[(row.rank, row.pid)] for row in chosen.ranks if (row.rank, row.pid) in named}
