@@ -199,7 +199,7 @@ class RasRank:
     gpu: int | None = None  # CUDA device
     nvml_gpu: int | None = None
     counts: tuple[OpCount, ...] = ()
-    state: str = "ok"  # ok, missing (reachable, not a member), unreachable, dead
+    status: str = "ok"  # ok, missing (reachable, not a member), unreachable, dead
     moving: bool | None = None  # its counts advanced since the previous poll (None: no previous poll)
 
 

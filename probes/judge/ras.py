@@ -41,7 +41,7 @@ class _Row(NamedTuple):
     gpu: int | None
     nvml_gpu: int | None
     counts: tuple[tuple[str, int], ...]
-    state: str
+    status: str
     moving: bool | None
 
 
@@ -104,14 +104,14 @@ class RasTracker:
         seen = self._counts
         for r in comm.ranks:
             moving = None
-            if comm.complete and r.state == "ok" and r.counts:
+            if comm.complete and r.status == "ok" and r.counts:
                 key = (comm.hash, r.rank)
                 before = seen.get(key)
                 if before is not None:
                     moving = before != r.counts and sum(n for _, n in r.counts) > sum(n for _, n in before)
                 seen[key] = r.counts
             out.append(_Row(comm.hash, r.rank, global_of.get((r.host, r.pid), r.rank if biggest else None),
-                            names.get(r.host, r.host), r.pid, r.cuda_dev, r.nvml_dev, r.counts, r.state, moving))
+                            names.get(r.host, r.host), r.pid, r.cuda_dev, r.nvml_dev, r.counts, r.status, moving))
         return out
 
 
@@ -138,7 +138,7 @@ def describe(state: RasState) -> list[str]:
         counts = ", ".join(f"{c.op} {c.count}" for c in row.counts if c.count) or "none launched"
         who = f"rank {row.rank}" if row.rank is not None else f"comm rank {row.comm_rank}"
         lines.append(f"communicator {_number(state, row.comm)} {who} ({row.host or '?'}, pid {row.pid or '?'}, "
-                     f"GPU {row.gpu if row.gpu is not None else '?'}): {row.state}; {counts}"
+                     f"GPU {row.gpu if row.gpu is not None else '?'}): {row.status}; {counts}"
                      + (" (moving)" if row.moving else ""))
     return lines
 
@@ -146,13 +146,13 @@ def describe(state: RasState) -> list[str]:
 # -- findings ------------------------------------------------------------------------------------
 def _lost(index: int, rows: list[_Row]) -> tuple[str, str, list[int]] | None:
     """Ranks RAS could not reach or declared dead: culprits from one poll."""
-    lost = [r for r in rows if r.state in ("unreachable", "dead")]
+    lost = [r for r in rows if r.status in ("unreachable", "dead")]
     if not lost:
         return None
-    kind = "dead" if any(r.state == "dead" for r in lost) else "unreachable"
+    kind = "dead" if any(r.status == "dead" for r in lost) else "unreachable"
     why = {"dead": "considered dead by NCCL RAS (unreachable for 60 s)", "unreachable": "unreachable by NCCL RAS"}
     parts = [f"{_names(group)} {'is' if len(group) == 1 else 'are'} {why[state]}"
-             for state in ("dead", "unreachable") if (group := [r for r in lost if r.state == state])]
+             for state in ("dead", "unreachable") if (group := [r for r in lost if r.status == state])]
     return kind, f"{'; '.join(parts)} (communicator {index})", _numbers(lost)
 
 
@@ -206,7 +206,7 @@ def _incomparable(entries: list[_Entry]) -> bool:
 
 def _entries(comm: RasComm, rows: list[_Row]) -> tuple[list[_Entry], tuple[str, ...]]:
     """Reachable ranks grouped by their count vector over the operation types RAS reported."""
-    present = [r for r in rows if r.state == "ok"]
+    present = [r for r in rows if r.status == "ok"]
     if comm.complete:
         groups: dict[tuple, list[_Row]] = {}
         for row in present:
@@ -222,7 +222,7 @@ def _entries(comm: RasComm, rows: list[_Row]) -> tuple[list[_Entry], tuple[str, 
         counts = dict(row.counts)
         named.setdefault(tuple(counts.get(op, usual[op]) for op in ops), []).append(row)
     entries = [_Entry(v, tuple(g), len(g)) for v, g in named.items()]
-    rest = (comm.size or 0) - sum(len(g) for g in named.values()) - sum(r.state != "ok" for r in rows)
+    rest = (comm.size or 0) - sum(len(g) for g in named.values()) - sum(r.status != "ok" for r in rows)
     majority = tuple(usual[op] for op in ops)
     if rest > 0:
         same = next((e for e in entries if e.vector == majority), None)
@@ -292,9 +292,9 @@ def _kept(rows: list[_Row], culprits: Iterable[int], local: set[int]) -> tuple[R
     """Snapshot rows: every rank of a small job; of a big one, the culprits, this node's and the troubled."""
     if len(rows) > MAX_ROWS:
         wanted = set(culprits)
-        rows = [r for r in rows if r.rank in wanted or r.pid in local or r.state != "ok"][:MAX_ROWS]
+        rows = [r for r in rows if r.rank in wanted or r.pid in local or r.status != "ok"][:MAX_ROWS]
     return tuple(RasRank(comm=r.comm, comm_rank=r.comm_rank, rank=r.rank, host=r.host, pid=r.pid, gpu=r.gpu,
-                         nvml_gpu=r.nvml_gpu, counts=tuple(OpCount(op, n) for op, n in r.counts), state=r.state,
+                         nvml_gpu=r.nvml_gpu, counts=tuple(OpCount(op, n) for op, n in r.counts), status=r.status,
                          moving=r.moving) for r in rows)
 
 

@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass
 from typing import Iterable
 
+import psutil
+
 from . import ras_report
 from .ras_report import RasReport, ReportError
 
@@ -107,6 +109,17 @@ def query(host: str, port: int, *, timeout: float = CONNECT_TIMEOUT_S, ras_timeo
     except ReportError as exc:
         return reply(raw=raw, format=fmt, note=f"NCCL RAS at {origin}: unreadable report ({exc})")
     return reply(raw=raw, format=report.format, report=report)
+
+
+def local_names() -> dict[str, str]:
+    """This node's addresses -> its host name: RAS names nodes by IP."""
+    try:
+        addresses = psutil.net_if_addrs()
+    except (OSError, psutil.Error):
+        return {}
+    name = socket.gethostname()
+    return {a.address.split("%")[0]: name for items in addresses.values() for a in items
+            if a.family in (socket.AF_INET, socket.AF_INET6) and not a.address.startswith(("127.", "::1"))}
 
 
 def ownership(report: RasReport, job_pids: Iterable[int]) -> str | None:

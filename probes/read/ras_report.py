@@ -50,7 +50,7 @@ class RasRank(NamedTuple):
     cuda_dev: int | None = None
     nvml_dev: int | None = None
     counts: tuple[tuple[str, int], ...] = ()  # (operation, collectives launched), ops RAS reported
-    state: str = "ok"  # ok, missing (reachable, not a member), unreachable, dead
+    status: str = "ok"  # ok, missing (reachable, not a member), unreachable, dead
     error: str | None = None  # an initialization or asynchronous NCCL error
 
 
@@ -149,7 +149,7 @@ def _json_missing(data: dict) -> RasRank:
     status = data.get("status") if isinstance(data.get("status"), dict) else {}
     state = "dead" if status.get("considered_dead") else "unreachable" if status.get("unresponsive") else "missing"
     return RasRank(rank=_int(data.get("rank")) or 0, host=_host(data.get("host")), pid=_pid(data.get("pid")),
-                   cuda_dev=_int(data.get("cuda_dev")), nvml_dev=_int(data.get("nvml_dev")), state=state)
+                   cuda_dev=_int(data.get("cuda_dev")), nvml_dev=_int(data.get("nvml_dev")), status=state)
 
 
 # -- text --------------------------------------------------------------------------------------
@@ -231,16 +231,16 @@ class _TextComm:
             self._rank(int(m.group(1)), m.groups()[2:], op_count=(self.op, count))
         elif m := _MEMBER.match(line):
             if self.problems[-1] == "INCOMPLETE":
-                self._rank(int(m.group(1)), m.groups()[1:], state="unreachable")
+                self._rank(int(m.group(1)), m.groups()[1:], status="unreachable")
             elif self.op and self.group:
                 self._rank(int(m.group(1)), m.groups()[1:], op_count=self.group)
         elif (m := _MISSING_LIST.match(line)) and self.problems[-1] == "INCOMPLETE":
             for number in m.group(1).split(","):
                 self.ranks.setdefault(int(number), {"state": "unreachable", "counts": {}})
 
-    def _rank(self, number: int, who: tuple, op_count: tuple[str, int] | None = None, state: str = "ok") -> None:
+    def _rank(self, number: int, who: tuple, op_count: tuple[str, int] | None = None, status: str = "ok") -> None:
         cuda, nvml, pid, host = who
-        entry = self.ranks.setdefault(number, {"state": state, "counts": {}})
+        entry = self.ranks.setdefault(number, {"state": status, "counts": {}})
         entry.update(cuda=int(cuda), nvml=int(nvml) if nvml else int(cuda), pid=int(pid), host=host)
         if op_count:
             entry["counts"][op_count[0]] = op_count[1]

@@ -40,7 +40,7 @@ def test_a_server_without_json_falls_back_to_text():
 def test_dead_and_unreachable_ranks(ext):
     first = ras_report.parse((FIXTURES / f"synthetic-dead-a.{ext}").read_text())
     second = ras_report.parse((FIXTURES / f"synthetic-dead-b.{ext}").read_text())
-    lost = lambda report: {(r.rank, r.pid, r.host, r.state) for r in report.comms[0].ranks if r.state != "ok"}  # noqa: E731
+    lost = lambda report: {(r.rank, r.pid, r.host, r.status) for r in report.comms[0].ranks if r.status != "ok"}  # noqa: E731
     assert lost(first) == {(5, 5202, "10.0.0.12", "unreachable")}
     assert lost(second) == {(5, 5202, "10.0.0.12", "dead")}
 
@@ -53,7 +53,7 @@ def test_old_text_formats_still_parse():
     assert [(r.rank, r.pid, dict(r.counts)) for r in world.ranks] == [(6, 5203, {"collective": 1208})]
     dead = ras_report.parse((FIXTURES / "synthetic-old-dead.txt").read_text())
     [five] = [r for r in dead.comms[0].ranks if r.rank == 5]
-    assert (five.state, five.pid, five.host) == ("dead", 5202, "10.0.0.12")
+    assert (five.status, five.pid, five.host) == ("dead", 5202, "10.0.0.12")
 
 
 def test_each_status_query_gets_the_next_take():
