@@ -107,3 +107,76 @@ def test_merged_view_names_nodes_and_checks_them_against_each_other():
     assert merged.kind == "dead" and merged.culprits == (5,)
     assert "NCCL RAS views differ between nodes: node11 names rank 6; node12 names rank 5" in notes
     assert any("rank 5 is dead, but node node12 sees it running" in n for n in notes), notes
+
+
+# -- the verdict -----------------------------------------------------------------------------------
+from trainwatch.probes.judge.verdict import judge  # noqa: E402
+from trainwatch.probes.snapshot import CollectiveState, Rank  # noqa: E402
+
+
+def local_ranks(state="stuck", phase="gpu_wait", op="item()", where="train.py:88 main", odd=None):
+    ranks = [Rank(rank=n, pid=4101 + n, host="node11", state=state, phase=phase, op=op, where=where,
+                  stuck_for_s=9.0 if state == "stuck" else None) for n in range(4)]
+    if odd is not None:
+        ranks[odd[0]] = Rank(rank=odd[0], pid=4101 + odd[0], host="node11", state=state, phase="collective",
+                             op=odd[1], where=odd[2], stuck_for_s=9.0)
+    return ranks
+
+
+def with_ras(name: str, ext: str = "json") -> CollectiveState:
+    return CollectiveState(source="ras", ras=two_polls(name, ext)[1])
+
+
+def test_verdict_names_the_remote_straggler_and_what_local_ranks_do():
+    verdict = judge(local_ranks(), None, with_ras("straggler"))
+    assert verdict.kind == "straggler" and verdict.culprits == (6,)
+    assert verdict.summary == ("rank 6 (10.0.0.12, pid 5203) is 1 collective behind in communicator 0 "
+                               "(all 7 others launched AllReduce #1205) (NCCL RAS); "
+                               "local ranks 0-3 wait on their GPU (item()) at train.py:88 main")
+
+
+def test_without_ras_the_same_ranks_read_as_a_hang_with_no_culprit():
+    """What trainwatch said before RAS: the reason this source exists."""
+    verdict = judge(local_ranks(), None, None)
+    assert verdict.kind == "hang" and verdict.culprits == ()
+    assert "no local culprit" in verdict.summary
+
+
+def test_a_running_job_is_not_judged_by_ras():
+    """RAS counts launches: a healthy job is one collective apart all the time."""
+    verdict = judge(local_ranks(state="running"), None, with_ras("straggler"))
+    assert verdict.kind == "healthy"
+
+
+def test_dead_remote_rank_is_a_hang_with_its_culprit():
+    verdict = judge(local_ranks(), None, with_ras("dead", "txt"))
+    assert verdict.kind == "hang" and verdict.culprits == (5,)
+    assert verdict.summary.startswith("rank 5 (10.0.0.12, pid 5202) is considered dead by NCCL RAS")
+
+
+def test_local_mismatch_keeps_the_stacks_wording():
+    ranks = local_ranks(phase="collective", op="all_reduce", where="train.py:60 step",
+                        odd=(2, "all_gather", "train.py:70 gather"))
+    stacks = judge(ranks, None, None)
+    verdict = judge(ranks, None, with_ras("mismatch"))
+    assert stacks.kind == verdict.kind == "mismatch" and verdict.culprits == (2,)
+    assert verdict.summary == stacks.summary
+
+
+def test_flight_recorder_divergence_wins_over_ras():
+    state = CollectiveState(source="hook", divergence="rank 3 never reached all_reduce #9", culprits=(3,),
+                            ras=two_polls("straggler")[1])
+    verdict = judge(local_ranks(), None, state)
+    assert verdict.kind == "mismatch" and verdict.culprits == (3,)
+    assert "Flight Recorder" in verdict.summary
+
+
+def test_snapshot_json_round_trip_and_older_producers():
+    from trainwatch.probes.snapshot import Job, Snapshot
+
+    snap = Snapshot(job=Job(launcher="torchrun", pid=1, host="node11"), collectives=with_ras("straggler"))
+    again = Snapshot.from_json(snap.to_json())
+    assert again == snap and again.collectives.ras.ranks[6].counts[-1].count == 1204
+    older = snap.to_dict()
+    del older["collectives"]["ras"]  # a producer from before RAS
+    assert Snapshot.from_dict(older).collectives.ras is None
