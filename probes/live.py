@@ -22,16 +22,17 @@ from .judge.native import PARALLEL as NATIVE_PARALLEL, NativeCache, resolve_nati
 from .judge.phases import (Classification, classify, is_stdlib, is_user, main_thread,
                                             stack_signature, where_frame)
 from .judge.progress import CompletedCollectives, ProgressTracker
+from .judge.ras import RasTracker, progress_pids
 from .judge.steps import StepReader, slow_step_warnings
 from .judge.verdict import judge
-from .read import procfs
+from .read import procfs, ras
 from .read.collective_feed import CollectiveFeed
 from .read.discover import describe_job, expected_local_ranks, find_job
 from .read.gpu import GpuProbe
 from .read.process import JobProcesses, RankProcess
 from .read.pyspy import find_pyspy
 from .read.sampler import StackSample, sample_all
-from .snapshot import (PROBLEM_VERDICTS, CollectiveState, Job, Rank, Snapshot, Verdict,
+from .snapshot import (PROBLEM_VERDICTS, CollectiveState, Job, RasState, Rank, Snapshot, Verdict,
                                         compact_ranks)
 
 FULL_REFRESH_EVERY = 5  # every few polls, dump every rank anyway (other threads, stale lines)
@@ -55,6 +56,10 @@ class LocalSource:
         self.auto_native = auto_native
         self._familiar: dict[int, frozenset[str]] = {}
         self._completed = CompletedCollectives()  # Flight Recorder progress
+        self._ras = RasTracker()  # NCCL RAS across polls
+        self._ras_seen = 0.0  # unix time of the RAS reply last judged
+        self._ras_state: RasState | None = None
+        self._ras_note: str | None = None
         self._workers: dict[tuple[int, tuple], str | None] = {}  # (pid, stack) -> stuck DataLoader worker
         self.stuck_after = stuck_after
         self._steps = StepReader(every=FULL_REFRESH_EVERY)
@@ -183,8 +188,11 @@ class LocalSource:
         alive_pids = set()
         self._exits.note_job(job)
         # Completed collectives that advanced are progress: the tracker learns it before ranks are judged.
+        if self._collective_wait:
+            self._feed.refresh()  # a second take after the window: RAS judges across two
         collectives = self._feed.wait(self._collective_wait) if self._collective_wait else self._feed.state()
         self._collectives_advanced(collectives, job, now)
+        collectives = self._with_ras(collectives, job, now, notes)
         for proc in job.ranks:
             self._seen.setdefault(proc.pid, proc)
             zombie = procfs.zombie_exit(proc.pid)
@@ -266,6 +274,31 @@ class LocalSource:
         for proc in job.ranks:
             if proc.rank in moved:
                 self.tracker.mark_progress(proc.pid, now)
+
+    def _with_ras(self, collectives: CollectiveState | None, job: JobProcesses, now: float,
+                  notes: list[str]) -> CollectiveState | None:
+        """NCCL RAS's latest reply, judged against the previous one (once per reply): counts that
+        advanced are progress for the local ranks that launched them, before ranks are judged."""
+        latest = self._feed.ras_latest()
+        if latest is not None and latest[1] > self._ras_seen:
+            reply, at = latest
+            self._ras_seen = at
+            self._ras_note, self._ras_state = None, None
+            pids = {p.pid for p in job.ranks}
+            if reply.report is None:
+                self._ras_note = f"NCCL RAS: {reply.note}" if reply.raw else None  # refused: no RAS, no note
+            elif whose := ras.ownership(reply.report, pids):
+                self._ras_note = whose
+            else:
+                self._ras_state = self._ras.observe(reply.report, at, reply.origin, local_pids=pids,
+                                                    names=ras.local_names())
+                for pid in progress_pids(self._ras_state, pids):
+                    self.tracker.mark_progress(pid, now)
+        if self._ras_note:
+            notes.append(self._ras_note)
+        if self._ras_state is None:
+            return collectives
+        return replace(collectives or CollectiveState(source="ras"), ras=self._ras_state)
 
     def _with_worker(self, rank: Rank) -> Rank:
         """A rank stuck waiting for its DataLoader: name the worker that holds it up (sampled once per stack)."""

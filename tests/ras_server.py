@@ -13,6 +13,7 @@ with the next take (the last one repeats), so two polls see a job move on or not
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -118,3 +119,19 @@ class RasServer:
                 return  # the server closes once the report is out
             else:
                 conn.sendall(f"ERROR: Unknown command {cmd}\n".encode())
+
+
+def json_report(members: list[tuple[int, str, int]], allreduce: dict[int, int], comm: str = "0x5eed") -> str:
+    """A one-communicator JSON report in NCCL's layout for live jobs whose PIDs a test only learns
+    once they run: ``members`` (rank, host, pid), each rank's AllReduce count."""
+    ranks = [{"rank": rank, "host": host, "pid": pid, "cuda_dev": rank, "nvml_dev": rank,
+              "status": {"init_state": 0, "async_error": 0, "finalize_called": False, "destroy_flag": False,
+                         "abort_flag": False},
+              "collective_counts": {"Broadcast": 1, "Reduce": 0, "AllGather": 0, "ReduceScatter": 0,
+                                    "AllReduce": allreduce[rank]}} for rank, host, pid in members]
+    return json.dumps({"nccl_version": "2.29.7", "cuda_runtime_version": 13000, "cuda_driver_version": 13000,
+                       "timestamp": "2026-11-23 14:00:00", "communicators_count": 1,
+                       "communicators": [{"hash": comm, "secondary_hash": "0x1:0x2", "size": len(members),
+                                          "ranks_count": len(members), "missing_ranks_count": 0, "ranks": ranks,
+                                          "missing_ranks": []}],
+                       "ras": {"collection_time_sec": 0.001, "timeouts_count": 0}}, indent=2) + "\n"
