@@ -12,8 +12,8 @@ repeated queries mean a stuck communicator. So:
   is stalled: ranks whose counts trail the others' are *behind* (the culprits); ranks ahead in
   one operation type and behind in another launched different collectives: a *mismatch*, the
   minority being the culprits;
-* ranks RAS cannot reach (``unreachable``) or declared ``dead`` (60 s unreachable) are culprits
-  at once.
+* ranks RAS declared ``dead`` (60 s unreachable) are culprits at once; ranks it could not reach
+  (``unreachable``) once they stay so on a second poll (a slow rank can miss one RAS timeout).
 
 Every culprit is named with its rank, node and PID from RAS itself: no other node is asked.
 """
@@ -61,6 +61,7 @@ class RasTracker:
         self._signature: dict[str, tuple] = {}  # communicator -> its counts at the last poll
         self._still_since: dict[str, float] = {}  # communicator -> first poll that saw them as now
         self._counts: dict[tuple[str, int], tuple] = {}  # (communicator, comm rank) -> its counts
+        self._unreachable: set[tuple[str, int]] = set()  # (communicator, comm rank) unreachable at the last poll
 
     def observe(self, report: RasReport, at: float, origin: str, *, local_pids: Iterable[int] = (),
                 names: Mapping[str, str] | None = None) -> RasState:
@@ -88,9 +89,10 @@ class RasTracker:
             rows += comm_rows
             if stalled:
                 still.append(at - self._still_since[comm.hash])
-            found = _lost(index, comm_rows) or (_stalled(index, comm, comm_rows) if stalled else None)
+            found = _lost(index, comm_rows, self._unreachable) or (_stalled(index, comm, comm_rows) if stalled else None)
             if found:
                 findings.append(found)
+        self._unreachable = {(r.comm, r.comm_rank) for r in rows if r.status == "unreachable"}
         kind, finding, culprits = findings[0] if findings else (None, None, ())
         return RasState(origin=origin, format=report.format, nccl_version=report.nccl_version, taken_at=at,
                         comms=tuple(c.hash for c in comms), ranks=_kept(rows, culprits, set(local_pids)),
@@ -144,9 +146,10 @@ def describe(state: RasState) -> list[str]:
 
 
 # -- findings ------------------------------------------------------------------------------------
-def _lost(index: int, rows: list[_Row]) -> tuple[str, str, list[int]] | None:
-    """Ranks RAS could not reach or declared dead: culprits from one poll."""
-    lost = [r for r in rows if r.status in ("unreachable", "dead")]
+def _lost(index: int, rows: list[_Row], before: set[tuple[str, int]]) -> tuple[str, str, list[int]] | None:
+    """Ranks RAS declared dead (60 s unreachable: from one poll), or could not reach in two polls
+    in a row (one slow answer within RAS's own timeout is not enough)."""
+    lost = [r for r in rows if r.status == "dead" or (r.status == "unreachable" and (r.comm, r.comm_rank) in before)]
     if not lost:
         return None
     kind = "dead" if any(r.status == "dead" for r in lost) else "unreachable"

@@ -30,7 +30,7 @@ from .ras_report import RasReport, ReportError
 
 DEFAULT_PORT = 28028
 CLIENT_PROTOCOL = 2
-RAS_TIMEOUT_S = 2  # asked of RAS: its wait for unresponsive peers (NCCL's default is 5 s)
+RAS_TIMEOUT_S = 5  # asked of RAS: its wait for slow peers (NCCL's own default; less reads slow ranks as lost)
 CONNECT_TIMEOUT_S = 1.0
 EXTRA_S = 3.0  # our read deadline beyond RAS's own wait
 MAX_BYTES = 64 * 1024 * 1024

@@ -45,7 +45,7 @@ def test_ras_names_the_rank_behind_and_agrees_with_the_stacks(planted):
     assert ras.culprits == (2,) and snapshot.verdict.culprits == (2,)
     assert f"rank 2 (127.0.0.1, pid {pids[2]}) is 1 collective behind in communicator 0" in ras.finding
     assert snapshot.verdict.summary.startswith("rank 2 is in sleep at train.py"), snapshot.verdict.summary  # the stacks' wording
-    assert server.commands[:4] == ["CLIENT PROTOCOL 2", "TIMEOUT 2", "SET FORMAT json", "VERBOSE STATUS"]
+    assert server.commands[:4] == ["CLIENT PROTOCOL 2", "TIMEOUT 5", "SET FORMAT json", "VERBOSE STATUS"]
 
 
 def test_counts_advancing_keep_a_healthy_job_healthy_and_another_jobs_service_is_a_note(planted):

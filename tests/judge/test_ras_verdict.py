@@ -52,14 +52,14 @@ def test_different_collectives_are_a_mismatch(ext):
 @pytest.mark.parametrize("ext", ["json", "txt"])
 def test_unreachable_then_dead(ext):
     first, second = two_polls("dead", ext)
-    assert first.kind == "unreachable" and first.culprits == (5,)  # one poll is enough: RAS saw it
-    assert "rank 5 (10.0.0.12, pid 5202) is unreachable by NCCL RAS" in first.finding
-    assert second.kind == "dead" and second.culprits == (5,)
+    assert first.kind is None  # unreachable once: a slow rank can miss one RAS timeout
+    assert second.kind == "dead" and second.culprits == (5,)  # RAS's own verdict: at once
     assert "considered dead by NCCL RAS" in second.finding
 
 
 def test_unreachable_rank_named_from_one_node():
-    _, second = two_polls("unreachable", "txt")
+    first, second = two_polls("unreachable", "txt")
+    assert first.kind is None
     assert second.kind == "unreachable" and second.culprits == (7,)
     assert second.finding.startswith("rank 7 (10.0.0.12, pid 5204) is unreachable")
 
