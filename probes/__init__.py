@@ -1,1 +1,55 @@
-"""trainwatch.probes: everything that reads the world, and the pure analysis over it. No UI here."""
+"""trainwatch's probes: the public API, all that the views (``trainwatch.tui``) import.
+
+Open a source (a local job, several nodes, a bundle), poll it for :class:`Snapshot` records,
+write evidence bundles. Names load on first use, so importing the package stays cheap (the
+in-process hook imports ``trainwatch.probes.hook`` inside the training job).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# name -> module (relative to this package) that defines it
+_EXPORTS: dict[str, str] = {
+    # errors and exit statuses
+    **dict.fromkeys(("TrainwatchError", "UsageError", "OutputError", "NotAJob", "BadBundle", "PARTIAL_EXIT"),
+                    ".errors"),
+    # the snapshot: the typed boundary and its vocabulary
+    **dict.fromkeys(("Snapshot", "SnapshotError", "Job", "Rank", "Group", "Verdict", "Frame", "ThreadStack",
+                     "ExitInfo", "RankGpu", "HostInfo", "GpuDevice", "CollectiveState", "Phase", "State",
+                     "VerdictKind", "GroupPhase", "PHASES", "STATES", "VERDICTS", "WAITING_PHASES",
+                     "HANG_VERDICTS", "PROBLEM_VERDICTS", "compact_ranks", "who"), ".snapshot"),
+    # sources
+    "Source": ".source",
+    **dict.fromkeys(("LocalSource", "open_source"), ".live"),
+    "BundleSource": ".evidence.bundle_source",
+    **dict.fromkeys(("NodeSpec", "open_nodes", "other_nodes", "detect_slurm"), ".remote.nodes"),
+    **dict.fromkeys(("Remote", "DEFAULT_PARALLEL", "DEFAULT_TIMEOUT_S"), ".remote.remote"),
+    **dict.fromkeys(("find_job_matching",), ".read.discover"),
+    "find_pyspy": ".read.pyspy",
+    # evidence
+    **dict.fromkeys(("write_evidence", "write_bundle"), ".evidence.bundle"),
+    **dict.fromkeys(("Watcher", "EXIT_CLEAN", "EXIT_PROBLEM", "EXIT_CRASH"), ".evidence.watcher"),
+    "RankLogs": ".read.ranklog",
+    # words the views share with bundles
+    "step_label": ".judge.steps",
+    "group_what": ".judge.groups",
+    # `trainwatch run`: the armed run directory
+    "rundir": ".rundir",
+    "signal_name": ".rundir",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name == "rundir":
+        value: Any = importlib.import_module(module, __name__)
+    else:
+        value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value

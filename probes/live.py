@@ -13,27 +13,24 @@ from dataclasses import replace
 import psutil
 
 from .errors import AccessDenied, ToolMissing
-from .evidence.redact import redact_argv
+from .redact import redact_argv
 from .evidence.watcher import CrashCatcher
-from .judge.exits import ExitLedger
 from .judge.gpu_warnings import gpu_phase_warnings
-from .judge.groups import group_ranks
+from .judge.judgement import JudgeMemory, JudgeOptions, judge_job
 from .judge.native import PARALLEL as NATIVE_PARALLEL, NativeCache, resolve_natively
-from .judge.phases import (Classification, classify, is_stdlib, is_user, main_thread,
-                                            stack_signature, where_frame)
-from .judge.progress import CompletedCollectives, ProgressTracker
-from .judge.ras import RasTracker, progress_pids
+from .judge.phases import Classification, classify, is_stdlib, is_user, main_thread, stack_signature, where_frame
 from .judge.steps import StepReader, slow_step_warnings
-from .judge.verdict import judge
+from .observed import ObservedJob, ObservedRank, ObservedRas, RasReport
 from .read import procfs, ras
 from .read.collective_feed import CollectiveFeed
 from .read.discover import describe_job, expected_local_ranks, find_job
+from .read.exits import ExitLedger
 from .read.gpu import GpuProbe
 from .read.process import JobProcesses, RankProcess
 from .read.pyspy import find_pyspy
 from .read.sampler import StackSample, sample_all
-from .snapshot import (PROBLEM_VERDICTS, CollectiveState, Job, RasState, Rank, Snapshot, Verdict,
-                                        compact_ranks)
+from .read.source_lines import source_line
+from .snapshot import PROBLEM_VERDICTS, Job, Rank, Snapshot, compact_ranks
 
 FULL_REFRESH_EVERY = 5  # every few polls, dump every rank anyway (other threads, stale lines)
 
@@ -51,15 +48,9 @@ class LocalSource:
         self.job = find_job(pid)
         self.window = max(0.0, window)
         self.samples = max(1, samples) if self.window > 0 else 1
-        self.tracker = ProgressTracker()
+        self.memory = JudgeMemory()  # progress, tie-break places and the last verdict, across polls
         self._native = NativeCache()
         self.auto_native = auto_native
-        self._familiar: dict[int, frozenset[str]] = {}
-        self._completed = CompletedCollectives()  # Flight Recorder progress
-        self._ras = RasTracker()  # NCCL RAS across polls
-        self._ras_seen = 0.0  # unix time of the RAS reply last judged
-        self._ras_state: RasState | None = None
-        self._ras_note: str | None = None
         self._workers: dict[tuple[int, tuple], str | None] = {}  # (pid, stack) -> stuck DataLoader worker
         self.stuck_after = stuck_after
         self._steps = StepReader(every=FULL_REFRESH_EVERY)
@@ -71,12 +62,15 @@ class LocalSource:
         self._polls = 0
         self._pyspy_missing: ToolMissing | None = None
         self._family: frozenset[int] | None = None  # the job's descendant PIDs at the last discovery
-        self._verdict: Verdict | None = None
-        self._gpu = _gpu_probe() if gpu else None
+        self._gpu = GpuProbe() if gpu else None
         self._lock = threading.Lock()
         self._catcher = _CrashThread(self.job) if catch_crashes else None
         self._collective_wait = collective_wait
         self._feed = CollectiveFeed(lambda: self.job)  # fetches while the first window is sampled
+        self._ras_at = 0.0  # unix time of the NCCL RAS reply last read
+        self._ras_report: RasReport | None = None
+        self._ras_names: tuple[tuple[str, str], ...] = ()
+        self._ras_note: str | None = None
 
     def close(self) -> None:
         self._feed.close()
@@ -94,7 +88,7 @@ class LocalSource:
                 yield
             finally:
                 for proc in self.job.ranks:
-                    self.tracker.rebaseline(proc.pid, procfs.thread_counters(proc.pid))
+                    self.memory.progress.rebaseline(proc.pid, procfs.thread_counters(proc.pid))
 
     # -- polling ---------------------------------------------------------------------------
     def poll(self, native_for: frozenset[int] = frozenset()) -> Snapshot:
@@ -162,37 +156,38 @@ class LocalSource:
                 continue
             native = proc.rank in native_for
             counters = procfs.thread_counters(proc.pid)
-            skip = self._polls % FULL_REFRESH_EVERY and not self.tracker.needs_dump(proc.pid, counters)
+            skip = self._polls % FULL_REFRESH_EVERY and not self.memory.progress.needs_dump(proc.pid, counters)
             requests.append((proc.pid, native, self._stacks.get(proc.pid), bool(skip), counters))
         samples = sample_all(requests, locals_for=self._steps_due(requests))
         now = time.time()
         self._read_steps(samples, now)
-        classified = {pid: classify(sample.threads) for pid, sample in samples.items() if sample.threads is not None}
+        classified = {pid: classify(sample.threads, source_line) for pid, sample in samples.items()
+                      if sample.threads is not None}
         take = lambda pids: sample_all([(pid, True, None, False, None) for pid in pids],  # noqa: E731
                                        parallel=NATIVE_PARALLEL)
         if self.auto_native and resolve:
-            samples, classified = resolve_natively(samples, classified, self._native, self.tracker, now, take)
+            samples, classified = resolve_natively(samples, classified, self._native, self.memory.progress, now, take,
+                                                           source_line)
         for pid, cls in classified.items():
             sample = samples[pid]
             self._stacks[pid] = sample.threads
             self._class[pid] = cls
-            self.tracker.observe(pid, stack_signature(main_thread(sample.threads)), cls.phase, sample.before,
+            self.memory.progress.observe(pid, stack_signature(main_thread(sample.threads)), cls.phase, sample.before,
                                  sample.after, now, dumped=not sample.reused)
         return samples
 
     # -- building the snapshot -----------------------------------------------------------------
     def _build(self, job: JobProcesses, samples: dict[int, StackSample], notes: list[str]) -> Snapshot:
+        """This poll's evidence, judged by ``judge_job``, as a snapshot."""
         now = time.time()
         warnings: list[str] = []
-        ranks: list[Rank] = []
+        evidence: list[ObservedRank] = []
         alive_pids = set()
         self._exits.note_job(job)
-        # Completed collectives that advanced are progress: the tracker learns it before ranks are judged.
         if self._collective_wait:
             self._feed.refresh()  # a second take after the window: RAS judges across two
         collectives = self._feed.wait(self._collective_wait) if self._collective_wait else self._feed.state()
-        self._collectives_advanced(collectives, job, now)
-        collectives = self._with_ras(collectives, job, now, notes)
+        ras_seen = self._ras_evidence(job, notes)
         for proc in job.ranks:
             self._seen.setdefault(proc.pid, proc)
             zombie = procfs.zombie_exit(proc.pid)
@@ -201,37 +196,33 @@ class LocalSource:
                 self._record_exit(proc.pid, zombie, now)
                 continue
             alive_pids.add(proc.pid)
-            ranks.append(self._live_rank(proc, sample, now, notes))
+            evidence.append(self._rank_evidence(proc, sample, now, notes))
         for pid, proc in self._seen.items():  # ranks seen before and gone now
             if pid not in alive_pids:
                 self._record_exit(pid, procfs.zombie_exit(pid), now)
-        ranks = self._merge_exits(ranks, job, now)
-        ranks += self._missing(job, ranks)
-        gpu_host, ranks = self._add_gpu(job, ranks, warnings, notes)
-        self._restarts(ranks, notes)
-        for rank in ranks:  # where each rank goes while it makes progress: breaks ties between waiting ranks
-            if rank.state == "running" and rank.where and rank.rank is not None:
-                self._familiar[rank.rank] = self._familiar.get(rank.rank, frozenset()) | {rank.where}
-        ranks = [self._with_worker(rank) for rank in ranks]
+        evidence = self._merge_exits(evidence, job, now)
+        evidence += self._missing(job, evidence)
+        gpu_host, evidence = self._add_gpu(job, evidence, warnings, notes)
+        self._restarts(evidence, notes)
+        unsampled = self._pyspy_missing.message if self._pyspy_missing is not None else None
+        judged = judge_job(ObservedJob(_job_record(job), tuple(evidence), collectives, unsampled, ras_seen),
+                           self.memory, now, JudgeOptions(window=self.window, stuck_after=self.stuck_after))
+        ranks = [self._with_worker(rank) for rank in judged.ranks]
         if not self._collective_wait:  # the next fetch, knowing whether a stuck episode (pipe dumps) is on
             self._feed.refresh(stuck=any(r.state == "stuck" for r in ranks))
-        verdict = judge(ranks, job, collectives, familiar=self._familiar, now=now)
         if self._pyspy_missing is not None:
             warnings.append(str(self._pyspy_missing))
-        if verdict.kind in ("healthy", "unknown"):
-            verdict = _unjudged(verdict, ranks, self._pyspy_missing)
-        verdict = self._with_since(verdict, now)
         warnings += _launch_warnings(job)
         if self._gpu is not None:
-            warnings += list(self._gpu_phase_warnings(ranks))
+            warnings += list(gpu_phase_warnings(ranks))
         warnings += slow_step_warnings(ranks, self._steps.clock, self.window)
         return Snapshot(
             job=_job_record(job),
             ranks=tuple(ranks),
-            groups=group_ranks(ranks, verdict.culprits),
-            verdict=verdict,
+            groups=judged.groups,
+            verdict=judged.verdict,
             hosts=(gpu_host,) if gpu_host else (),
-            collectives=collectives,
+            collectives=judged.collectives,
             warnings=tuple(dict.fromkeys(warnings)),
             notes=tuple(dict.fromkeys(notes)),
             taken_at=now,
@@ -239,66 +230,47 @@ class LocalSource:
             source="live",
         )
 
-    def _live_rank(self, proc: RankProcess, sample: StackSample | None, now: float, notes: list[str]) -> Rank:
+    def _ras_evidence(self, job: JobProcesses, notes: list[str]) -> ObservedRas | None:
+        """NCCL RAS's latest reply as evidence: this job's report, or (another job's, unreadable)
+        none, with a note that lasts until the next reply. A refused connection (no RAS) says nothing."""
+        latest = self._feed.ras_latest()
+        if latest is None:
+            return None
+        reply, at = latest
+        if at > self._ras_at:
+            self._ras_at = at
+            pids = {p.pid for p in job.ranks}
+            whose = ras.ownership(reply.report, pids) if reply.report is not None else None
+            self._ras_note = whose or (f"NCCL RAS: {reply.note}" if reply.raw and reply.note else None)
+            self._ras_names = tuple(ras.local_names().items()) if reply.report is not None else ()
+            self._ras_report = reply.report if whose is None else None
+        if self._ras_note:
+            notes.append(self._ras_note)
+        return ObservedRas(reply.origin, at, self._ras_report, self._ras_names)
+
+    def _rank_evidence(self, proc: RankProcess, sample: StackSample | None, now: float,
+                       notes: list[str]) -> ObservedRank:
         threads = self._stacks.get(proc.pid, ())
         cls = self._class.get(proc.pid)
-        state = "unknown"
-        idle = self.tracker.idle_for(proc.pid, now)
-        step, period = self._steps.fields(proc.pid)
-        if sample is not None and sample.error is not None:
+        failed = sample is not None and sample.error is not None
+        if failed:
             notes.append(f"rank {proc.rank}: {sample.error.message}")
             if isinstance(sample.error, (AccessDenied, ToolMissing)) and sample.error.remedy:
                 notes.append(f"  hint: {sample.error.remedy}")
-        elif idle is not None and self.window > 0 and self.tracker.observed_for(proc.pid, now) >= self.window * 0.95:
-            threshold = self.stuck_after or self.tracker.threshold(proc.pid, self.window, period)
-            state = "stuck" if idle >= threshold * 0.95 else "running"
+        step, period = self._steps.fields(proc.pid)
         cpu, rss = self._usage(proc.pid, now)
-        return Rank(
+        return ObservedRank(
             rank=proc.rank, pid=proc.pid, host=socket.gethostname(), local_rank=proc.local_rank,
-            state=state,
             phase=cls.phase if cls else "unknown",
             op=cls.op if cls else None,
             where=cls.where if cls else None,
             user_frame=cls.user_frame if cls else None,
-            stuck_for_s=round(idle, 1) if state == "stuck" and idle is not None else None,
+            sampled=not failed,
             cpu_pct=cpu, rss_bytes=rss, threads=threads,
             children=proc.children, log_path=proc.log_path,
             detail=cls.detail if cls else None, step=step, step_period_s=period,
             native=bool(threads) and any(f.native for t in threads[:1] for f in t.frames),
         )
-
-    def _collectives_advanced(self, state: CollectiveState | None, job: JobProcesses, now: float) -> None:
-        """Completed collectives that advanced since the last poll are progress, whatever the stacks
-        showed (a rank may sit at the same sync point every time it is sampled)."""
-        moved = self._completed.advanced(state)
-        for proc in job.ranks:
-            if proc.rank in moved:
-                self.tracker.mark_progress(proc.pid, now)
-
-    def _with_ras(self, collectives: CollectiveState | None, job: JobProcesses, now: float,
-                  notes: list[str]) -> CollectiveState | None:
-        """NCCL RAS's latest reply, judged against the previous one (once per reply): counts that
-        advanced are progress for the local ranks that launched them, before ranks are judged."""
-        latest = self._feed.ras_latest()
-        if latest is not None and latest[1] > self._ras_seen:
-            reply, at = latest
-            self._ras_seen = at
-            self._ras_note, self._ras_state = None, None
-            pids = {p.pid for p in job.ranks}
-            if reply.report is None:
-                self._ras_note = f"NCCL RAS: {reply.note}" if reply.raw else None  # refused: no RAS, no note
-            elif whose := ras.ownership(reply.report, pids):
-                self._ras_note = whose
-            else:
-                self._ras_state = self._ras.observe(reply.report, at, reply.origin, local_pids=pids,
-                                                    names=ras.local_names())
-                for pid in progress_pids(self._ras_state, pids):
-                    self.tracker.mark_progress(pid, now)
-        if self._ras_note:
-            notes.append(self._ras_note)
-        if self._ras_state is None:
-            return collectives
-        return replace(collectives or CollectiveState(source="ras"), ras=self._ras_state)
 
     def _with_worker(self, rank: Rank) -> Rank:
         """A rank stuck waiting for its DataLoader: name the worker that holds it up (sampled once per stack)."""
@@ -316,7 +288,8 @@ class LocalSource:
         every round of the first window and of the full refreshes (every rank is dumped then
         anyway), every poll while the verdict is a problem; see StepReader.due."""
         self._steps.next_round()
-        problem = self._verdict is not None and self._verdict.kind in PROBLEM_VERDICTS
+        last = self.memory.verdict
+        problem = last is not None and last.kind in PROBLEM_VERDICTS
         force, now = self._polls % FULL_REFRESH_EVERY == 0 or problem, time.time()
         return frozenset(pid for pid, native, _prev, _skip, counters in requests
                          if not native and self._steps.due(pid, counters, now, force=force))
@@ -343,33 +316,25 @@ class LocalSource:
     def _record_exit(self, pid: int, zombie: tuple[int | None, str | None] | None, now: float) -> None:
         self._exits.record(self._seen[pid], zombie, now)
 
-    def _merge_exits(self, ranks: list[Rank], job: JobProcesses, now: float) -> list[Rank]:
+    def _merge_exits(self, ranks: list[ObservedRank], job: JobProcesses, now: float) -> list[ObservedRank]:
         """Live ranks (a lingering one that raised carries its exception) and exited ones (with their last step)."""
         merged = self._exits.ranks(ranks, job, self._seen, self._class, self._stacks, now)
-        return [replace(r, step=self._steps.clock.step(r.pid)) if r.state == "exited" and r.step is None and r.pid
+        return [replace(r, step=self._steps.clock.step(r.pid)) if r.seen == "exited" and r.step is None and r.pid
                 else r for r in merged]
 
-    def _missing(self, job: JobProcesses, ranks: list[Rank]) -> list[Rank]:
+    def _missing(self, job: JobProcesses, ranks: list[ObservedRank]) -> list[ObservedRank]:
         present = {r.rank for r in ranks}
-        return [Rank(rank=g, host=socket.gethostname(), local_rank=local, state="missing", phase="unknown")
+        return [ObservedRank(rank=g, host=socket.gethostname(), local_rank=local, seen="missing")
                 for local, g in sorted(expected_local_ranks(job).items()) if g not in present]
 
-    def _restarts(self, ranks: list[Rank], notes: list[str]) -> None:
+    def _restarts(self, ranks: list[ObservedRank], notes: list[str]) -> None:
         for rank in ranks:
-            if rank.state == "exited":
+            if rank.seen == "exited":
                 continue
             old = [p for p, proc in self._seen.items() if proc.rank == rank.rank and p != rank.pid]
             notes.extend(f"rank {rank.rank} restarted: PID {pid} -> {rank.pid}" for pid in old)
 
-    def _with_since(self, verdict: Verdict, now: float) -> Verdict:
-        if self._verdict is not None and self._verdict.kind == verdict.kind:
-            verdict = replace(verdict, since=self._verdict.since)
-        else:
-            verdict = replace(verdict, since=now)
-        self._verdict = verdict
-        return verdict
-
-    def _add_gpu(self, job: JobProcesses, ranks: list[Rank], warnings: list[str], notes: list[str]):
+    def _add_gpu(self, job: JobProcesses, ranks: list[ObservedRank], warnings: list[str], notes: list[str]):
         if self._gpu is None:
             return None, ranks
         try:
@@ -381,9 +346,6 @@ class LocalSource:
         notes += list(reading.notes)
         ranks = [replace(r, gpu=reading.per_pid.get(r.pid)) if r.pid in reading.per_pid else r for r in ranks]
         return reading.host, ranks
-
-    def _gpu_phase_warnings(self, ranks: list[Rank]) -> tuple[str, ...]:
-        return gpu_phase_warnings(ranks)
 
 
 class _CrashThread:
@@ -426,20 +388,6 @@ def busy_worker(children: tuple[int, ...]) -> str | None:
         if frame is not None and not is_stdlib(frame) and "torch/utils/data/" not in frame.file:
             return f"DataLoader worker PID {pid} is in {frame.label()}"
     return None
-
-
-def _unjudged(verdict: Verdict, ranks: list[Rank], pyspy_missing: ToolMissing | None) -> Verdict:
-    """Say why progress was not judged instead of calling unsampled ranks healthy."""
-    if pyspy_missing is not None:
-        return Verdict("unknown", (), f"no stacks: {pyspy_missing.message}")
-    live = [r for r in ranks if r.state not in ("exited", "missing")]
-    if live and all(r.state == "unknown" for r in live):
-        return Verdict("unknown", (), "progress not judged (single sample): the groups show where ranks are")
-    return verdict
-
-
-def _gpu_probe() -> GpuProbe:
-    return GpuProbe()
 
 
 def _launch_warnings(job: JobProcesses) -> list[str]:

@@ -100,8 +100,18 @@ def armed_env(run_dir: Path, base: dict[str, str]) -> tuple[dict[str, str], dict
     return env, added
 
 
+def signal_name(number: int) -> str:
+    """``SIGSEGV``; real-time signals as ``SIGRTMIN+3`` (Python has no names for them)."""
+    rtmin = int(signal.SIGRTMIN)
+    if rtmin < number <= int(signal.SIGRTMAX):
+        return f"SIGRTMIN+{number - rtmin}"
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 def write_run_json(run_dir: Path, command: list[str], added: dict[str, str], pid: int | None) -> dict:
-    from .read import procfs  # here, not at the top: the hook loads this file on its own
     record = {
         "command": list(command),
         "started_at": time.time(),
@@ -109,7 +119,7 @@ def write_run_json(run_dir: Path, command: list[str], added: dict[str, str], pid
         "trainwatch_pid": os.getpid(),
         "pid": pid,
         "python": sys.executable,
-        "faulthandler": {"signal": FAULTHANDLER_SIGNAL, "signal_name": procfs.signal_name(FAULTHANDLER_SIGNAL),
+        "faulthandler": {"signal": FAULTHANDLER_SIGNAL, "signal_name": signal_name(FAULTHANDLER_SIGNAL),
                          "fatal": ["SIGSEGV", "SIGFPE", "SIGABRT", "SIGBUS", "SIGILL"]},
         "armed_env": added,
         "hook_dir": str(HOOK_DIR),

@@ -22,16 +22,23 @@ SCHEMA_VERSION = 1
 Phase = Literal["collective", "gpu_wait", "dataloader", "init", "checkpoint", "lock", "sleep", "compute", "exiting",
                 "unknown"]
 State = Literal["running", "stuck", "exited", "missing", "unknown"]
+# A group is ranks in one place: a phase, or (ranks no longer running) how they ended.
+GroupPhase = Literal[Phase, "missing", "exited"]
 VerdictKind = Literal["healthy", "straggler", "mismatch", "hang", "rendezvous", "crashed", "unknown"]
 PHASES: tuple[Phase, ...] = typing.get_args(Phase)
 STATES: tuple[State, ...] = typing.get_args(State)
+GROUP_PHASES: tuple[GroupPhase, ...] = tuple(dict.fromkeys(typing.get_args(GroupPhase)))
 VERDICTS: tuple[VerdictKind, ...] = typing.get_args(VerdictKind)
 # A rank in one of these waits for something else: CPU it burns there is never progress.
 WAITING_PHASES: frozenset[Phase] = frozenset({"collective", "gpu_wait", "dataloader", "init", "lock", "sleep",
                                                 "exiting"})
 # Verdicts that `watch` dumps evidence for once they persist; with "crashed", the problems.
 HANG_VERDICTS: frozenset[VerdictKind] = frozenset({"hang", "straggler", "mismatch", "rendezvous"})
-PROBLEM_VERDICTS: frozenset[VerdictKind] = HANG_VERDICTS | {"crashed"}
+CRASH_VERDICTS: frozenset[VerdictKind] = frozenset({"crashed"})
+PROBLEM_VERDICTS: frozenset[VerdictKind] = HANG_VERDICTS | CRASH_VERDICTS
+HEALTHY_VERDICTS: frozenset[VerdictKind] = frozenset({"healthy"})
+# Verdicts that say nothing is wrong, or nothing could be judged: never a reason to act.
+UNJUDGED_VERDICTS: frozenset[VerdictKind] = HEALTHY_VERDICTS | {"unknown"}
 
 
 @dataclass(frozen=True)
@@ -152,7 +159,7 @@ class Rank:
 @dataclass(frozen=True)
 class Group:
     ranks: tuple[int, ...]
-    phase: Phase
+    phase: GroupPhase
     op: str | None = None
     where: str | None = None
     label: str = ""  # compact rank list, "0-6,8"
@@ -374,3 +381,12 @@ def compact_ranks(ranks: typing.Iterable[int]) -> str:
         parts.append(str(items[i]) if i == j else f"{items[i]}-{items[j]}")
         i = j + 1
     return ",".join(parts)
+
+
+def age_text(seconds: float) -> str:
+    """``27 s``, ``4 min``, ``2.5 h``."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

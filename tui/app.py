@@ -25,10 +25,9 @@ from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Input
 from textual.worker import get_current_worker
 
-from ..probes.errors import TrainwatchError
-from ..probes.read.ranklog import RankLogs
-from ..probes.snapshot import PROBLEM_VERDICTS, Rank, Snapshot, compact_ranks
-from ..probes.source import Source, write_evidence
+from ..probes import (
+    PROBLEM_VERDICTS, Rank, RankLogs, Snapshot, Source, TrainwatchError, compact_ranks, write_evidence,
+)
 
 from .widgets import format as fmt
 from .widgets.alerts import AlertBar

@@ -7,7 +7,7 @@ import errno
 import importlib
 import sys
 
-from ..probes.errors import TrainwatchError
+from ..probes import TrainwatchError
 from .commands import COMMANDS
 
 

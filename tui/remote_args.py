@@ -8,19 +8,11 @@ was named, else a :class:`MultiNodeSource` over this node and the others.
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
-import shutil
-import socket
-import subprocess
 from typing import Any
 
-from ..probes.errors import PARTIAL_EXIT, TrainwatchError
-from ..probes.remote.hostlist import parse_hosts, read_hostfile, slurm_hostnames, slurm_job_nodelist, unique
-from ..probes.remote.multinode import MultiNodeSource
-from ..probes.remote.remote import (
-    DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, KubeRemote, Remote, SlurmRemote, SshRemote,
-    kubectl_get_pods_argv, match_args, parse_pods,
+from ..probes import (
+    DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, PARTIAL_EXIT, NodeSpec, Remote, detect_slurm, open_nodes, other_nodes
 )
 
 __all__ = ["PARTIAL_EXIT", "add_remote_arguments", "wants_remote", "remotes_from_args", "wrap_source",
@@ -51,8 +43,7 @@ def add_remote_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def wants_remote(args: argparse.Namespace) -> bool:
-    return bool(getattr(args, "hosts", None) or getattr(args, "hostfile", None)
-                or getattr(args, "slurm", None) or getattr(args, "k8s", None))
+    return node_spec(args).named
 
 
 def ssh_options(values: list[str]) -> tuple[str, ...]:
@@ -63,102 +54,28 @@ def ssh_options(values: list[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _this_node() -> set[str]:
-    name = socket.gethostname()
-    names = {name, name.split(".")[0], "localhost"}
-    try:
-        names.add(socket.getfqdn())
-    except OSError:
-        pass
-    return names
-
-
-def detect_slurm(job: Any) -> str | None:
-    """SLURM_JOB_ID from the ranks' environment (JobProcesses), if the job runs under SLURM."""
-    for rank in getattr(job, "ranks", ()) or ():
-        job_id = (getattr(rank, "env", None) or {}).get("SLURM_JOB_ID")
-        if job_id:
-            return job_id
-    return None
-
-
-def _slurm_remotes(args: argparse.Namespace, job: Any) -> list[Remote]:
-    job_id = detect_slurm(job) if args.slurm == "auto" else args.slurm
-    if not job_id:
-        raise TrainwatchError("--slurm auto: the job's ranks have no SLURM_JOB_ID", remedy="pass --slurm JOBID")
-    if not shutil.which("srun"):
-        raise TrainwatchError("--slurm needs srun, which is not installed here",
-                              remedy="run trainwatch on a node of the SLURM cluster, or use --hosts (ssh)")
-    local = _this_node()
-    nodes = slurm_hostnames(slurm_job_nodelist(job_id, timeout=args.remote_timeout))
-    return [SlurmRemote(name=n, job_id=job_id) for n in nodes if n not in local]
-
-
-def list_pods(selector: str, namespace: str | None, timeout: float) -> list[str]:
-    """Running pods matching ``selector`` (kubectl get pods -o json)."""
-    try:
-        done = subprocess.run(kubectl_get_pods_argv(selector, namespace), capture_output=True, text=True,
-                              timeout=timeout, check=False)
-    except FileNotFoundError as exc:
-        raise TrainwatchError("--k8s needs kubectl, which is not installed here") from exc
-    except subprocess.TimeoutExpired as exc:
-        raise TrainwatchError(f"kubectl get pods did not answer in {timeout:g}s") from exc
-    if done.returncode != 0:
-        raise TrainwatchError(f"kubectl get pods -l {selector}: {done.stderr.strip() or 'failed'}")
-    try:
-        pods = parse_pods(done.stdout)
-    except ValueError as exc:
-        raise TrainwatchError(str(exc)) from exc
-    return [p.name for p in pods if p.phase == "Running"]
-
-
-def _k8s_remotes(args: argparse.Namespace) -> list[Remote]:
-    pods = list_pods(args.k8s, args.k8s_namespace, args.remote_timeout)
-    if not pods:
-        raise TrainwatchError(f"no running pod matches -l {args.k8s}")
-    me = os.environ.get("HOSTNAME") or socket.gethostname()  # a pod's hostname is its name
-    return [KubeRemote(name=p, namespace=args.k8s_namespace, container=args.k8s_container)
-            for p in pods if p != me]
+def node_spec(args: argparse.Namespace) -> NodeSpec:
+    """The other nodes named by the options of :func:`add_remote_arguments`."""
+    return NodeSpec(hosts=tuple(getattr(args, "hosts", None) or ()), hostfile=getattr(args, "hostfile", None),
+                    slurm=getattr(args, "slurm", None), k8s=getattr(args, "k8s", None),
+                    k8s_namespace=getattr(args, "k8s_namespace", None),
+                    k8s_container=getattr(args, "k8s_container", None),
+                    ssh_options=ssh_options(getattr(args, "ssh_option", None) or []),
+                    timeout=getattr(args, "remote_timeout", DEFAULT_TIMEOUT_S),
+                    parallel=getattr(args, "remote_parallel", DEFAULT_PARALLEL),
+                    trainwatch=getattr(args, "remote_trainwatch", "trainwatch"))
 
 
 def remotes_from_args(args: argparse.Namespace, job: Any) -> list[Remote]:
     """The other nodes named on the command line, without this node."""
-    remotes: list[Remote] = []
-    hosts = parse_hosts(args.hosts or [])
-    if args.hostfile:
-        hosts = unique([*hosts, *read_hostfile(args.hostfile)])
-    local = _this_node()
-    options = ssh_options(args.ssh_option or [])
-    remotes += [SshRemote(name=h, options=options, connect_timeout=max(1, int(min(args.remote_timeout, 10))))
-                for h in hosts if h not in local]
-    if args.slurm:
-        remotes += _slurm_remotes(args, job)
-    if args.k8s:
-        remotes += _k8s_remotes(args)
-    return remotes
+    return other_nodes(node_spec(args), job)
 
 
 def wrap_source(args: argparse.Namespace, local_source: Any, job: Any, *, wait_s: float | None = None,
                 window: float | None = None) -> Any:
-    """``local_source`` alone, or a MultiNodeSource over this node and the nodes named in ``args``.
-
-    ``job`` is the local JobProcesses (or Job). ``wait_s``: how long one poll waits for slow
-    nodes (live views pass their refresh interval; one-shot commands leave it at the timeout).
-    Each node samples over ``window`` (default: ``args.window``) with ``args.samples`` samples.
-    """
-    if not wants_remote(args):
-        return local_source
-    remotes = remotes_from_args(args, job)
-    if not remotes:
-        return local_source
-    try:
-        match = match_args(job)
-    except ValueError as exc:
-        raise TrainwatchError(str(exc), remedy="other nodes find the job by MASTER_ADDR:MASTER_PORT") from exc
+    """``local_source`` alone, or a source over this node and the nodes named in ``args``
+    (see ``open_nodes``). Each node samples over ``window`` (default: ``args.window``)."""
     if window is None:
         window = getattr(args, "window", None)
-    samples = getattr(args, "samples", None)
-    return MultiNodeSource(local_source, remotes, match=match, trainwatch=args.remote_trainwatch,
-                           timeout=args.remote_timeout, wait_s=wait_s, parallel=args.remote_parallel,
-                           window=window, world_size=getattr(job, "world_size", None),
-                           extra_args=["--samples", str(samples)] if samples is not None else [])
+    return open_nodes(local_source, node_spec(args), job, wait_s=wait_s, window=window,
+                      samples=getattr(args, "samples", None))

@@ -6,8 +6,7 @@ from rich.console import Group as RichGroup
 from rich.table import Table
 from rich.text import Text
 
-from ..probes.judge.steps import step_label
-from ..probes.snapshot import Rank, Snapshot
+from ..probes import Rank, Snapshot, step_label
 from .widgets import format as fmt
 from .widgets.lines import group_line, phase_text, state_text, verdict_line
 

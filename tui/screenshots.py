@@ -28,7 +28,7 @@ SIZE = (120, 40)
 
 async def capture(job: DemoJob, verdict: str, out: Path, timeout: float = 60.0) -> str:
     """Attach to the job headless, wait for ``verdict`` (the view selects the culprit), save the SVG."""
-    from ..probes.live import open_source
+    from ..probes import open_source
 
     source = open_source(job.proc.pid, window=2.0)
     app = TrainwatchApp(source, interval=2.0, title=f"trainwatch: {out.stem}")

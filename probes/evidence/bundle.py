@@ -26,20 +26,21 @@ import tarfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from ..errors import OutputError, TrainwatchError
 from .bundle_rank import RankEvidence, RankPlan, bounded, collect_rank
-from .redact import Redactor
+from ..redact import Redactor
 from .summary import render
-from ..judge import flightrec
-from ..judge.groups import group_ranks
-from ..judge.ras import RasTracker
-from ..judge.verdict import judge
+from ..read import flightrec
+from ..judge.judgement import JudgeMemory, judge_job
 from ..read import hookclient, nccl_state, ras
 from ..read.discover import find_job
-from ..snapshot import CollectiveState, RasState, Snapshot
+from ..observed import ObservedRas, observed_snapshot
+from ..snapshot import UNJUDGED_VERDICTS, CollectiveState, Snapshot
+from ..source import Source
 
 BUNDLE_FORMAT = "trainwatch-bundle"
 BUNDLE_VERSION = 1
@@ -149,10 +150,11 @@ def _host_files(snapshot: Snapshot) -> tuple[dict[str, str], list[str]]:
     return files, notes
 
 
-def _ras(evidence: list[RankEvidence]) -> tuple[dict[str, str], list[str], list[str], RasState | None]:
+def _ras(evidence: list[RankEvidence]) -> tuple[dict[str, str], list[str], list[str], ObservedRas | None]:
     """NCCL RAS once per address the ranks name (default localhost:28028): the text report a person
-    reads (host/ras.txt), the JSON one where the service has it (host/ras.json), and their state."""
-    files, notes, worked, state = {}, [], [], None
+    reads (host/ras.txt), the JSON one where the service has it (host/ras.json), and this job's
+    report as evidence for the judge."""
+    files, notes, worked, seen = {}, [], [], None
     envs = [ev.env or {} for ev in evidence]
     if envs and all(ras.disabled(env) for env in envs):
         return files, ["NCCL RAS: off in this job (NCCL_RAS_ENABLE=0)"], worked, None
@@ -166,6 +168,7 @@ def _ras(evidence: list[RankEvidence]) -> tuple[dict[str, str], list[str], list[
         files["host/ras.txt"] = text.raw.decode(errors="replace")
         files["host/ras-summary.txt"] = "\n".join(nccl_state.summarize_ras(files["host/ras.txt"])) + "\n"
         worked.append(f"{host}:{port}")
+        at = time.time()
         reply = ras.query(host, port, want_json=True)
         if reply.format == "json" and reply.raw:
             files["host/ras.json"] = reply.raw.decode(errors="replace")
@@ -173,35 +176,38 @@ def _ras(evidence: list[RankEvidence]) -> tuple[dict[str, str], list[str], list[
         whose = ras.ownership(report, pids) if report is not None else None
         if whose:
             notes.append(whose)
-        elif report is not None and state is None:
-            state = RasTracker().observe(report, time.time(), reply.origin, local_pids=pids)
+        elif report is not None and seen is None:
+            seen = ObservedRas(reply.origin, at, report, tuple(ras.local_names().items()))
         notes += [f"NCCL RAS: {r.note}" for r in (text, reply) if r.note]
-    return files, notes, worked, state
+    return files, notes, worked, seen
 
 
 def _with_collectives(snapshot: Snapshot, evidence: list[RankEvidence], redactor: Redactor,
-                      extra_notes: list[str], ras_state: RasState | None = None) -> Snapshot:
+                      extra_notes: list[str], ras_seen: ObservedRas | None = None) -> Snapshot:
     traces = {ev.rank: ev.trace for ev in evidence if ev.rank is not None and ev.trace is not None}
     sources = sorted({ev.trace_source for ev in evidence if ev.trace is not None and ev.trace_source})
     state = flightrec.analyze(traces, source="+".join(sources) or "flight-recorder") if traces else None
-    # RAS: the live view's state (judged across its polls) over the bundle's single look.
-    ras_state = (snapshot.collectives.ras if snapshot.collectives else None) or ras_state
-    if ras_state is not None:
-        base = state or snapshot.collectives or CollectiveState(source="ras")
-        state = dataclasses.replace(base, ras=ras_state)
+    if state is not None and snapshot.collectives is not None and snapshot.collectives.ras is not None:
+        state = dataclasses.replace(state, ras=snapshot.collectives.ras)  # judged across the live view's polls
+    if snapshot.collectives is not None and snapshot.collectives.ras is not None:
+        ras_seen = None  # the live view's RAS state beats the bundle's single look
     job = dataclasses.replace(snapshot.job, cmdline=redactor.cmdline(snapshot.job.cmdline))
     notes = tuple(dict.fromkeys([*snapshot.notes, *extra_notes]))
-    return _rejudged(dataclasses.replace(snapshot, job=job, collectives=state or snapshot.collectives, notes=notes))
+    taken = dataclasses.replace(snapshot, job=job, notes=notes)
+    if (state is None or state == snapshot.collectives) and ras_seen is None:
+        return taken
+    return rejudged(taken, state or snapshot.collectives, ras_seen)
 
 
-def _rejudged(snapshot: Snapshot) -> Snapshot:
-    """Verdict and groups judged again with the bundle's own collective state, so the summary's
-    verdict and its Collective state section tell one story."""
-    verdict = judge(snapshot.ranks, snapshot.job, snapshot.collectives)
-    same = (verdict.kind, verdict.culprits) == (snapshot.verdict.kind, snapshot.verdict.culprits)
-    if same or verdict.kind in ("healthy", "unknown"):
-        return snapshot  # nothing new from the collectives: keep the sampled verdict and its wording
-    return dataclasses.replace(snapshot, verdict=verdict, groups=group_ranks(snapshot.ranks, verdict.culprits))
+def rejudged(snapshot: Snapshot, collectives: CollectiveState | None, ras_seen: ObservedRas | None = None) -> Snapshot:
+    """The snapshot with the bundle's own collective state (and NCCL RAS reply), judged again by
+    the one judge, so the summary's verdict and its Collective state section tell one story. A
+    verdict that finds nothing (healthy, unknown) does not replace the sampled one."""
+    judged = judge_job(dataclasses.replace(observed_snapshot(snapshot), collectives=collectives, ras=ras_seen),
+                       JudgeMemory.after(snapshot), snapshot.taken_at)
+    if judged.verdict.kind in UNJUDGED_VERDICTS:
+        return dataclasses.replace(snapshot, collectives=judged.collectives)
+    return dataclasses.replace(snapshot, collectives=judged.collectives, verdict=judged.verdict, groups=judged.groups)
 
 
 def _manifest(source_pid: int, reason: str | None, redacted: bool, evidence: list[RankEvidence],
@@ -217,6 +223,13 @@ def _env_text(env: dict[str, str] | None, redactor: Redactor) -> str:
     if env is None:
         return "environment unreadable\n"
     return "".join(f"{k}={v}\n" for k, v in redactor.env(env).items())
+
+
+def write_evidence(source: Source, snapshot: Snapshot, out_dir: Path, **options: Any) -> Path:
+    """Write an evidence bundle about ``snapshot``'s job into ``out_dir`` while ``source`` holds
+    its judgement; returns the bundle's path (``write_bundle`` names it)."""
+    with source.paused_judgement():
+        return write_bundle(snapshot.job.pid, snapshot, out_dir, **options)
 
 
 def write_bundle(source_pid: int, snapshot: Snapshot, out_dir: Path, *, tar: bool = False,
@@ -257,7 +270,7 @@ def write_bundle(source_pid: int, snapshot: Snapshot, out_dir: Path, *, tar: boo
             ev.note(f"faulthandler traces: {ev.faulthandler}")
         if ev.trace is None and ev.rank is not None:
             ev.note("no Flight Recorder trace obtainable")
-    ras_files, ras_notes, ras_worked, ras_state = _ras(evidence)
+    ras_files, ras_notes, ras_worked, ras_seen = _ras(evidence)
     notes += ras_notes
     host_files, host_notes = _host_files(snapshot)
     notes += host_notes
@@ -270,7 +283,7 @@ def write_bundle(source_pid: int, snapshot: Snapshot, out_dir: Path, *, tar: boo
             sources.setdefault(ev.trace_source, []).append(ev.label)
     if ras_worked:
         sources["ras"] = ras_worked
-    bundle_snapshot = _with_collectives(snapshot, evidence, redactor, [], ras_state)
+    bundle_snapshot = _with_collectives(snapshot, evidence, redactor, [], ras_seen)
     try:
         writer = _Writer(partial, redactor)
         writer.write("bundle.json", _manifest(source_pid, reason, redact, evidence, sources))

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from .. import rundir
 from ..errors import TrainwatchError
-from ..judge import flightrec
+from ..read import flightrec
 from ..read import hookclient, nccl_state, procfacts, procfs, pyspy
 from ..snapshot import ThreadStack
 

@@ -7,8 +7,9 @@ import time
 from importlib import metadata
 
 from .bundle_rank import RankEvidence
-from ..judge import exits, flightrec
+from ..judge import exits
 from ..judge import ras as ras_judge
+from ..read import flightrec
 from ..judge.steps import step_label
 from ..judge.groups import group_what
 from ..read import ranklog

@@ -23,14 +23,15 @@ import psutil
 from ..errors import TrainwatchError
 from .bundle import write_bundle
 from ..judge import exits
-from ..judge.exits import CrashRecord
-from ..judge.groups import group_ranks
-from ..judge.verdict import judge
+from ..read import exits as ended
+from ..read.exits import CrashRecord
+from ..judge.judgement import JudgeMemory, judge_job
 from ..read import procfs
 from ..read.discover import LAUNCHERS, find_job
 from ..read.process import RankProcess
 from ..read.ranklog import RankLogs
-from ..snapshot import HANG_VERDICTS, Job, Snapshot, Verdict
+from ..observed import observed_rank, observed_snapshot
+from ..snapshot import CRASH_VERDICTS, HANG_VERDICTS, HEALTHY_VERDICTS, Job, Snapshot, Verdict
 from ..source import Source
 
 
@@ -100,7 +101,7 @@ class CrashCatcher:
         self._job_root = job.root_pid
         if self.run_dir is None and job.run_dir:
             self.run_dir = Path(job.run_dir)
-        ranks = exits.infer_ranks(job)
+        ranks = ended.infer_ranks(job)
         for proc in ranks:
             self.logs.note_writer(proc.pid, proc.log_path)
         if job.launcher_pid:
@@ -130,8 +131,8 @@ class CrashCatcher:
 
     def _judge(self, proc: RankProcess, status: tuple[int | None, str | None] | None) -> CrashRecord | None:
         error_copy = self._copy_error_file(proc)
-        error_text = exits.read_bounded(error_copy, 256 * 1024) if error_copy else ""
-        record = exits.read_exit(proc, status, now=time.time(), run_dir=self.run_dir, logs=self.logs,
+        error_text = ended.read_bounded(error_copy, 256 * 1024) if error_copy else ""
+        record = ended.read_exit(proc, status, now=time.time(), run_dir=self.run_dir, logs=self.logs,
                                  error_text=error_text, clean=self._clean, launcher_log=self._launcher_log)
         if record.exit.code == 0 and record.exit.signal is None:
             self.exited_ok.append(proc.pid)
@@ -141,7 +142,7 @@ class CrashCatcher:
         return self._save(replace(record, error_file=error_copy))
 
     def _clean(self, text: str) -> str:
-        return exits.redactor_for([self.root_pid, self._job_root])(text)
+        return ended.redactor_for([self.root_pid, self._job_root])(text)
 
     def _mark_first(self, new: list[CrashRecord]) -> None:
         if any(r.exit.first for r in self.records):
@@ -162,7 +163,7 @@ class CrashCatcher:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"rank{record.rank}-pid{record.pid}.json"
         record = replace(record, saved_to=str(path))
-        clean = exits.redacted(record, self._clean)  # what is written leaves trainwatch: no secrets
+        clean = ended.redacted(record, self._clean)  # what is written leaves trainwatch: no secrets
         path.write_text(json.dumps(dataclasses.asdict(clean), indent=2))
         return record
 
@@ -189,7 +190,7 @@ class Episodes:
             if not self.bundled and now - self.started >= self.hang_after:
                 self.bundled = True
                 return True
-        elif verdict.kind == "healthy" and self.started is not None:
+        elif verdict.kind in HEALTHY_VERDICTS and self.started is not None:
             self.healthy_since = self.healthy_since or now
             if now - self.healthy_since >= self.hang_after:
                 self.started, self.healthy_since, self.bundled = None, None, False
@@ -199,18 +200,18 @@ class Episodes:
 def with_crashes(snapshot: Snapshot, records: list[CrashRecord]) -> Snapshot:
     """The snapshot with each dead rank's exit filled in and a ``crashed`` verdict."""
     by_rank = {r.rank: r for r in records}
-    ranks = []
-    for rank in snapshot.ranks:
+    evidence = []
+    for rank in map(observed_rank, snapshot.ranks):
         record = by_rank.pop(rank.rank, None)
-        ranks.append(dataclasses.replace(rank, state="exited", exit=record.exit) if record else rank)
+        evidence.append(dataclasses.replace(rank, seen="exited", exit=record.exit) if record else rank)
     for record in by_rank.values():  # died before any snapshot saw it
-        ranks.append(exits.exited_rank(record.pid, record.rank, record.exit, host=snapshot.job.host))
-    ranks = sorted(ranks, key=lambda r: (r.rank is None, r.rank or 0))
-    verdict = judge(ranks, snapshot.job, snapshot.collectives)
+        evidence.append(ended.exited_rank(record.pid, record.rank, record.exit, host=snapshot.job.host))
+    evidence = sorted(evidence, key=lambda r: (r.rank is None, r.rank or 0))
+    job = dataclasses.replace(observed_snapshot(snapshot), ranks=tuple(evidence))
+    judged = judge_job(job, JudgeMemory.after(snapshot), snapshot.taken_at or time.time())
     first = next((r for r in records if r.exit.first), records[0])
-    verdict = dataclasses.replace(verdict, since=first.exit.at)
-    return dataclasses.replace(snapshot, ranks=tuple(ranks), verdict=verdict,
-                               groups=group_ranks(ranks, verdict.culprits))
+    verdict = dataclasses.replace(judged.verdict, since=first.exit.at)  # the crash began with the first death
+    return dataclasses.replace(snapshot, ranks=judged.ranks, verdict=verdict, groups=judged.groups)
 
 
 class Watcher:
@@ -259,12 +260,12 @@ class Watcher:
         if snapshot.job.run_dir and self.catcher.run_dir is None:
             self.catcher.run_dir = Path(snapshot.job.run_dir)
         verdict = snapshot.verdict
-        if verdict.kind != self._last_kind and verdict.kind != "crashed":
+        if verdict.kind != self._last_kind and verdict.kind not in CRASH_VERDICTS:
             self.emit(f"{_stamp()} verdict {verdict.kind}: {verdict.summary}".rstrip(": "))
             self._last_kind = verdict.kind
         if verdict.kind in HANG_VERDICTS:
             self.saw_problem = True
-        if verdict.kind == "crashed":
+        if verdict.kind in CRASH_VERDICTS:
             self._on_lingering_crash(snapshot)
         if self.episodes.observe(verdict, time.time()) and "hang" in self.dump_on:
             self._bundle(snapshot, f"{verdict.kind}: {verdict.summary}")
@@ -272,7 +273,7 @@ class Watcher:
     def _on_crash(self, record: CrashRecord) -> None:
         self.saw_crash = True
         first = " (first to die)" if record.exit.first else ""
-        self.emit(f"{_stamp()} crash {record.describe()}{first}")
+        self.emit(f"{_stamp()} crash {exits.death(record.rank, record.pid, record.exit)}{first}")
         if record.saved_to:
             self.emit(f"{_stamp()} crash record {record.saved_to}")
         if "crash" in self.dump_on and not self._crash_bundled:

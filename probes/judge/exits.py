@@ -1,65 +1,28 @@
-"""One place for rank deaths: how a rank ended, which rank died first, and the exited ``Rank``.
+"""How a rank ended, in words, whether that was a crash, and which rank died first. Pure.
 
-Both the live view (:class:`ExitLedger`, through ``LocalSource``) and the headless crash catcher
-(``watcher.CrashCatcher``) record exits with :func:`read_exit`, order them with
-:func:`first_to_die`, and describe them with :func:`describe_exit`. What a dead rank left:
-its zombie's exit status, the kernel log (a fault naming its PID), an armed run's faulthandler
-file and ``exit.json``, torchelastic's error file, and its log (``probes/read/ranklog.py``).
-A rank whose main thread is in interpreter shutdown while its log shows an uncaught exception
-counts as crashed even while a non-daemon thread keeps its process alive.
+What a dead rank left is read by ``read/exits.py``; this module only weighs it.
 """
 
 from __future__ import annotations
 
-import json
-import socket
-import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
-from pathlib import Path
+from collections.abc import Iterable
 from typing import Hashable, TypeVar
 
-from .. import rundir
-from ..evidence.redact import Redactor, scrub
-from . import crashlog
-from .phases import Classification
-from ..read import procfacts, procfs
-from ..read.discover import expected_local_ranks
-from ..read.kernlog import kernel_fault
-from ..read.process import JobProcesses, RankProcess
-from ..read.ranklog import LogReason, RankLogs
-from ..snapshot import ExitInfo, Rank, ThreadStack
+from ..observed import SIGNAL_REASONS, abnormal
+from ..snapshot import ExitInfo, Rank
+
+__all__ = ["CONSEQUENCES", "OOM_KILLED", "SAME_MOMENT_S", "TEARDOWN_SIGNALS", "abnormal", "death", "describe_exit",
+           "first_to_die", "headline", "how", "raised_while_alive"]
 
 TEARDOWN_SIGNALS = frozenset({"SIGTERM", "SIGKILL", "SIGINT", "SIGHUP"})
 # Deaths seen this close together are one moment: the most telling one is taken as the first.
 SAME_MOMENT_S = 1.0
 # Reasons that follow from another rank's death rather than cause one.
 CONSEQUENCES = frozenset({"a peer rank closed its connection", "collective timeout", "NCCL watchdog timeout"})
-SIGNAL_REASONS = {"SIGSEGV": "segmentation fault", "SIGBUS": "bus error", "SIGABRT": "aborted",
-                  "SIGFPE": "floating point exception", "SIGILL": "illegal instruction"}
 OOM_KILLED = "killed by the kernel OOM killer"  # a SIGKILL that is a cause, not the launcher's teardown
 HEADLINE_CHARS = 160
 
 K = TypeVar("K", bound=Hashable)
-Clean = Callable[[str], str]
-
-
-@dataclass(frozen=True)
-class CrashRecord:
-    """One rank's death with what it left behind (the crash catcher saves these as JSON)."""
-
-    rank: int | None
-    pid: int
-    exit: ExitInfo
-    exception: str | None = None  # the uncaught exception an armed rank recorded (exit.json)
-    fault_trace: str | None = None  # its faulthandler dump
-    log_tail: str = ""  # the telling tail of its log
-    error_file: str | None = None  # our copy of the torchelastic error file
-    saved_to: str | None = None
-    log_path: str | None = None  # the log its reason was read from
-
-    def describe(self) -> str:
-        return f"rank {self.rank} (pid {self.pid}) died: {describe_exit(self.exit)}"
 
 
 # -- words ---------------------------------------------------------------------------------------
@@ -92,21 +55,14 @@ def describe_exit(info: ExitInfo) -> str:
     return ", ".join(parts)
 
 
-def abnormal(info: ExitInfo | None) -> bool:
-    """A crash: a signal, a non-zero exit code, or a rank reaped unseen whose evidence says why.
-    A rank reaped with no evidence at all is taken as a normal exit, not invented as a crash."""
-    if info is None:
-        return False
-    if info.signal is not None:
-        return True
-    if info.code is not None:
-        return info.code != 0
-    return bool(info.reason or info.message or info.frame)
-
-
 def raised_while_alive(rank: Rank) -> bool:
     """A live rank in interpreter shutdown whose log shows an uncaught exception."""
     return rank.state != "exited" and rank.phase == "exiting" and rank.exit is not None and bool(rank.exit.reason)
+
+
+def death(rank: int | None, pid: int, info: ExitInfo) -> str:
+    """``rank 1 (pid 42) died: exit code 1, RuntimeError: boom``."""
+    return f"rank {rank} (pid {pid}) died: {describe_exit(info)}"
 
 
 # -- which rank died first ----------------------------------------------------------------------
@@ -127,282 +83,6 @@ def first_to_die(exits: Iterable[tuple[K, ExitInfo]]) -> K | None:
         return (teardown, info.reason in CONSEQUENCES, not fatal, info.at or 0.0, str(key))
 
     return min(moment, key=weight)[0]
-
-
-# -- recording an exit --------------------------------------------------------------------------
-def infer_ranks(job: JobProcesses) -> list[RankProcess]:
-    """The job's rank processes; one whose RANK could not be read (it died before anyone looked:
-    a zombie's environment is gone) gets the one local rank nobody else has, when that is unique."""
-    known = {p.rank for p in job.ranks if p.rank is not None}
-    gaps = [(local, g) for local, g in sorted(expected_local_ranks(job).items()) if g not in known]
-    unknown = [p for p in job.ranks if p.rank is None]
-    if len(gaps) != 1 or len(unknown) != 1:
-        return list(job.ranks)
-    local, number = gaps[0]
-    return [replace(p, rank=number, local_rank=local) if p.rank is None else p for p in job.ranks]
-
-
-def log_path_of(proc: RankProcess, run_dir: Path | None, launcher_log: str | None = None) -> str | None:
-    """The rank's log: the file behind its stdout/stderr, else an armed run's per-rank log, else
-    (a rank already dead when first seen: a zombie has no open files) the launcher's log file,
-    which its ranks share unless redirected; shared, only the rank's prefixed lines count there."""
-    if proc.log_path:
-        return proc.log_path
-    if run_dir is not None and proc.rank is not None:
-        path = rundir.rank_log_file(run_dir, proc.rank)
-        if path.exists():
-            return str(path)
-    return launcher_log
-
-
-def read_exit(proc: RankProcess, status: tuple[int | None, str | None] | None, *, now: float,
-              run_dir: Path | None = None, logs: RankLogs | None = None, error_text: str = "",
-              clean: Clean = scrub, launcher_log: str | None = None) -> CrashRecord:
-    """How ``proc`` ended, from everything it left. ``status``: (code, signal) read from its
-    zombie, or None when it was reaped before anyone looked. ``clean`` redacts the message."""
-    code, sig = status if status else (None, None)
-    fault, exit_rec = _armed_evidence(proc, run_dir)
-    if sig is None and fault and fault.signal:
-        sig = fault.signal
-    if code is None and sig is None and exit_rec:
-        code = int(_number(exit_rec.get("code")) or 1)
-    kernel = kernel_fault(proc.pid) if code is None and sig is None else None
-    if kernel:
-        sig = kernel[0]
-    at = min(_number((exit_rec or {}).get("at")) or _mtime_if(fault, run_dir, proc.rank) or now, now)
-    if code == 0 and sig is None:
-        return CrashRecord(proc.rank, proc.pid, ExitInfo(code=0, at=at))
-    path = log_path_of(proc, run_dir, launcher_log)
-    if run_dir is not None:
-        time.sleep(0.05)  # let the armed run's tee helper write the rank's last words
-    found = logs.reason(path, proc.rank, proc.local_rank) if logs else None
-    exception = (exit_rec or {}).get("exception")
-    exception = exception if isinstance(exception, str) else None
-    candidates = [
-        (crashlog.classify(fault.text), None, crashlog.user_frame(fault)) if fault else None,
-        _from_exception(exception),
-        (found.reason, found.message, found.frame) if found else None,
-        _from_exception(_error_file_message(error_text)),
-        (crashlog.classify(kernel[1]) or SIGNAL_REASONS.get(sig or ""), "kernel: " + kernel[1][:160], None)
-        if kernel else None,
-    ]
-    chosen = next((c for c in candidates if c and c[0]), (None, None, None))
-    recorded_frame = (exit_rec or {}).get("frame")
-    frame = (recorded_frame if isinstance(recorded_frame, str) else None) or next((c[2] for c in candidates if c and c[2]), None)
-    info = ExitInfo(code=code, signal=sig, at=at, reason=chosen[0], frame=frame,
-                    message=clean(chosen[1]) if chosen[1] else None)
-    tail = logs.tail(path, proc.rank, proc.local_rank, 60) if logs and abnormal(info) else None
-    return CrashRecord(proc.rank, proc.pid, info, exception=exception, fault_trace=fault.text if fault else None,
-                       log_tail="\n".join(tail or ()), log_path=path)
-
-
-def _armed_evidence(proc: RankProcess, run_dir: Path | None) -> tuple[crashlog.FaultTrace | None, dict | None]:
-    if run_dir is None or proc.rank is None:
-        return None, None
-    text = read_bounded(rundir.faulthandler_file(run_dir, proc.rank))
-    fault = crashlog.parse_faulthandler(_section(text, proc.pid))
-    exit_rec = rundir.read_json(rundir.exit_file(run_dir, proc.rank))
-    if exit_rec and exit_rec.get("pid") != proc.pid:
-        exit_rec = None
-    return fault, exit_rec
-
-
-def _from_exception(text: str | None) -> tuple[str | None, str | None, None] | None:
-    """(reason, message) of an exception's text: a known fatal message, else its type."""
-    if not text or not text.strip():
-        return None
-    lines = text.strip().splitlines()
-    fatal = crashlog.fatal_line(lines)
-    if fatal:
-        return fatal[0], fatal[1], None
-    kind = lines[0].split(":", 1)[0].strip()
-    return (kind if kind.replace(".", "").replace("_", "").isalnum() else None), lines[0].strip(), None
-
-
-def _error_file_message(text: str) -> str | None:
-    """The message of torchelastic's error file (``{"message": {"message": "RuntimeError: …"}}``)."""
-    if not text.strip():
-        return None
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return text
-    message = data.get("message") if isinstance(data, dict) else None
-    if isinstance(message, dict):
-        message = message.get("message")
-    return message if isinstance(message, str) else None
-
-
-def redactor_for(pids: Iterable[int | None]) -> Clean:
-    """Free-text scrubbing plus every secret value in these processes' environments (read now,
-    not kept): for text about to leave trainwatch."""
-    envs = [procfacts.read_environ(pid) or {} for pid in pids if pid]
-    redactor = Redactor.from_envs(envs)
-    return lambda text: redactor.text(scrub(text))
-
-
-def redacted(record: CrashRecord, clean: Clean) -> CrashRecord:
-    """The record with every free text passed through ``clean``."""
-    info = replace(record.exit, message=clean(record.exit.message) if record.exit.message else None)
-    return replace(record, exit=info, exception=clean(record.exception) if record.exception else None,
-                   fault_trace=clean(record.fault_trace) if record.fault_trace else None,
-                   log_tail=clean(record.log_tail))
-
-
-# -- the exited Rank ----------------------------------------------------------------------------
-def exited_rank(pid: int, number: int | None, info: ExitInfo, *, proc: RankProcess | None = None,
-                cls: Classification | None = None, threads: tuple[ThreadStack, ...] = (),
-                host: str | None = None, log_path: str | None = None) -> Rank:
-    """A rank that exited, keeping where it was last seen (its last stacks and phase)."""
-    return Rank(
-        rank=number, pid=pid, host=host or socket.gethostname(), local_rank=proc.local_rank if proc else None,
-        state="exited", phase=cls.phase if cls else "unknown", op=cls.op if cls else None,
-        where=cls.where if cls else None, user_frame=cls.user_frame if cls else None,
-        threads=threads, exit=info, log_path=log_path or (proc.log_path if proc else None),
-    )
-
-
-class ExitLedger:
-    """Every exit of one job the live view has seen, across polls: what it records, which rank
-    died first, the exited ranks, and live ranks judged crashed from their log while they linger."""
-
-    def __init__(self, root_pid: int, run_dir: str | None = None) -> None:
-        self.root_pid = root_pid
-        self.run_dir = Path(run_dir) if run_dir else None
-        self.logs = RankLogs()
-        self._exits: dict[int, ExitInfo] = {}
-        self._numbers: dict[int, int] = {}  # pid -> rank, for deaths the crash catcher saw
-        self._procs: dict[int, RankProcess] = {}  # pid -> rank process, numbers inferred when unreadable
-        self._raised: dict[int, ExitInfo] = {}  # live ranks whose log shows an uncaught exception
-        self._logs_of: dict[int, str] = {}  # pid -> the log an exited rank's reason came from
-        self._launcher_log: str | None = None
-
-    def note_job(self, job: JobProcesses) -> None:
-        """Remember who writes which log (a file with several writers is shared)."""
-        if job.run_dir and self.run_dir is None:
-            self.run_dir = Path(job.run_dir)
-        for proc in infer_ranks(job):
-            self.logs.note_writer(proc.pid, proc.log_path)
-            if proc.rank is not None:
-                self._procs.setdefault(proc.pid, proc)
-        if job.launcher_pid:
-            self._launcher_log = procfs.log_file_of(job.launcher_pid) or self._launcher_log
-            self.logs.note_writer(job.launcher_pid, self._launcher_log)
-
-    def record(self, proc: RankProcess, status: tuple[int | None, str | None] | None, now: float) -> None:
-        """``proc`` is gone or a zombie: record how it ended (once; again when a status turns up,
-        or when its log gains the reason)."""
-        if proc.rank is None:
-            proc = self._procs.get(proc.pid, proc)
-        known = self._exits.get(proc.pid)
-        if known is not None and (known.code is not None or known.signal is not None or status is None):
-            if known.reason is None and known.code != 0:
-                self._exits[proc.pid] = self._with_log_reason(proc, known)
-            return
-        record = read_exit(proc, status, now=now, run_dir=self.run_dir, logs=self.logs, clean=self._clean,
-                           launcher_log=self._launcher_log)
-        info = record.exit
-        if record.log_path:
-            self._logs_of[proc.pid] = record.log_path
-        earlier = known or self._raised.pop(proc.pid, None)
-        if earlier is not None:
-            info = replace(info, at=min(earlier.at or now, info.at or now), reason=info.reason or earlier.reason,
-                           message=info.message or earlier.message, frame=info.frame or earlier.frame)
-        self._exits[proc.pid] = info
-
-    def adopt(self, records: Iterable[CrashRecord]) -> None:
-        """The crash catcher's findings (its zombie status, faulthandler frame) win over ours."""
-        for record in records:
-            known = self._exits.get(record.pid)
-            at = min(known.at or record.exit.at or 0.0, record.exit.at or 0.0) if known else record.exit.at
-            self._exits[record.pid] = replace(record.exit, at=at)
-            if record.rank is not None:
-                self._numbers[record.pid] = record.rank
-
-    def ranks(self, live: list[Rank], job: JobProcesses, seen: Mapping[int, RankProcess],
-              classes: Mapping[int, Classification], stacks: Mapping[int, tuple[ThreadStack, ...]],
-              now: float) -> list[Rank]:
-        """The live ranks (lingering ones with their exception) and the exited ones, first marked."""
-        live = [self._lingering(rank, seen.get(rank.pid or -1), now) for rank in live]
-        first = first_to_die([*self._exits.items(), *self._raised.items()])
-        self._exits = {pid: replace(info, first=pid == first) for pid, info in self._exits.items()}
-        self._raised = {pid: replace(info, first=pid == first) for pid, info in self._raised.items()}
-        ranks = [replace(r, exit=self._raised[r.pid]) if r.pid in self._raised and r.exit else r for r in live]
-        numbers = {r.rank for r in ranks}
-        expected = expected_local_ranks(job)
-        for pid, info in self._exits.items():
-            proc = seen.get(pid)
-            if proc is None or proc.rank is None:
-                proc = self._procs.get(pid, proc)
-            number = proc.rank if proc and proc.rank is not None else self._numbers.get(pid)
-            if number is None:  # died before we read its RANK: the one missing local rank, if unique
-                gaps = [g for g in expected.values() if g not in numbers]
-                number = gaps[0] if len(gaps) == 1 else None
-            if number is not None and number in numbers:
-                continue  # restarted under a new PID
-            ranks.append(exited_rank(pid, number, info, proc=proc, cls=classes.get(pid),
-                                     threads=stacks.get(pid, ()), log_path=self._logs_of.get(pid)))
-            numbers.add(number)
-        return sorted(ranks, key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0, r.pid or 0))
-
-    def _lingering(self, rank: Rank, proc: RankProcess | None, now: float) -> Rank:
-        if rank.phase != "exiting" or rank.pid is None:
-            self._raised.pop(rank.pid or -1, None)
-            return rank
-        info = self._raised.get(rank.pid)
-        if info is None:
-            path = log_path_of(proc, self.run_dir, self._launcher_log) if proc else rank.log_path
-            found = self.logs.reason(path, rank.rank, rank.local_rank)
-            if found is None or not found.raised:
-                return rank
-            info = self._raised[rank.pid] = ExitInfo(at=now, reason=found.reason, frame=found.frame,
-                                                     message=self._clean(found.message))
-        return replace(rank, exit=info)
-
-    def _with_log_reason(self, proc: RankProcess, info: ExitInfo) -> ExitInfo:
-        path = log_path_of(proc, self.run_dir, self._launcher_log)
-        found: LogReason | None = self.logs.reason(path, proc.rank, proc.local_rank)
-        if found is None:
-            return info
-        return replace(info, reason=found.reason, message=self._clean(found.message), frame=info.frame or found.frame)
-
-    def _clean(self, text: str) -> str:
-        return redactor_for([self.root_pid])(text)
-
-
-def _section(text: str, pid: int) -> str:
-    """The part of a faulthandler file written by process ``pid`` (each start adds a header)."""
-    marker = f" pid {pid} started "
-    start = text.rfind(marker)
-    if start < 0:
-        return text
-    end = text.find("=== trainwatch:", start)
-    return text[text.rfind("\n", 0, start) + 1:end if end >= 0 else None]
-
-
-def _mtime_if(fault: crashlog.FaultTrace | None, run_dir: Path | None, rank: int | None) -> float | None:
-    if not fault or run_dir is None or rank is None:
-        return None
-    try:
-        return rundir.faulthandler_file(run_dir, rank).stat().st_mtime
-    except OSError:
-        return None
-
-
-def read_bounded(path: Path | str, max_bytes: int = 1024 * 1024) -> str:
-    """The last ``max_bytes`` of a file as text; empty when unreadable."""
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(0, 2)
-            handle.seek(max(0, handle.tell() - max_bytes))
-            return handle.read(max_bytes).decode("utf-8", errors="replace")
-    except OSError:
-        return ""
-
-
-def _number(value: object) -> float | None:
-    """A number from a JSON file someone else wrote; None for anything else."""
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _cap(text: str, chars: int) -> str:

@@ -24,9 +24,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from .phases import Classification, classify, main_thread, stack_signature
+from .phases import Classification, SourceLine, classify, main_thread, stack_signature
 from .progress import ProgressTracker
-from ..read.sampler import StackSample
+from ..observed import StackSample
 from ..snapshot import Phase, ThreadStack
 
 AMBIGUOUS_PHASES: frozenset[Phase] = frozenset({"compute", "unknown"})
@@ -76,6 +76,7 @@ class NativeCache:
 def resolve_natively(samples: dict[int, StackSample], classified: dict[int, Classification], cache: NativeCache,
                      tracker: ProgressTracker, now: float,
                      take_native: Callable[[list[int]], dict[int, StackSample]],
+                     source_line: SourceLine | None = None,
                      ) -> tuple[dict[int, StackSample], dict[int, Classification]]:
     """Replace ambiguous plain samples by native ones (taken now through ``take_native``, or cached
     for the very same Python stack) and their classification. Call before ``tracker.observe``."""
@@ -105,7 +106,7 @@ def resolve_natively(samples: dict[int, StackSample], classified: dict[int, Clas
         signature = representatives[pid]
         if native.threads is None or stack_signature(main_thread(native.threads)) != signature:
             continue  # no sample, or it moved while we looked: the plain sample stands
-        cls = classify(native.threads)
+        cls = classify(native.threads, source_line)
         cache.taken += 1
         cache.store(pid, signature, native.threads, cls, now)
         samples[pid] = replace(plain, threads=native.threads)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import linecache
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..frames import bare_name, is_stdlib, is_user
 from ..snapshot import Frame, Phase, ThreadStack
 
 COLLECTIVE_OPS = frozenset({
@@ -39,10 +40,11 @@ PLUMBING = re.compile(
     r"megatron/core/parallel_state|functorch|_pytest)/(?!\.)"
 )
 _SOURCE_TORCH = re.compile(r"/torch/(?:distributed|nn|autograd|utils|cuda|optim|_tensor\.py|_dynamo|amp)")
-SITE_DIRS = ("/site-packages/", "/dist-packages/")
-STDLIB_RE = re.compile(r"/lib/python3\.\d+/(?!site-packages|dist-packages)|^<frozen |^<string>")
 LOCK_LINE = re.compile(r"\bwith\b.*\b(lock|mutex|cond|_lock|rlock)\b|\.acquire\(|\.wait\(", re.I)
 SLEEP_LINE = re.compile(r"\bsleep\(")
+
+
+SourceLine = Callable[[Frame], str]
 
 
 @dataclass(frozen=True)
@@ -54,25 +56,11 @@ class Classification:
     detail: str | None = None
 
 
-def bare_name(function: str) -> str:
-    """``Module._call_impl`` -> ``_call_impl`` (py-spy qualifies methods by class on Python 3.11+)."""
-    return function.rsplit(".", 1)[-1]
-
-
-def is_stdlib(frame: Frame) -> bool:
-    return bool(STDLIB_RE.search(frame.file))
-
-
 def is_plumbing(frame: Frame) -> bool:
     path = frame.file
     if "-packages/" in path:
         return bool(PLUMBING.search(path[path.index("-packages/") - 4:]))
     return bool(_SOURCE_TORCH.search(path)) or bool(PLUMBING.match(path.lstrip("/")))
-
-
-def is_user(frame: Frame) -> bool:
-    """The user's own code: not the standard library, not an installed package, not native."""
-    return not frame.native and not is_stdlib(frame) and not any(d in frame.file for d in SITE_DIRS)
 
 
 def where_frame(frames: tuple[Frame, ...]) -> Frame | None:
@@ -91,20 +79,23 @@ def main_thread(threads: tuple[ThreadStack, ...] | list[ThreadStack] | None) -> 
     return next((t for t in threads if t.is_main), threads[0])
 
 
-def classify(threads: list[ThreadStack] | tuple[ThreadStack, ...]) -> Classification:
-    """Phase of the main thread, its op, the telling frame, and the user's frame."""
+def classify(threads: list[ThreadStack] | tuple[ThreadStack, ...],
+             source_line: SourceLine | None = None) -> Classification:
+    """Phase of the main thread, its op, the telling frame, and the user's frame. ``source_line``:
+    the text of a frame's line (``read/source_lines.py``), which tells a sleep or a lock wait in
+    plain Python; without it such a frame counts as compute."""
     main = main_thread(threads)
     if main is None or not main.frames:
         return Classification("unknown", None, None, None, "no Python stack (not a Python process, or exiting)")
     frames = main.frames
     where = where_frame(frames)
     user = next((f for f in frames if is_user(f)), None)
-    phase, op = _phase_of(main)
+    phase, op = _phase_of(main, source_line or _no_source)
     detail = _explain(phase, main, threads)
     return Classification(phase, op, where.label() if where else None, user.label() if user else None, detail)
 
 
-def _phase_of(main: ThreadStack) -> tuple[Phase, str | None]:
+def _phase_of(main: ThreadStack, source_line: SourceLine) -> tuple[Phase, str | None]:
     python = [f for f in main.frames if not f.native]
     if any(f.native and f.function.startswith(FINALIZE_SYMBOLS) for f in main.frames):
         return "exiting", "shutdown"
@@ -140,7 +131,7 @@ def _phase_of(main: ThreadStack) -> tuple[Phase, str | None]:
         return ("compute" if main.active else "unknown"), None
     if innermost.file.endswith(("threading.py", "queue.py")) or "concurrent/futures" in innermost.file:
         return "lock", innermost.function
-    line = _source_line(innermost)
+    line = source_line(innermost) if innermost.line else ""
     if SLEEP_LINE.search(line):
         return "sleep", "sleep"
     if main.active is False and LOCK_LINE.search(line):
@@ -177,10 +168,8 @@ def _native_op(symbol: str) -> str:
     return match.group(1).lower() if match else "collective"
 
 
-def _source_line(frame: Frame) -> str:
-    if not frame.line:
-        return ""
-    return linecache.getline(frame.file, frame.line).strip()
+def _no_source(frame: Frame) -> str:
+    return ""
 
 
 def _explain(phase: Phase, main: ThreadStack, threads) -> str | None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..read.procfs import ThreadCounters
+from ..observed import ThreadCounters
 from ..snapshot import WAITING_PHASES, CollectiveState
 
 MIN_WAKEUPS = 2

@@ -22,47 +22,16 @@ same kind of count, so ranks stay comparable and the period stays right per unit
 
 from __future__ import annotations
 
-import re
 import statistics
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .phases import bare_name, is_user
-from ..read.procfs import ThreadCounters
+from ..frames import HF_NAMES, LOOP_NAMES, is_hf_loop, is_user
+from ..observed import FrameInts, ThreadCounters
 from ..snapshot import Frame, Rank, who
 
-LOOP_NAMES = ("global_step", "step", "iteration", "iter_num", "iter", "it", "batch_idx", "epoch", "i")
-HF_NAMES = ("epoch", "update_step", "num_update_steps_per_epoch", "total_batched_samples", "step",
-            "steps_in_epoch")
-HF_FILE = "transformers/trainer.py"
-HF_LOOPS = frozenset({"_inner_training_loop", "_run_epoch"})
-INT_LITERAL = re.compile(r"-?\d{1,18}")  # py-spy prints ints in decimal ("+bigint" beyond 64 bits)
 SLOW_FACTOR = 3.0
-
-FrameInts = dict[int, dict[str, int]]  # main-thread frame index (innermost = 0) -> {allowed name: value}
-
-
-def is_hf_loop(frame: Frame) -> bool:
-    return bare_name(frame.function) in HF_LOOPS and frame.file.replace("\\", "/").endswith(HF_FILE)
-
-
-def wanted_names(frame: Frame) -> frozenset[str]:
-    """The local names worth reading in ``frame``; empty outside user code and the HF loop."""
-    if is_hf_loop(frame):
-        return frozenset(HF_NAMES)
-    if is_user(frame):
-        return frozenset(LOOP_NAMES)
-    return frozenset()
-
-
-def int_literal(text: object) -> int | None:
-    """``text`` as an int when it is exactly a decimal integer literal (so never a bool, a float
-    or a string), else None."""
-    if isinstance(text, str) and INT_LITERAL.fullmatch(text):
-        return int(text)
-    return None
-
 
 # -- the step from one dump ---------------------------------------------------------------------
 def step_from_locals(frames: Sequence[Frame], ints: FrameInts) -> int | None:

@@ -7,11 +7,9 @@ from typing import Mapping, Sequence
 
 from . import exits
 from .exits import TEARDOWN_SIGNALS, raised_while_alive
-from .flightrec import age_text
 from .groups import group_key
 from .steps import step_note
-from ..read.process import JobProcesses
-from ..snapshot import PROBLEM_VERDICTS, CollectiveState, Job, Phase, Rank, Verdict, VerdictKind, who
+from ..snapshot import PROBLEM_VERDICTS, CollectiveState, Job, Phase, Rank, Verdict, VerdictKind, age_text, who
 
 
 def verb(ranks: Sequence, singular: str, plural: str) -> str:
@@ -73,10 +71,10 @@ def abnormal(rank: Rank) -> bool:
     return rank.state == "exited" and exits.abnormal(rank.exit)
 
 
-def judge(ranks: Sequence[Rank], job: Job | JobProcesses | None = None,
+def judge(ranks: Sequence[Rank], job: Job | None = None,
           collectives: CollectiveState | None = None, familiar: Mapping[int, frozenset[str]] | None = None,
           now: float | None = None) -> Verdict:
-    """The verdict and its culprits; pure, so merged multi-node rank lists judge the same way.
+    """The verdict and its culprits over judged ranks (``judgement.judge_job`` calls it).
 
     ``familiar``: per rank, the places (``where``) it was seen at while making progress; it breaks
     ties between ranks that wait in different places (a place nobody else ever visited is the odd one).
@@ -123,9 +121,9 @@ def _raised(rank: Rank) -> str:
     return what + (f" ({rank.detail})" if rank.detail else "")
 
 
-def _rendezvous(ranks: Sequence[Rank], job: Job | JobProcesses | None) -> Verdict | None:
+def _rendezvous(ranks: Sequence[Rank], job: Job | None) -> Verdict | None:
     if job is not None and job.waiting_rendezvous:
-        return Verdict("rendezvous", (), f"{job.launcher} (PID {job.pid if isinstance(job, Job) else job.root_pid}) "
+        return Verdict("rendezvous", (), f"{job.launcher} (PID {job.pid}) "
                        "is waiting in rendezvous: no rank has started on this node yet; other nodes have not joined")
     live = [r for r in ranks if r.state in ("running", "stuck")]
     missing = [r for r in ranks if r.state == "missing"]

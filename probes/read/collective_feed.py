@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..judge import flightrec
+from . import flightrec
 from . import hookclient, nccl_state, procfacts, ras
 from .process import JobProcesses, RankProcess
 from ..snapshot import CollectiveState

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from types import ModuleType
 
-from ..judge import gpu_warnings as gw
+from . import gpu_health as gw
 from .gpu_map import (
     DeviceId, expected_device, parse_visible_devices, pick_device, proc_in_initial_pid_ns,
     sharing,

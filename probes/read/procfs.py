@@ -3,17 +3,8 @@
 from __future__ import annotations
 
 import os
-import signal
-from dataclasses import dataclass
-
-
-@dataclass(frozen=True)
-class ThreadCounters:
-    """Scheduler counters of one thread; unchanged counters mean the thread did not run."""
-
-    cpu_ticks: int
-    voluntary: int
-    involuntary: int
+from ..observed import ThreadCounters
+from ..rundir import signal_name
 
 
 def read_text(path: str) -> str | None:
@@ -65,17 +56,6 @@ def decode_wait_status(status: int) -> tuple[int | None, str | None]:
     if os.WIFSIGNALED(status):
         return None, signal_name(os.WTERMSIG(status))
     return os.WEXITSTATUS(status), None
-
-
-def signal_name(number: int) -> str:
-    """``SIGSEGV``; real-time signals as ``SIGRTMIN+3`` (Python has no names for them)."""
-    rtmin = int(signal.SIGRTMIN)
-    if rtmin < number <= int(signal.SIGRTMAX):
-        return f"SIGRTMIN+{number - rtmin}"
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
 
 
 def caught_signals(pid: int) -> set[int]:

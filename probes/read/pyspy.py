@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -13,11 +14,13 @@ from pathlib import Path
 from typing import Literal, overload
 
 from ..errors import AccessDenied, NoSuchProcess, ToolMissing, TrainwatchError
-from ..judge.steps import FrameInts, int_literal, wanted_names
+from ..frames import wanted_names
+from ..observed import FrameInts
 from . import procfs
 from ..snapshot import Frame, ThreadStack
 
 DEFAULT_TIMEOUT = 5.0
+INT_LITERAL = re.compile(r"-?\d{1,18}")  # py-spy prints ints in decimal ("+bigint" beyond 64 bits)
 CAP_SYS_PTRACE = 19
 
 
@@ -129,6 +132,14 @@ def parse_locals(data: list[dict], pid: int) -> FrameInts:
         if found:
             out[index] = found
     return out
+
+
+def int_literal(text: object) -> int | None:
+    """``text`` as an int when it is exactly a decimal integer literal (so never a bool, a float
+    or a string), else None."""
+    if isinstance(text, str) and INT_LITERAL.fullmatch(text):
+        return int(text)
+    return None
 
 
 def _explain_failure(pid: int, message: str) -> TrainwatchError:

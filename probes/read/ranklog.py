@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ..judge import crashlog
+from . import crashlog
 from .logtail import read_tail
 
 TAIL_LINES = 400

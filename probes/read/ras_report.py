@@ -19,19 +19,20 @@ v2.29.2, the release line of the 2.29.7 that torch 2.13's CUDA wheels pin
   or ``The missing rank(s): 3,5`` (2.24).
 
 Outliers only are named in text (at most 10, and at most 25% of a communicator): healthy
-communicators carry no per-rank counts at all. Pure: no I/O.
+communicators carry no per-rank counts at all. Pure: no I/O. The records are evidence records
+(:mod:`trainwatch.probes.observed`), read by the judge.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
-from typing import NamedTuple
 
-# ncclFuncStr order (NCCL_NUM_FUNCTIONS = 5); "collective" is the single count of NCCL < 2.26.
+from ..observed import ANY_OP, CountGroup, RasComm, RasProcess, RasReport, RasReportRank as RasRank
+
+__all__ = ["ANY_OP", "CountGroup", "RasComm", "RasProcess", "RasRank", "RasReport", "ReportError", "parse"]
+# ncclFuncStr order (NCCL_NUM_FUNCTIONS = 5).
 OPS = ("Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce")
-ANY_OP = "collective"
 # ncclResult_t values a rank's init_state / async_error may hold (0 success, 7 in progress).
 NCCL_RESULTS = {1: "unhandled CUDA error", 2: "system error", 3: "internal error", 4: "invalid argument",
                 5: "invalid usage", 6: "remote process error"}
@@ -39,61 +40,6 @@ NCCL_RESULTS = {1: "unhandled CUDA error", 2: "system error", 3: "internal error
 
 class ReportError(ValueError):
     """Bytes that are not a RAS report."""
-
-
-class RasRank(NamedTuple):
-    """One rank of one communicator as RAS saw it (a tuple: big jobs have thousands)."""
-
-    rank: int  # rank within the communicator
-    host: str = ""  # the rank's node as RAS prints it (its IP address)
-    pid: int | None = None
-    cuda_dev: int | None = None
-    nvml_dev: int | None = None
-    counts: tuple[tuple[str, int], ...] = ()  # (operation, collectives launched), ops RAS reported
-    status: str = "ok"  # ok, missing (reachable, not a member), unreachable, dead
-    error: str | None = None  # an initialization or asynchronous NCCL error
-
-
-class CountGroup(NamedTuple):
-    """Text format: ``26 ranks have launched up to operation 6650`` (for one operation type)."""
-
-    op: str
-    count: int
-    ranks: int
-
-
-@dataclass(frozen=True)
-class RasComm:
-    hash: str  # hex without 0x, as NCCL logs it
-    size: int | None = None  # ranks in the communicator
-    ranks: tuple[RasRank, ...] = ()  # JSON: every rank; text: the ranks it names
-    groups: tuple[CountGroup, ...] = ()  # text only
-    complete: bool = False  # ranks lists every rank with its counts (JSON)
-    problems: tuple[str, ...] = ()  # text: MISMATCH, INCOMPLETE, ERROR
-
-
-@dataclass(frozen=True)
-class RasProcess:
-    pid: int | None
-    host: str
-    gpus: str = ""
-
-
-@dataclass(frozen=True)
-class RasReport:
-    format: str  # "json" or "text"
-    nccl_version: str | None = None
-    comms: tuple[RasComm, ...] = ()
-    dead: tuple[RasProcess, ...] = ()  # text DEAD section
-    unreachable: tuple[RasProcess, ...] = ()  # text INCOMPLETE section (job processes)
-    timeouts: int = 0
-    healthy_groups: int = 0  # text: communicator groups whose table row says OK
-    notes: tuple[str, ...] = field(default=())
-
-    def pids(self) -> set[int]:
-        """Every process ID the report names."""
-        found = {r.pid for c in self.comms for r in c.ranks if r.pid is not None}
-        return found | {p.pid for p in (*self.dead, *self.unreachable) if p.pid is not None}
 
 
 def parse(text: str) -> RasReport:

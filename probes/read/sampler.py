@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 from ..errors import TrainwatchError
-from ..judge.steps import FrameInts
+from ..observed import StackSample, ThreadCounters
 from . import procfs
 from .pyspy import DEFAULT_TIMEOUT, RankGone, dump_stacks
 from ..snapshot import ThreadStack
@@ -15,21 +14,8 @@ from ..snapshot import ThreadStack
 MAX_PARALLEL = 32
 
 
-@dataclass(frozen=True)
-class StackSample:
-    pid: int
-    threads: tuple[ThreadStack, ...] | None  # None: could not sample
-    before: procfs.ThreadCounters | None
-    after: procfs.ThreadCounters | None
-    error: TrainwatchError | None = None
-    reused: bool = False  # no py-spy call: the previous stacks were kept (see ProgressTracker.needs_dump)
-    gone: bool = False
-    ints: FrameInts | None = None  # step-like integer locals when read with --locals (see probes/judge/steps.py)
-    at: float | None = None  # unix time of the py-spy call (the middle of it)
-
-
 def sample_one(pid: int, native: bool, previous: tuple[ThreadStack, ...] | None,
-               skip: bool, before: procfs.ThreadCounters | None = None,
+               skip: bool, before: ThreadCounters | None = None,
                timeout: float = DEFAULT_TIMEOUT, locals: bool = False) -> StackSample:
     """One rank: reuse ``previous`` when ``skip``, else a bounded py-spy dump between two counter
     reads. ``before``: the counters if the caller has just read them. ``locals``: dump with
@@ -54,7 +40,7 @@ def sample_one(pid: int, native: bool, previous: tuple[ThreadStack, ...] | None,
     return StackSample(pid, tuple(stacks), before, procfs.thread_counters(pid), ints=ints, at=at)
 
 
-Request = tuple[int, bool, "tuple[ThreadStack, ...] | None", bool, "procfs.ThreadCounters | None"]
+Request = tuple[int, bool, "tuple[ThreadStack, ...] | None", bool, "ThreadCounters | None"]
 
 
 def sample_all(requests: list[Request], timeout: float = DEFAULT_TIMEOUT,

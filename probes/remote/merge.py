@@ -9,19 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..judge import ras as ras_judge
-from ..judge.flightrec import analyze_rows
-from ..judge.groups import group_ranks as default_group_ranks
-from ..judge.verdict import judge as default_judge
-from ..snapshot import (
-    CollectiveState, Group, HostInfo, Rank, RankCollective, RasState, Snapshot, Verdict, who,
-)
-
-GroupFn = Callable[..., tuple[Group, ...]]  # group_ranks(ranks, culprits)
-JudgeFn = Callable[..., Verdict]
+from ..read.flightrec import analyze_rows
+from ..judge.judgement import JudgeMemory, judge_job
+from ..observed import ObservedJob, observed_rank
+from ..snapshot import CollectiveState, HostInfo, Rank, RankCollective, RasState, Snapshot, who
 
 
 @dataclass(frozen=True)
@@ -56,11 +51,10 @@ def _own_host(view: NodeView) -> str:
     return snap.job.host or view.name
 
 
-def merge_nodes(views: Sequence[NodeView], *, group_ranks: GroupFn | None = None,
-                judge: JudgeFn | None = None, world_size: int | None = None) -> Snapshot:
-    """One snapshot of the job from every node's view (``source="remote"``)."""
-    group_ranks = group_ranks or default_group_ranks
-    judge = judge or default_judge
+def merge_nodes(views: Sequence[NodeView], *, memory: JudgeMemory | None = None,
+                world_size: int | None = None) -> Snapshot:
+    """One snapshot of the job from every node's view (``source="remote"``), judged again over
+    all ranks; ``memory``: the judge's memory across polls of this job (tie-breaks, ``since``)."""
     good = [(i, v) for i, v in enumerate(views) if v.snapshot is not None]
     if not good:
         raise ValueError("no node answered")
@@ -114,12 +108,13 @@ def merge_nodes(views: Sequence[NodeView], *, group_ranks: GroupFn | None = None
     if ras_state is not None:
         collectives = dataclasses.replace(collectives or CollectiveState(source="ras"), ras=ras_state)
     notes.extend(ras_notes)
-    verdict = judge(ranks, job, collectives)
-    groups = tuple(group_ranks(ranks, verdict.culprits))
+    taken_at = max(v.snapshot.taken_at for _, v in good)
+    evidence = ObservedJob(job=job, ranks=tuple(observed_rank(r) for r in ranks), collectives=collectives)
+    judged = judge_job(evidence, memory if memory is not None else JudgeMemory(), taken_at)
     return Snapshot(
-        job=job, ranks=tuple(ranks), groups=groups, verdict=verdict, hosts=tuple(hosts),
+        job=job, ranks=judged.ranks, groups=judged.groups, verdict=judged.verdict, hosts=tuple(hosts),
         collectives=collectives, warnings=tuple(_unique(warnings)), notes=tuple(_unique(notes)),
-        taken_at=max(v.snapshot.taken_at for _, v in good),
+        taken_at=taken_at,
         window_s=max(v.snapshot.window_s for _, v in good), source="remote",
     )
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TrainwatchError
+from ..judge.judgement import JudgeMemory
 from .merge import NodeView, merge_nodes
 from .remote import (
     DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, NodeResult, Remote, Runner, collect_remote_bundles,
@@ -39,7 +40,7 @@ class MultiNodeSource:
                  wait_s: float | None = None, parallel: int = DEFAULT_PARALLEL,
                  window: float | None = None, reuse_s: float = 300.0,
                  world_size: int | None = None, runner: Runner | None = None,
-                 extra_args: Sequence[str] = (), merge_options: dict[str, Any] | None = None) -> None:
+                 extra_args: Sequence[str] = ()) -> None:
         self.local = local_source
         self.remotes = list(remotes)
         self.match = list(match)
@@ -52,13 +53,12 @@ class MultiNodeSource:
         self.world_size = world_size
         self.args = snapshot_args(self.match, window, list(extra_args))
         self.runner = runner or Runner()
-        self.merge_options = merge_options or {}
+        self.memory = JudgeMemory()  # the merged view's own judgement across polls
         self._pool = ThreadPoolExecutor(max_workers=max(1, min(parallel, len(self.remotes) or 1)),
                                         thread_name_prefix="trainwatch-remote")
         self._inflight: dict[int, Future[NodeResult]] = {}
         self._latest: dict[int, NodeResult] = {}
         self._good: dict[int, NodeResult] = {}
-        self._since: tuple[tuple[str, tuple[int, ...]], float] | None = None
         self._local_takes_native = _accepts(local_source, "native_for")
 
     def __getattr__(self, name: str) -> Any:
@@ -86,8 +86,7 @@ class MultiNodeSource:
         if not any(v.snapshot is not None for v in views):
             reasons = "; ".join(f"{v.name}: {v.error}" for v in views)
             raise TrainwatchError(f"no node of the job could be read ({reasons})")
-        merged = merge_nodes(views, world_size=self.world_size, **self.merge_options)
-        return self._with_since(merged)
+        return merge_nodes(views, memory=self.memory, world_size=self.world_size)
 
     def _poll_local(self, native_for: frozenset[int]) -> NodeView:
         name = socket.gethostname()
@@ -123,13 +122,6 @@ class MultiNodeSource:
         if latest is not None and latest.error:
             return NodeView(name=name, error=f"{latest.error} (asking again)")
         return NodeView(name=name, error=f"slow: no answer after {self.wait_s:g}s (still waiting, up to {self.timeout:g}s)")
-
-    def _with_since(self, snap: Snapshot) -> Snapshot:
-        """Keep the time the current verdict first held across polls, as live views show it."""
-        key = (snap.verdict.kind, snap.verdict.culprits)
-        if self._since is None or self._since[0] != key:
-            self._since = (key, snap.verdict.since or snap.taken_at or time.time())
-        return dataclasses.replace(snap, verdict=dataclasses.replace(snap.verdict, since=self._since[1]))
 
     def paused_judgement(self) -> AbstractContextManager[None]:
         """The local probe's pause (other nodes judge their own progress); nothing without one."""

@@ -13,7 +13,7 @@ import pytest
 
 from trainwatch.probes import hook, rundir
 from trainwatch.probes.judge.progress import CompletedCollectives
-from trainwatch.probes.judge import flightrec
+from trainwatch.probes.read import flightrec
 from trainwatch.probes.read import hookclient
 
 PROBE = """

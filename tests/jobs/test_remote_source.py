@@ -9,12 +9,8 @@ from pathlib import Path
 import pytest
 
 from trainwatch.probes.errors import TrainwatchError
-from trainwatch.probes.judge.groups import group_ranks
-from trainwatch.probes.judge.verdict import judge
 from trainwatch.probes.remote.multinode import MultiNodeSource
 from trainwatch.probes.snapshot import Job, Rank, Snapshot
-
-MERGE = {"group_ranks": group_ranks, "judge": judge}
 
 
 @dataclass(frozen=True)
@@ -67,7 +63,7 @@ def test_nodes_are_asked_in_parallel(tmp_path):
     remotes = [write_node(tmp_path, f"n{i}", snap(f"n{i}", [(i, "compute" if i == 4 else "collective")], 5),
                           delay=1.0) for i in range(1, 5)]
     source = MultiNodeSource(local, remotes, match=["--match", "10.0.0.1:1"], timeout=20,
-                             merge_options=MERGE, window=0.5)
+                             window=0.5)
     try:
         started = time.monotonic()
         merged = source.poll(native_for=frozenset({0}))
@@ -84,8 +80,7 @@ def test_nodes_are_asked_in_parallel(tmp_path):
 def test_a_slow_node_reuses_its_last_snapshot_and_does_not_block(tmp_path):
     local = FakeLocal(snap("n0", [(0, "collective")], world=2))
     fast = write_node(tmp_path, "n1", snap("n1", [(1, "compute")], 2))
-    source = MultiNodeSource(local, [fast], match=["--match", "a:1"], timeout=20, wait_s=1.0,
-                             merge_options=MERGE)
+    source = MultiNodeSource(local, [fast], match=["--match", "a:1"], timeout=20, wait_s=1.0)
     try:
         first = source.poll()
         assert first.rank(1).host == "n1" and not any(h.error for h in first.hosts)
@@ -103,8 +98,7 @@ def test_a_slow_node_reuses_its_last_snapshot_and_does_not_block(tmp_path):
 def test_a_slow_node_without_any_answer_is_named(tmp_path):
     local = FakeLocal(snap("n0", [(0, "collective")], world=2))
     slow = write_node(tmp_path, "n1", snap("n1", [(1, "compute")], 2), delay=30)
-    source = MultiNodeSource(local, [slow], match=["--match", "a:1"], timeout=30, wait_s=0.5,
-                             merge_options=MERGE)
+    source = MultiNodeSource(local, [slow], match=["--match", "a:1"], timeout=30, wait_s=0.5)
     try:
         started = time.monotonic()
         merged = source.poll()
@@ -120,8 +114,7 @@ def test_timeout_and_failures_are_named_per_node(tmp_path):
     local = FakeLocal(snap("n0", [(0, "collective")], world=3))
     hung = write_node(tmp_path, "n1", snap("n1", [(1, "collective")], 3), delay=30)
     broken = write_node(tmp_path, "n2", None)
-    source = MultiNodeSource(local, [hung, broken], match=["--match", "a:1"], timeout=1.0,
-                             merge_options=MERGE)
+    source = MultiNodeSource(local, [hung, broken], match=["--match", "a:1"], timeout=1.0)
     try:
         merged = source.poll()
     finally:
@@ -134,7 +127,7 @@ def test_timeout_and_failures_are_named_per_node(tmp_path):
 
 def test_no_local_source_and_no_answer_is_an_error(tmp_path):
     broken = write_node(tmp_path, "n1", None)
-    source = MultiNodeSource(None, [broken], match=["--match", "a:1"], timeout=5, merge_options=MERGE)
+    source = MultiNodeSource(None, [broken], match=["--match", "a:1"], timeout=5)
     try:
         with pytest.raises(TrainwatchError, match="no node of the job could be read"):
             source.poll()
@@ -144,14 +137,14 @@ def test_no_local_source_and_no_answer_is_an_error(tmp_path):
 
 def test_attributes_come_from_the_local_source(tmp_path):
     local = FakeLocal(snap("n0", [(0, "collective")], world=1))
-    source = MultiNodeSource(local, [], match=["--match", "a:1"], merge_options=MERGE)
+    source = MultiNodeSource(local, [], match=["--match", "a:1"])
     assert source.job is local.job
     source.close()
 
 
 def test_cap_on_parallel_calls(tmp_path):
     remotes = [write_node(tmp_path, f"n{i}", snap(f"n{i}", [(i, "collective")], 40)) for i in range(40)]
-    source = MultiNodeSource(None, remotes, match=["--match", "a:1"], parallel=8, merge_options=MERGE)
+    source = MultiNodeSource(None, remotes, match=["--match", "a:1"], parallel=8)
     try:
         assert source._pool._max_workers == 8
         merged = source.poll()

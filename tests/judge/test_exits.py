@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trainwatch.probes.evidence.redact import MASK
+from trainwatch.probes.redact import MASK
 from trainwatch.probes.evidence.watcher import CrashCatcher
 from trainwatch.probes.judge import exits
-from trainwatch.probes.judge.exits import CrashRecord, ExitLedger, abnormal, first_to_die, read_exit
+from trainwatch.probes.judge.exits import abnormal, death, first_to_die
+from trainwatch.probes.read.exits import CrashRecord, ExitLedger, read_exit
 from trainwatch.probes.judge.phases import classify
-from trainwatch.probes.judge.verdict import judge
+from trainwatch.probes.judge.judgement import JudgeMemory, judge_job
+from trainwatch.probes.observed import ObservedJob, ObservedRank, observed_rank
+from trainwatch.probes.read import crashlog
 from trainwatch.probes.read.process import JobProcesses, RankProcess
 from trainwatch.probes.read.ranklog import RankLogs
 from trainwatch.probes.snapshot import ExitInfo, Frame, Job, Rank, ThreadStack
@@ -45,7 +48,7 @@ def test_describe_names_the_exception_or_the_reason():
     segv = ExitInfo(signal="SIGSEGV", reason="segmentation fault", frame="train.py:116 train")
     assert exits.describe_exit(segv) == "killed by SIGSEGV, in train.py:116 train"
     record = CrashRecord(rank=1, pid=42, exit=raised)
-    assert record.describe() == "rank 1 (pid 42) died: exit code 1, RuntimeError: boom, in train.py:9 step"
+    assert death(record.rank, record.pid, record.exit) == "rank 1 (pid 42) died: exit code 1, RuntimeError: boom, in train.py:9 step"
 
 
 def shared_log(tmp_path: Path, *lines: str) -> tuple[RankLogs, str]:
@@ -104,17 +107,21 @@ def test_a_lingering_rank_that_raised_is_crashed_while_its_process_lives(tmp_pat
                    where="train.py:44 sync")
     job = JobProcesses(launcher="torchrun", root_pid=GONE_PID, host="h")
     seen = {7001: RankProcess(pid=7001, rank=1, local_rank=1, log_path=path)}
-    ranks = ledger.ranks([waiting, rank], job, seen, {}, {}, now=10.0)
-    culprit = ranks[1]
+    judged = judge_all(ledger.ranks([observed_rank(waiting), observed_rank(rank)], job, seen, {}, {}, now=10.0))
+    culprit, verdict = judged.ranks[1], judged.verdict
     assert culprit.state == "stuck" and culprit.exit.reason == "RuntimeError" and culprit.exit.first
-    verdict = judge(ranks, Job("torchrun", 1, "h"))
     assert (verdict.kind, verdict.culprits) == ("crashed", (1,))
     assert verdict.summary == ("rank 1 raised RuntimeError: boom (main thread exited; kept alive by "
                                "non-daemon thread 'worker' at train.py:40 upload)")
     # the same rank with a log that shows no exception is only exiting: a straggler, not a crash
     quiet = ExitLedger(root_pid=GONE_PID)
-    ranks = quiet.ranks([waiting, lingering_rank(None)], job, {}, {}, {}, now=10.0)
-    assert ranks[1].exit is None and judge(ranks, Job("torchrun", 1, "h")).kind == "straggler"
+    judged = judge_all(quiet.ranks([observed_rank(waiting), observed_rank(lingering_rank(None))], job, {}, {}, {},
+                                   now=10.0))
+    assert judged.ranks[1].exit is None and judged.verdict.kind == "straggler"
+
+
+def judge_all(ranks: list[ObservedRank]):
+    return judge_job(ObservedJob(Job("torchrun", 1, "h"), tuple(ranks)), JudgeMemory(), 10.0)
 
 
 def test_exiting_phase_from_native_finalize_and_atexit():
@@ -151,6 +158,6 @@ def test_kernel_oom_kill_names_the_pid(tmp_path):
     assert sig == "SIGKILL" and line.startswith("Out of memory: Killed process 4242")
     assert kernel_fault(4243, str(kmsg)) is None
     proc = RankProcess(pid=4242, rank=3)
-    assert exits.crashlog.classify(line) == exits.OOM_KILLED
+    assert crashlog.classify(line) == exits.OOM_KILLED
     assert first_to_die([(0, ExitInfo(signal="SIGTERM", at=5.0)),
                          (proc.rank, ExitInfo(signal=sig, at=5.1, reason=exits.OOM_KILLED))]) == 3

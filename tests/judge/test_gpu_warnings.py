@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from trainwatch.probes.judge.gpu_warnings import gpu_phase_warnings, mixed_gpus, no_launcher
+from trainwatch.probes.judge.gpu_warnings import gpu_phase_warnings
+from trainwatch.probes.read.gpu_health import mixed_gpus, no_launcher
 from trainwatch.probes.snapshot import GpuDevice, Rank, RankGpu
 
 

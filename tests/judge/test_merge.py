@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from trainwatch.probes.judge.groups import group_ranks
 from trainwatch.probes.remote.merge import NodeView, merge_nodes
 from trainwatch.probes.snapshot import (
     CollectiveState, Frame, HostInfo, Job, Rank, RankCollective, Snapshot, ThreadStack,
 )
-
-from trainwatch.probes.judge.verdict import judge
 
 
 def rank(n: int, host: str, pid: int, phase: str = "collective", **kw) -> Rank:
@@ -29,7 +26,7 @@ def node(host: str, ranks: list[Rank], world: int = 4, **kw) -> Snapshot:
 
 
 def merge(views, **kw):
-    return merge_nodes(views, group_ranks=group_ranks, judge=judge, **kw)
+    return merge_nodes(views, **kw)
 
 
 def test_two_nodes_one_job():

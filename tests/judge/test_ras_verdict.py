@@ -9,7 +9,7 @@ from trainwatch.probes.read import ras_report
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "ras"
 LOCAL = [4101, 4102, 4103, 4104]  # this node's ranks 0-3 in every synthetic fixture (node 10.0.0.11)
-NAMES = {"10.0.0.11": "node11"}
+NAMES = {"10.0.0.11": "node11"}  # for observe(); ObservedRas takes pairs
 
 
 def two_polls(name: str, ext: str = "json", apart: float = 3.0):
@@ -180,3 +180,35 @@ def test_snapshot_json_round_trip_and_older_producers():
     older = snap.to_dict()
     del older["collectives"]["ras"]  # a producer from before RAS
     assert Snapshot.from_dict(older).collectives.ras is None
+
+
+def test_through_the_one_judge_advancing_counts_keep_a_gpu_waiting_rank_running():
+    """judge_job, as every view calls it: ranks whose stacks never change (blocked at .item() on
+    their GPU) are running while RAS sees their counts advance, and stuck once they stop."""
+    from trainwatch.probes.judge.judgement import JudgeMemory, JudgeOptions, judge_job
+    from trainwatch.probes.observed import ObservedJob, ObservedRank, ObservedRas
+    from trainwatch.probes.snapshot import Job
+
+    def report(name, take):
+        return ras_report.parse((FIXTURES / f"synthetic-{name}-{take}.json").read_text())
+
+    memory = JudgeMemory()
+    ranks = tuple(ObservedRank(rank=n, pid=4101 + n, host="node11", phase="gpu_wait", op="item()",
+                               where="train.py:88 main") for n in range(4))
+    for pid in (4101, 4102, 4103, 4104):
+        memory.progress.observe(pid, ("same",), "gpu_wait", None, None, 0.0)
+    options = JudgeOptions(window=3.0)
+
+    def poll(seen, now):
+        return judge_job(ObservedJob(Job("torchrun", 1, "node11"), ranks, None, None, seen), memory, now, options)
+
+    poll(ObservedRas("localhost:28028", 100.0, report("healthy", "a"), tuple(NAMES.items())), 4.0)
+    moving = poll(ObservedRas("localhost:28028", 105.0, report("healthy", "b"), tuple(NAMES.items())), 8.0)
+    assert {r.state for r in moving.ranks} == {"running"} and moving.verdict.kind == "healthy"
+    assert moving.collectives.ras.advancing
+    again = poll(ObservedRas("localhost:28028", 105.0, report("healthy", "b"), tuple(NAMES.items())), 12.0)  # no new reply
+    assert again.collectives.ras is moving.collectives.ras
+    stalled = poll(ObservedRas("localhost:28028", 114.0, report("straggler", "a"), tuple(NAMES.items())), 30.0)
+    stalled = poll(ObservedRas("localhost:28028", 117.0, report("straggler", "b"), tuple(NAMES.items())), 40.0)  # past twice its 8 s rhythm
+    assert stalled.verdict.kind == "straggler" and stalled.verdict.culprits == (6,), stalled.verdict
+    assert stalled.verdict.summary.endswith("(NCCL RAS); local ranks 0-3 wait on their GPU (item()) at train.py:88 main")

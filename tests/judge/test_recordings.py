@@ -10,51 +10,14 @@ what tells them from a hang, since their Python stack is the same in every sampl
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from trainwatch.probes.judge.native import NativeCache, resolve_natively
-from trainwatch.probes.judge.phases import classify, main_thread, stack_signature
-from trainwatch.probes.judge.progress import ProgressTracker
-from trainwatch.probes.judge.verdict import judge
-from trainwatch.probes.read.procfs import ThreadCounters
-from trainwatch.probes.read.pyspy import parse_dump
-from trainwatch.probes.read.sampler import StackSample
-from trainwatch.probes.snapshot import Job, Rank
+from recorded import END, JudgeMemory, judged, observe, replay
+from trainwatch.probes.read.flightrec import analyze, load_trace
 
 PYSPY = Path(__file__).parents[1] / "fixtures" / "h100" / "pyspy"
-WINDOW = 3.0
-SPACING = WINDOW / 2  # three samples over the window, as `snapshot` takes them
-
-
-def load(name: str, pid: int) -> tuple:
-    return tuple(parse_dump(json.loads((PYSPY / f"{name}.json").read_text()), pid))
-
-
-def replay(prefix: str, pid: int, wakeups_per_sample: int, native: bool = True) -> Rank:
-    """One rank through three plain samples (+ the recorded native one when asked for)."""
-    tracker, cache = ProgressTracker(), NativeCache()
-    native_threads = load(f"{prefix}-native", pid)
-    now = 1000.0
-    for i in (1, 2, 3):
-        now += SPACING
-        counters = ThreadCounters(cpu_ticks=150 * i, voluntary=40 + wakeups_per_sample * i, involuntary=3)
-        sample = StackSample(pid, load(f"{prefix}-{i}", pid), counters, counters)
-
-        def take(pids: list[int]) -> dict[int, StackSample]:
-            return {p: StackSample(p, native_threads if native else None, counters, counters) for p in pids}
-
-        samples, classes = resolve_natively({pid: sample}, {pid: classify(sample.threads)}, cache, tracker, now, take)
-        tracker.observe(pid, stack_signature(main_thread(samples[pid].threads)), classes[pid].phase,
-                        samples[pid].before, samples[pid].after, now)
-    cls = classes[pid]
-    idle = tracker.idle_for(pid, now)
-    stuck = idle >= tracker.threshold(pid, WINDOW) * 0.95 and tracker.observed_for(pid, now) >= WINDOW * 0.95
-    return Rank(rank=0, pid=pid, state="stuck" if stuck else "running", phase=cls.phase, op=cls.op,
-                where=cls.where, user_frame=cls.user_frame, stuck_for_s=round(idle, 1) if stuck else None,
-                threads=samples[pid].threads)
 
 
 HANGS = [  # (recording, pid, op shown, where)
@@ -68,9 +31,10 @@ HANGS = [  # (recording, pid, op shown, where)
 
 @pytest.mark.parametrize("prefix,pid,op,where", HANGS, ids=[h[0] for h in HANGS])
 def test_nccl_hangs_judged_hang_with_rank_in_gpu_wait(prefix, pid, op, where):
-    rank = replay(prefix, pid, wakeups_per_sample=0)
+    memory = JudgeMemory()
+    result = judged(memory, [observe(memory, prefix, pid, wakeups_per_sample=0)])
+    (rank,), verdict = result.ranks, result.verdict
     assert (rank.state, rank.phase, rank.op, rank.where) == ("stuck", "gpu_wait", op, where)
-    verdict = judge([rank], Job("torchrun", 1, "h"))
     assert verdict.kind == "hang"
     assert verdict.summary.startswith(f"rank 0 waits on its GPU ({op}) at {where} for")
 
@@ -88,18 +52,22 @@ def test_without_native_frames_the_spin_looks_like_work(prefix, pid):
 
 
 def test_nccl_barrier_stays_a_collective_hang_without_native_sample():
-    rank = replay("nccl_barrier-pid555", 555, wakeups_per_sample=0)
+    memory = JudgeMemory()
+    result = judged(memory, [observe(memory, "nccl_barrier-pid555", 555, wakeups_per_sample=0)])
+    (rank,) = result.ranks
     assert (rank.state, rank.phase, rank.op, rank.native) == ("stuck", "collective", "barrier", False)
     assert not any(f.native for t in rank.threads for f in t.frames)  # clear from Python: no native sample
-    assert judge([rank], Job("torchrun", 1, "h")).kind == "hang"
+    assert result.verdict.kind == "hang"
 
 
 def test_gpubound_job_stays_healthy():
-    ranks = [replay(f"gpubound-pid{pid}", pid, wakeups_per_sample=4) for pid in (558, 559)]
-    ranks = [Rank(**{**r.__dict__, "rank": i}) for i, r in enumerate(ranks)]
+    memory = JudgeMemory()
+    result = judged(memory, [observe(memory, f"gpubound-pid{pid}", pid, wakeups_per_sample=4, rank=i)
+                             for i, pid in enumerate((558, 559))])
+    ranks = result.ranks
     assert [r.phase for r in ranks] == ["gpu_wait", "gpu_wait"]  # a sync point, seen each time...
     assert [r.state for r in ranks] == ["running", "running"]  # ...but it blocks and wakes every step
-    assert judge(ranks, Job("torchrun", 1, "h")).kind == "healthy"
+    assert result.verdict.kind == "healthy"
 
 
 def test_counters_in_the_recordings_are_a_spin():
@@ -110,12 +78,12 @@ def test_counters_in_the_recordings_are_a_spin():
 
 def test_nccl_item_hang_with_its_flight_recorder_names_the_pending_all_reduce():
     # The Flight Recorder dump taken through the hook during the same recorded hang.
-    from trainwatch.probes.judge import flightrec
     fr = Path(__file__).parents[1] / "fixtures" / "fr" / "h100" / "hook-dump_nccl_trace_json-hung.json"
-    state = flightrec.analyze({0: flightrec.load_trace(fr.read_bytes())})
+    state = analyze({0: load_trace(fr.read_bytes())})
     (row,) = state.ranks
-    rank = replay("nccl_item-pid557", 557, wakeups_per_sample=0)
-    verdict = judge([rank], Job("torchrun", 1, "h"), state, now=row.pending_since + 27.4)
+    memory = JudgeMemory()
+    evidence = observe(memory, "nccl_item-pid557", 557, wakeups_per_sample=0)
+    verdict = judged(memory, [evidence], state, now=row.pending_since + 27.4).verdict
     assert verdict.kind == "hang"
     assert verdict.summary.startswith(
         "rank 0 waits on its GPU (item()) at gpujob.py:100 main behind all_reduce #544 (pending 27 s) for")

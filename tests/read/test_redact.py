@@ -2,7 +2,7 @@
 
 import base64
 
-from trainwatch.probes.evidence.redact import (
+from trainwatch.probes.redact import (
     MASK, Redactor, is_secret_name, is_visible_name, redact_cmdline, redact_env, strip_url_credentials,
 )
 
@@ -66,7 +66,7 @@ def test_disabled_redactor_passes_through():
 
 
 def test_scrub_masks_secrets_in_free_text_without_knowing_them():
-    from trainwatch.probes.evidence.redact import scrub
+    from trainwatch.probes.redact import scrub
 
     text = ("RuntimeError: upload failed for https://bob:hunter2@hub.example/x with HF_TOKEN=hf_abcdefghijklmnopqrstu, "
             "password: s3cret-pass, --api-key=k123456789 --token tok987654321, key ghp_abcdefghijklmnopqrstuvwxyz0123")

@@ -236,7 +236,7 @@ async def test_dump_writes_in_a_worker_with_judgement_paused_and_keeps_the_path_
                       source.paused))
         return bundle
 
-    monkeypatch.setattr("trainwatch.probes.source.write_bundle", write_bundle)
+    monkeypatch.setattr("trainwatch.probes.evidence.bundle.write_bundle", write_bundle)
     app, source = make_app(straggler(), dump_dir=tmp_path)
     async with app.run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: app.polls == 1)
@@ -259,7 +259,7 @@ async def test_dump_writes_in_a_worker_with_judgement_paused_and_keeps_the_path_
 async def test_a_long_dump_path_keeps_the_bundle_name_whole_on_one_line(monkeypatch, tmp_path):
     deep = tmp_path.joinpath(*["a-rather-long-folder-name"] * 4)
     bundle = deep / "trainwatch-node1-4242-20231114T223000Z"
-    monkeypatch.setattr("trainwatch.probes.source.write_bundle", lambda *a, **k: bundle)
+    monkeypatch.setattr("trainwatch.probes.evidence.bundle.write_bundle", lambda *a, **k: bundle)
     app, _ = make_app(straggler(), dump_dir=deep)
     async with app.run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: app.polls == 1)
@@ -278,7 +278,7 @@ async def test_dump_failure_is_shown_where_the_path_would_be(monkeypatch, tmp_pa
     def write_bundle(source_pid, snapshot, out_dir, **options):
         raise OutputError(f"cannot create the bundle in {out_dir}: No space left on device")
 
-    monkeypatch.setattr("trainwatch.probes.source.write_bundle", write_bundle)
+    monkeypatch.setattr("trainwatch.probes.evidence.bundle.write_bundle", write_bundle)
     app, _ = make_app(straggler(), dump_dir=tmp_path)
     async with app.run_test(size=(200, 40)) as pilot:
         await until(pilot, lambda: app.polls == 1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ...probes.errors import UsageError
+from ...probes import UsageError
 from .common import add_stuck_after, pid_arg, require_terminal, writable_dir
 from .snapshot import add_remote, wrap_remote
 
@@ -31,7 +31,7 @@ def check_interval(value: float) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ...probes.live import open_source
+    from ...probes import open_source
 
     require_terminal("trainwatch attach", "use `trainwatch snapshot PID` for one verdict, "
                                           "or `trainwatch watch PID` for a log of events")

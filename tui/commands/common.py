@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from ...probes.errors import OutputError, UsageError
+from ...probes import OutputError, UsageError
 
 PID_MAX = 2**31 - 1  # pid_t; larger numbers are no PID at all
 

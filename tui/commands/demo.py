@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ...probes.errors import TrainwatchError, UsageError
+from ...probes import TrainwatchError, UsageError
 from .common import require_terminal
 from ..planted import SCENARIOS, stop_job_tree
 
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         print(f"trainwatch: starting a {args.ranks}-rank '{args.scenario}' demo job…", file=sys.stderr)
         job.wait_for_ranks()
-        from ...probes.live import open_source
+        from ...probes import open_source
         source = open_source(job.proc.pid, window=2.0)
         try:
             if args.no_tui:

@@ -7,7 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
-from ...probes.errors import PARTIAL_EXIT, UsageError
+from ...probes import PARTIAL_EXIT, UsageError
 from .common import pid_arg
 from .snapshot import add_remote, resolve_pid, wrap_remote
 
@@ -50,8 +50,8 @@ def _terminate(signum: int, frame: object) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ...probes.evidence.bundle import write_bundle
-    from ...probes.live import open_source
+    from ...probes import write_bundle
+    from ...probes import open_source
 
     fault_signal = parse_signal(args.signal)
     if args.no_redact:

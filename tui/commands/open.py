@@ -17,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ...probes.evidence.bundle_source import BundleSource
+    from ...probes import BundleSource
 
     source = BundleSource(args.bundle)
     try:

@@ -11,9 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from ...probes import rundir
-from ...probes.errors import OutputError, TrainwatchError, UsageError
-from ...probes.read import procfs
+from ...probes import OutputError, TrainwatchError, UsageError, rundir, signal_name
 from .common import require_terminal
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -79,7 +77,7 @@ def _supervise(command: list[str], env: dict[str, str], added: dict[str, str], r
             log.close()
     rundir.write_run_json(run_dir, command, added, child.pid)
     print(f"trainwatch: armed run {run_dir} (pid {child.pid}; on-demand traces: "
-          f"kill -{procfs.signal_name(rundir.FAULTHANDLER_SIGNAL)} <rank pid>)", file=sys.stderr, flush=True)
+          f"kill -{signal_name(rundir.FAULTHANDLER_SIGNAL)} <rank pid>)", file=sys.stderr, flush=True)
     previous = {sig: signal.signal(sig, lambda n, _f: _forward(child.pid, n)) for sig in FORWARDED}
     foreground = _give_terminal(tty_fd, child.pid)
     try:
@@ -147,7 +145,7 @@ def _alive(pid: int) -> bool:
 
 def _attach(pid: int, window: float) -> None:
     try:
-        from ...probes.live import open_source
+        from ...probes import open_source
         from ..app import TrainwatchApp
     except ImportError as exc:
         print(f"trainwatch: live view unavailable ({exc}); the job keeps running", file=sys.stderr)

@@ -8,10 +8,7 @@ from types import SimpleNamespace
 
 from rich.console import Console
 
-from ...probes.errors import PARTIAL_EXIT, NotAJob, UsageError
-from ...probes.live import LocalSource
-from ...probes.read.discover import find_job_matching
-from ...probes.read.pyspy import find_pyspy
+from ...probes import PARTIAL_EXIT, LocalSource, NotAJob, UsageError, find_job_matching, find_pyspy
 from .common import add_stuck_after, pid_arg
 
 COLLECTIVE_WAIT_S = 2.0  # the ranks' Flight Recorder, fetched while the window is sampled

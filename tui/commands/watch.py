@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ...probes.errors import OutputError, UsageError
-from ...probes.evidence import watcher
-from ...probes.live import open_source
+from ...probes import OutputError, UsageError, Watcher, open_source
 from .common import add_stuck_after, pid_arg
 from .snapshot import add_remote, wrap_remote
 
@@ -59,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise OutputError(f"cannot write {out}: {exc.strerror or exc}", "pass a writable --out DIR") from None
         print(f"watching pid {args.pid}; evidence goes to {out}", flush=True)
-        return watcher.Watcher(job.root_pid, out, dump_on=dump_on, hang_after=args.hang_after,
+        return Watcher(job.root_pid, out, dump_on=dump_on, hang_after=args.hang_after,
                                interval=args.interval, window=args.window,
                                emit=lambda line: print(line, flush=True), source=source, run_dir=run_dir).run()
     finally:

@@ -6,7 +6,7 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from ...probes.snapshot import Frame, Rank, ThreadStack, compact_ranks
+from ...probes import Frame, Rank, ThreadStack, compact_ranks
 
 from . import format as fmt
 from .lines import phase_text, state_text

@@ -13,7 +13,7 @@ from textual.geometry import Region
 from textual.message import Message
 from textual.widgets import Static
 
-from ...probes.snapshot import Group, Snapshot
+from ...probes import Group, Snapshot
 
 from . import format as fmt
 from .lines import group_line

@@ -7,7 +7,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from ...probes.snapshot import Snapshot
+from ...probes import Snapshot
 
 from . import format as fmt
 from .lines import verdict_line

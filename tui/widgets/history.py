@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from ...probes.snapshot import Snapshot
+from ...probes import Snapshot
 
 
 class History:

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from ...probes.judge.groups import group_what
-from ...probes.snapshot import (WAITING_PHASES, Group, Phase, Rank, Snapshot, State, VerdictKind,
-                                        compact_ranks)
+from ...probes import WAITING_PHASES, Group, Phase, Rank, Snapshot, State, VerdictKind, compact_ranks, group_what
 
 from . import format as fmt
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from ...probes.snapshot import Rank
+from ...probes import Rank
 
 _RANK_LIST = re.compile(r"^\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*$")
 

@@ -20,7 +20,7 @@ from textual import events
 from textual.widgets import DataTable
 from textual.widgets.data_table import ColumnKey
 
-from ...probes.snapshot import Rank
+from ...probes import Rank
 
 from . import format as fmt
 from .history import History

@@ -27,7 +27,7 @@ import json
 import pickle
 from dataclasses import dataclass, replace
 
-from ..snapshot import CollectiveState, RankCollective, compact_ranks
+from ..snapshot import CollectiveState, RankCollective, age_text, compact_ranks
 
 
 class TraceError(ValueError):
@@ -344,15 +344,6 @@ def describe(state: CollectiveState, now: float | None = None) -> list[str]:
                 line += f" for {age_text(now - row.pending_since)}"
         lines.append(line)
     return lines
-
-
-def age_text(seconds: float) -> str:
-    """``27 s``, ``4 min``, ``2.5 h``."""
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def analyze_rows(rows: list[RankCollective], source: str) -> CollectiveState | None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trainwatch.probes.judge.flightrec import (
+from trainwatch.probes.read.flightrec import (
     HOOK_FORMAT, TraceError, analyze, describe, has_entries, hook_reply_traces, load_trace, merge_traces,
 )
 from trainwatch.probes.judge.verdict import behind, judge
@@ -116,7 +116,7 @@ def test_works_without_torch():
     import sys
     code = ("import sys; sys.modules['torch'] = None\n"
             "from pathlib import Path\n"
-            "from trainwatch.probes.judge.flightrec import analyze, load_trace\n"
+            "from trainwatch.probes.read.flightrec import analyze, load_trace\n"
             f"d = Path({str(FIXTURES / 'mismatch')!r})\n"
             "state = analyze({r: load_trace((d / f'rank{r}.json').read_bytes()) for r in (0, 1)})\n"
             "print([row.pending_op for row in state.ranks])")

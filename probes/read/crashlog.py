@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..read.logtail import read_tail
+from .logtail import read_tail
 
 # (reason shown to people, pattern) in priority order: the first match names the death.
 # A reason may appear twice: its most telling line is tried first.

@@ -1,0 +1,132 @@
+"""The one judge: evidence records and the remembered history in; ranks' states, groups and verdict out.
+
+Every verdict trainwatch shows comes from :func:`judge_job`: the live view, ``snapshot``,
+``watch``, bundles re-judged with their own Flight Recorder traces, and merged multi-node views.
+Pure: no I/O; :class:`JudgeMemory` is plain state the caller keeps between polls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from .exits import first_to_die
+from .groups import group_ranks
+from .progress import CompletedCollectives, ProgressTracker
+from .ras import RasTracker, judge_ras, progress_pids
+from .verdict import judge
+from ..observed import ObservedJob, ObservedRank
+from ..snapshot import UNJUDGED_VERDICTS, CollectiveState, Group, RasState, Rank, Snapshot, Verdict
+
+# Rounding for "enough": a window of samples taken on a schedule ends a little early.
+SLACK = 0.95
+
+
+@dataclass
+class JudgeMemory:
+    """What the judge remembers between polls of one job.
+
+    ``progress``: per PID, when each rank last showed progress (fed by whoever samples stacks);
+    ``familiar``: per rank, the places it was seen at while running (breaks ties between groups);
+    ``verdict``: the last verdict, so ``since`` says when the current one first held."""
+
+    progress: ProgressTracker = field(default_factory=ProgressTracker)
+    completed: CompletedCollectives = field(default_factory=CompletedCollectives)
+    ras: RasTracker = field(default_factory=RasTracker)  # NCCL RAS counts of the previous reply
+    ras_state: RasState | None = None
+    familiar: dict[int, frozenset[str]] = field(default_factory=dict)
+    verdict: Verdict | None = None
+
+    @classmethod
+    def after(cls, snapshot: Snapshot) -> JudgeMemory:
+        """A memory that knows only ``snapshot``'s verdict (re-judging a snapshot keeps its ``since``)."""
+        return cls(verdict=snapshot.verdict)
+
+
+@dataclass(frozen=True)
+class JudgeOptions:
+    """``window``: seconds over which progress was sampled (0: not judged); ``stuck_after``: a
+    fixed stuck threshold instead of each rank's own rhythm."""
+
+    window: float = 0.0
+    stuck_after: float | None = None
+
+
+@dataclass(frozen=True)
+class Judgement:
+    ranks: tuple[Rank, ...]
+    groups: tuple[Group, ...]
+    verdict: Verdict
+    collectives: CollectiveState | None = None  # the evidence's, with NCCL RAS's judged state
+
+
+def judge_job(evidence: ObservedJob, memory: JudgeMemory, now: float,
+              options: JudgeOptions = JudgeOptions()) -> Judgement:
+    """Judge one poll's evidence; updates ``memory``."""
+    # Completed collectives that advanced are progress, whatever the stacks showed.
+    moved = memory.completed.advanced(evidence.collectives)
+    for ev in evidence.ranks:
+        if ev.rank in moved and ev.pid is not None:
+            memory.progress.mark_progress(ev.pid, now)
+    collectives = _with_ras(evidence, memory, now)
+    ranks = _first_to_die([rank_state(ev, memory.progress, now, options) for ev in evidence.ranks])
+    for rank in ranks:  # where each rank goes while it makes progress: breaks ties between waiting ranks
+        if rank.state == "running" and rank.where and rank.rank is not None:
+            memory.familiar[rank.rank] = memory.familiar.get(rank.rank, frozenset()) | {rank.where}
+    verdict = judge(ranks, evidence.job, collectives, familiar=memory.familiar, now=now)
+    if verdict.kind in UNJUDGED_VERDICTS:
+        verdict = _unjudged(verdict, ranks, evidence.unsampled)
+    if memory.verdict is not None and memory.verdict.kind == verdict.kind and memory.verdict.since is not None:
+        verdict = replace(verdict, since=memory.verdict.since)
+    else:
+        verdict = replace(verdict, since=now)
+    memory.verdict = verdict
+    return Judgement(ranks=tuple(ranks), groups=group_ranks(ranks, verdict.culprits), verdict=verdict,
+                     collectives=collectives)
+
+
+def _with_ras(evidence: ObservedJob, memory: JudgeMemory, now: float) -> CollectiveState | None:
+    """NCCL RAS's reply judged against the previous one; counts that advanced are progress for
+    the local ranks that launched them, like completed collectives. Evidence without a reply
+    (bundles, other nodes' snapshots) keeps the RAS state it carries."""
+    if evidence.ras is None:
+        return evidence.collectives
+    pids = {ev.pid for ev in evidence.ranks if ev.pid is not None}
+    memory.ras_state, fresh = judge_ras(evidence.ras, memory.ras, memory.ras_state, pids)
+    if fresh:
+        for pid in progress_pids(memory.ras_state, pids):
+            memory.progress.mark_progress(pid, now)
+    if memory.ras_state is None:
+        return evidence.collectives
+    return replace(evidence.collectives or CollectiveState(source="ras"), ras=memory.ras_state)
+
+
+def rank_state(ev: ObservedRank, progress: ProgressTracker, now: float, options: JudgeOptions) -> Rank:
+    """Stuck or running: stuck when the rank showed no progress for its threshold (see
+    ``progress``), once it was watched for a whole window. A state judged where the rank was
+    sampled (``ev.seen``) stands; an unsampled rank is ``unknown``."""
+    if ev.seen != "unknown":
+        return ev.as_rank(ev.seen, ev.stuck_for_s)
+    idle = progress.idle_for(ev.pid, now) if ev.pid is not None else None
+    if (not ev.sampled or idle is None or options.window <= 0
+            or progress.observed_for(ev.pid, now) < options.window * SLACK):
+        return ev.as_rank("unknown", None)
+    threshold = options.stuck_after or progress.threshold(ev.pid, options.window, ev.step_period_s)
+    stuck = idle >= threshold * SLACK
+    return ev.as_rank("stuck" if stuck else "running", round(idle, 1) if stuck else None)
+
+
+def _first_to_die(ranks: list[Rank]) -> list[Rank]:
+    """Mark the one rank whose death (or uncaught exception) came first (``exits.first_to_die``)."""
+    first = first_to_die((i, r.exit) for i, r in enumerate(ranks) if r.exit is not None)
+    return [r if r.exit is None or r.exit.first == (i == first) else replace(r, exit=replace(r.exit, first=i == first))
+            for i, r in enumerate(ranks)]
+
+
+def _unjudged(verdict: Verdict, ranks: list[Rank], unsampled: str | None) -> Verdict:
+    """Say why progress was not judged instead of calling unsampled ranks healthy."""
+    if unsampled is not None:
+        return Verdict("unknown", (), f"no stacks: {unsampled}")
+    live = [r for r in ranks if r.state not in ("exited", "missing")]
+    if live and all(r.state == "unknown" for r in live):
+        return Verdict("unknown", (), "progress not judged (single sample): the groups show where ranks are")
+    return verdict

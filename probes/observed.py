@@ -1,0 +1,196 @@
+"""The evidence records: what was read about each rank and about the job, before any judgement.
+
+``read/`` (and the schedulers over it: ``live.py``, ``remote/``, ``evidence/``) fill these in;
+``judge/judgement.py`` turns them into ranks' states, groups and the verdict. Both sides import
+this module and neither imports the other.
+
+Adding a collective-state source: one reader module in ``read/`` and one field of
+:class:`ObservedJob` (its ``CollectiveState``-like record); the judge reads the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from .errors import TrainwatchError
+from .snapshot import CollectiveState, ExitInfo, Job, Phase, Rank, RankGpu, Snapshot, State, ThreadStack
+
+
+SIGNAL_REASONS = {"SIGSEGV": "segmentation fault", "SIGBUS": "bus error", "SIGABRT": "aborted",
+                  "SIGFPE": "floating point exception", "SIGILL": "illegal instruction"}
+FrameInts = dict[int, dict[str, int]]  # main-thread frame index (innermost = 0) -> {allowed name: value}
+
+
+@dataclass(frozen=True)
+class ThreadCounters:
+    """Scheduler counters of one thread; unchanged counters mean the thread did not run."""
+
+    cpu_ticks: int
+    voluntary: int
+    involuntary: int
+
+
+@dataclass(frozen=True)
+class StackSample:
+    pid: int
+    threads: tuple[ThreadStack, ...] | None  # None: could not sample
+    before: ThreadCounters | None
+    after: ThreadCounters | None
+    error: TrainwatchError | None = None
+    reused: bool = False  # no py-spy call: the previous stacks were kept (see ProgressTracker.needs_dump)
+    gone: bool = False
+    ints: FrameInts | None = None  # step-like integer locals when read with --locals (see probes/judge/steps.py)
+    at: float | None = None  # unix time of the py-spy call (the middle of it)
+
+
+
+@dataclass(frozen=True)
+class ObservedRank:
+    """One rank as read in one poll.
+
+    ``seen``: ``exited`` or ``missing`` when read so; ``stuck``/``running`` when the state was
+    judged where the rank was sampled (a bundle, another node's snapshot); ``unknown`` for a live
+    rank whose progress the judge's memory decides. The classification fields (phase, op, where,
+    user_frame, detail, native) describe ``threads`` (``judge.phases.classify``)."""
+
+    rank: int | None
+    pid: int | None = None
+    host: str = ""
+    local_rank: int | None = None
+    seen: State = "unknown"
+    phase: Phase = "unknown"
+    op: str | None = None
+    where: str | None = None
+    user_frame: str | None = None
+    detail: str | None = None
+    native: bool = False
+    threads: tuple[ThreadStack, ...] = ()
+    stuck_for_s: float | None = None  # as reported along with ``seen`` (bundles, other nodes)
+    sampled: bool = True  # False: this poll's sample failed (py-spy error); progress is not judged
+    cpu_pct: float | None = None
+    rss_bytes: int | None = None
+    gpu: RankGpu | None = None
+    exit: ExitInfo | None = None  # how it ended, or (alive) the exception its log shows
+    children: tuple[int, ...] = ()
+    log_path: str | None = None
+    step: int | None = None
+    step_period_s: float | None = None
+
+    def as_rank(self, state: State, stuck_for_s: float | None) -> Rank:
+        """The snapshot's rank record for this evidence in ``state``."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(Rank)
+                  if f.name not in ("state", "stuck_for_s")}
+        return Rank(state=state, stuck_for_s=stuck_for_s, **fields)
+
+
+
+# -- NCCL RAS (read/ras.py asks, read/ras_report.py parses, judge/ras.py judges) -----------------------
+ANY_OP = "collective"  # NCCL < 2.26 counts every collective together
+
+
+class RasReportRank(NamedTuple):
+    """One rank of one communicator as RAS saw it (a tuple: big jobs have thousands)."""
+
+    rank: int  # rank within the communicator
+    host: str = ""  # the rank's node as RAS prints it (its IP address)
+    pid: int | None = None
+    cuda_dev: int | None = None
+    nvml_dev: int | None = None
+    counts: tuple[tuple[str, int], ...] = ()  # (operation, collectives launched), ops RAS reported
+    status: str = "ok"  # ok, missing (reachable, not a member), unreachable, dead
+    error: str | None = None  # an initialization or asynchronous NCCL error
+
+
+class CountGroup(NamedTuple):
+    """Text format: ``26 ranks have launched up to operation 6650`` (for one operation type)."""
+
+    op: str
+    count: int
+    ranks: int
+
+
+@dataclass(frozen=True)
+class RasComm:
+    hash: str  # hex without 0x, as NCCL logs it
+    size: int | None = None  # ranks in the communicator
+    ranks: tuple[RasReportRank, ...] = ()  # JSON: every rank; text: the ranks it names
+    groups: tuple[CountGroup, ...] = ()  # text only
+    complete: bool = False  # ranks lists every rank with its counts (JSON)
+    problems: tuple[str, ...] = ()  # text: MISMATCH, INCOMPLETE, ERROR
+
+
+@dataclass(frozen=True)
+class RasProcess:
+    pid: int | None
+    host: str
+    gpus: str = ""
+
+
+@dataclass(frozen=True)
+class RasReport:
+    format: str  # "json" or "text"
+    nccl_version: str | None = None
+    comms: tuple[RasComm, ...] = ()
+    dead: tuple[RasProcess, ...] = ()  # text DEAD section
+    unreachable: tuple[RasProcess, ...] = ()  # text INCOMPLETE section (job processes)
+    timeouts: int = 0
+    healthy_groups: int = 0  # text: communicator groups whose table row says OK
+    notes: tuple[str, ...] = field(default=())
+
+    def pids(self) -> set[int]:
+        """Every process ID the report names."""
+        found = {r.pid for c in self.comms for r in c.ranks if r.pid is not None}
+        return found | {p.pid for p in (*self.dead, *self.unreachable) if p.pid is not None}
+
+
+@dataclass(frozen=True)
+class ObservedRas:
+    """One NCCL RAS reply of this job (another job's is not one): when it was asked, and the
+    node names its host addresses stand for where known (this node's)."""
+
+    origin: str  # host:port asked
+    at: float  # unix time it was asked
+    report: RasReport | None = None  # None: the job's RAS gave nothing usable this time
+    names: tuple[tuple[str, str], ...] = ()  # (address, node name)
+
+
+@dataclass(frozen=True)
+class ObservedJob:
+    """Everything read about one job in one poll: the ranks, and every collective-state source.
+
+    ``collectives``: the Flight Recorder's view (hook, dump files, pipes, debug server), merged.
+    ``ras``: NCCL RAS's latest reply (the judge remembers the previous one; ``judge/ras.py``).
+    ``unsampled``: why no rank could be sampled at all (py-spy missing), or None."""
+
+    job: Job
+    ranks: tuple[ObservedRank, ...] = ()
+    collectives: CollectiveState | None = None
+    unsampled: str | None = None
+    ras: ObservedRas | None = None
+
+
+def observed_rank(rank: Rank) -> ObservedRank:
+    """A judged rank (from a snapshot) read back as evidence: its state is what was reported."""
+    fields = {f.name: getattr(rank, f.name) for f in dataclasses.fields(ObservedRank)
+              if f.name not in ("seen", "sampled")}
+    return ObservedRank(seen=rank.state, **fields)
+
+
+def observed_snapshot(snapshot: Snapshot) -> ObservedJob:
+    """A snapshot read back as evidence (bundles, other nodes, ``watch``): to be judged again."""
+    return ObservedJob(job=snapshot.job, ranks=tuple(observed_rank(r) for r in snapshot.ranks),
+                       collectives=snapshot.collectives)
+
+
+def abnormal(info: ExitInfo | None) -> bool:
+    """A crash: a signal, a non-zero exit code, or a rank reaped unseen whose evidence says why.
+    A rank reaped with no evidence at all is taken as a normal exit, not invented as a crash."""
+    if info is None:
+        return False
+    if info.signal is not None:
+        return True
+    if info.code is not None:
+        return info.code != 0
+    return bool(info.reason or info.message or info.frame)

@@ -1,0 +1,137 @@
+"""Which other nodes to ask, and how to reach them: ssh hosts, a SLURM job's nodes (srun), the
+pods of a Kubernetes selector (kubectl). Every call to srun or kubectl here is bounded."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import TrainwatchError
+from .hostlist import parse_hosts, read_hostfile, slurm_hostnames, slurm_job_nodelist, unique
+from .multinode import MultiNodeSource
+from .remote import (
+    DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, KubeRemote, Remote, SlurmRemote, SshRemote, kubectl_get_pods_argv,
+    match_args, parse_pods,
+)
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """The other nodes as named by a person: ``hosts`` (SLURM ranges allowed), a ``hostfile``,
+    a SLURM job (``slurm``: its id, or ``auto``), pods matching a ``k8s`` selector."""
+
+    hosts: tuple[str, ...] = ()
+    hostfile: str | None = None
+    slurm: str | None = None
+    k8s: str | None = None
+    k8s_namespace: str | None = None
+    k8s_container: str | None = None
+    ssh_options: tuple[str, ...] = ()
+    timeout: float = DEFAULT_TIMEOUT_S
+    parallel: int = DEFAULT_PARALLEL
+    trainwatch: str = "trainwatch"  # the command that runs trainwatch on the other nodes
+
+    @property
+    def named(self) -> bool:
+        return bool(self.hosts or self.hostfile or self.slurm or self.k8s)
+
+
+def this_node() -> set[str]:
+    name = socket.gethostname()
+    names = {name, name.split(".")[0], "localhost"}
+    try:
+        names.add(socket.getfqdn())
+    except OSError:
+        pass
+    return names
+
+
+def detect_slurm(job: Any) -> str | None:
+    """SLURM_JOB_ID from the ranks' environment (JobProcesses), if the job runs under SLURM."""
+    for rank in getattr(job, "ranks", ()) or ():
+        job_id = (getattr(rank, "env", None) or {}).get("SLURM_JOB_ID")
+        if job_id:
+            return job_id
+    return None
+
+
+def _slurm_remotes(spec: NodeSpec, job: Any) -> list[Remote]:
+    job_id = detect_slurm(job) if spec.slurm == "auto" else spec.slurm
+    if not job_id:
+        raise TrainwatchError("--slurm auto: the job's ranks have no SLURM_JOB_ID", remedy="pass --slurm JOBID")
+    if not shutil.which("srun"):
+        raise TrainwatchError("--slurm needs srun, which is not installed here",
+                              remedy="run trainwatch on a node of the SLURM cluster, or use --hosts (ssh)")
+    local = this_node()
+    nodes = slurm_hostnames(slurm_job_nodelist(job_id, timeout=spec.timeout))
+    return [SlurmRemote(name=n, job_id=job_id) for n in nodes if n not in local]
+
+
+def list_pods(selector: str, namespace: str | None, timeout: float) -> list[str]:
+    """Running pods matching ``selector`` (kubectl get pods -o json)."""
+    try:
+        done = subprocess.run(kubectl_get_pods_argv(selector, namespace), capture_output=True, text=True,
+                              timeout=timeout, check=False)
+    except FileNotFoundError as exc:
+        raise TrainwatchError("--k8s needs kubectl, which is not installed here") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise TrainwatchError(f"kubectl get pods did not answer in {timeout:g}s") from exc
+    if done.returncode != 0:
+        raise TrainwatchError(f"kubectl get pods -l {selector}: {done.stderr.strip() or 'failed'}")
+    try:
+        pods = parse_pods(done.stdout)
+    except ValueError as exc:
+        raise TrainwatchError(str(exc)) from exc
+    return [p.name for p in pods if p.phase == "Running"]
+
+
+def _k8s_remotes(spec: NodeSpec) -> list[Remote]:
+    assert spec.k8s is not None
+    pods = list_pods(spec.k8s, spec.k8s_namespace, spec.timeout)
+    if not pods:
+        raise TrainwatchError(f"no running pod matches -l {spec.k8s}")
+    me = os.environ.get("HOSTNAME") or socket.gethostname()  # a pod's hostname is its name
+    return [KubeRemote(name=p, namespace=spec.k8s_namespace, container=spec.k8s_container)
+            for p in pods if p != me]
+
+
+def other_nodes(spec: NodeSpec, job: Any) -> list[Remote]:
+    """The nodes named in ``spec``, without this node."""
+    remotes: list[Remote] = []
+    hosts = parse_hosts(list(spec.hosts))
+    if spec.hostfile:
+        hosts = unique([*hosts, *read_hostfile(spec.hostfile)])
+    local = this_node()
+    remotes += [SshRemote(name=h, options=spec.ssh_options, connect_timeout=max(1, int(min(spec.timeout, 10))))
+                for h in hosts if h not in local]
+    if spec.slurm:
+        remotes += _slurm_remotes(spec, job)
+    if spec.k8s:
+        remotes += _k8s_remotes(spec)
+    return remotes
+
+
+def open_nodes(local_source: Any, spec: NodeSpec, job: Any, *, wait_s: float | None = None,
+               window: float | None = None, samples: int | None = None) -> Any:
+    """``local_source`` alone, or a MultiNodeSource over this node and the other nodes in ``spec``.
+
+    ``job`` is the local JobProcesses (or Job). ``wait_s``: how long one poll waits for slow
+    nodes (live views pass their refresh interval; one-shot commands leave it at the timeout).
+    Each node samples over ``window`` with ``samples`` samples."""
+    if not spec.named:
+        return local_source
+    remotes = other_nodes(spec, job)
+    if not remotes:
+        return local_source
+    try:
+        match = match_args(job)
+    except ValueError as exc:
+        raise TrainwatchError(str(exc), remedy="other nodes find the job by MASTER_ADDR:MASTER_PORT") from exc
+    return MultiNodeSource(local_source, remotes, match=match, trainwatch=spec.trainwatch,
+                           timeout=spec.timeout, wait_s=wait_s, parallel=spec.parallel,
+                           window=window, world_size=getattr(job, "world_size", None),
+                           extra_args=["--samples", str(samples)] if samples is not None else [])

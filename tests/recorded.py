@@ -1,0 +1,104 @@
+"""Recorded jobs replayed as the live view samples them, and judged by the one judge.
+
+Stacks: real py-spy dumps (``fixtures/h100/pyspy``: one H100, NCCL 2.28, torch 2.11;
+``fixtures/pyspy``: gloo on CPU). Flight Recorder traces: ``fixtures/fr``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from trainwatch.probes.read.flightrec import analyze, load_trace
+from trainwatch.probes.judge.judgement import JudgeMemory, JudgeOptions, Judgement, judge_job
+from trainwatch.probes.judge.native import NativeCache, resolve_natively
+from trainwatch.probes.judge.phases import classify, main_thread, stack_signature
+from trainwatch.probes.observed import ObservedJob, ObservedRank
+from trainwatch.probes.read.procfs import ThreadCounters
+from trainwatch.probes.read.pyspy import parse_dump
+from trainwatch.probes.read.sampler import StackSample
+from trainwatch.probes.snapshot import CollectiveState, Job, Rank, ThreadStack
+
+FIXTURES = Path(__file__).parent / "fixtures"
+H100 = FIXTURES / "h100" / "pyspy"
+WINDOW = 3.0
+SPACING = WINDOW / 2  # three samples over the window, as `snapshot` takes them
+END = 1000.0 + 3 * SPACING  # when the last sample of a replay is taken
+JOB = Job("torchrun", 1, "h")
+
+__all__ = ["END", "JOB", "JudgeMemory", "WINDOW", "gloo_mismatch", "h100_item_hang", "judged", "observe", "replay"]
+
+
+def load(name: str, pid: int) -> tuple[ThreadStack, ...]:
+    return tuple(parse_dump(json.loads((H100 / f"{name}.json").read_text()), pid))
+
+
+def observe(memory: JudgeMemory, prefix: str, pid: int, wakeups_per_sample: int, native: bool = True,
+            rank: int = 0, start: float = 1000.0) -> ObservedRank:
+    """One rank sampled as the live view samples it: three plain samples of ``<prefix>-1..3``
+    (+ the recorded native one when asked for), each observed by the judge's progress memory."""
+    native_threads = load(f"{prefix}-native", pid)
+    return sample_rounds(memory, pid, [load(f"{prefix}-{i}", pid) for i in (1, 2, 3)], wakeups_per_sample,
+                         native_threads if native else None, rank, start)
+
+
+def sample_rounds(memory: JudgeMemory, pid: int, rounds: list[tuple[ThreadStack, ...]], wakeups_per_sample: int,
+                  native_threads: tuple[ThreadStack, ...] | None, rank: int, start: float = 1000.0) -> ObservedRank:
+    """Observe ``rounds`` (one per sample, ``SPACING`` apart from ``start``) with the main thread's
+    counters as recorded in the hangs: CPU always burning, ``wakeups_per_sample`` wake-ups each."""
+    tracker, cache = memory.progress, NativeCache()
+    now = start
+    for i, threads in enumerate(rounds, start=1):
+        now += SPACING
+        counters = ThreadCounters(cpu_ticks=150 * i, voluntary=40 + wakeups_per_sample * i, involuntary=3)
+        sample = StackSample(pid, threads, counters, counters)
+
+        def take(pids: list[int]) -> dict[int, StackSample]:
+            return {p: StackSample(p, native_threads, counters, counters) for p in pids}
+
+        samples, classes = resolve_natively({pid: sample}, {pid: classify(sample.threads)}, cache, tracker, now, take)
+        tracker.observe(pid, stack_signature(main_thread(samples[pid].threads)), classes[pid].phase,
+                        samples[pid].before, samples[pid].after, now)
+    cls, threads = classes[pid], samples[pid].threads
+    return ObservedRank(rank=rank, pid=pid, host="h", phase=cls.phase, op=cls.op, where=cls.where,
+                        user_frame=cls.user_frame, detail=cls.detail, threads=threads,
+                        native=bool(threads) and any(f.native for f in threads[0].frames))
+
+
+def judged(memory: JudgeMemory, ranks: list[ObservedRank], collectives: CollectiveState | None = None,
+           now: float = END) -> Judgement:
+    """The one judge over the replayed evidence, as the live view calls it."""
+    return judge_job(ObservedJob(JOB, tuple(ranks), collectives), memory, now, JudgeOptions(window=WINDOW))
+
+
+def replay(prefix: str, pid: int, wakeups_per_sample: int, native: bool = True) -> Rank:
+    """One rank's replayed recording, judged on its own."""
+    memory = JudgeMemory()
+    (rank,) = judged(memory, [observe(memory, prefix, pid, wakeups_per_sample, native)]).ranks
+    return rank
+
+
+def gloo_stacks(name: str) -> tuple[ThreadStack, ...]:
+    data = json.loads((FIXTURES / "pyspy" / name).read_text())
+    main_pid = next(t["os_thread_id"] for t in data if t["thread_name"] == "MainThread")
+    return tuple(parse_dump(data, main_pid))
+
+
+def gloo_mismatch(memory: JudgeMemory) -> tuple[list[ObservedRank], CollectiveState, float]:
+    """Two gloo ranks (torch 2.13) that never wake up, both at the recorded all_gather stack, with
+    the Flight Recorder traces of the recorded mismatch (rank 0 enqueued all_reduce #5)."""
+    stacks = gloo_stacks("gloo_all_gather.json")
+    ranks = [sample_rounds(memory, 100 + n, [stacks] * 3, 0, None, n) for n in (0, 1)]
+    traces = {n: load_trace((FIXTURES / "fr" / "gloo-2.13" / "mismatch" / f"rank{n}.json").read_bytes())
+              for n in (0, 1)}
+    return ranks, analyze(traces, source="hook"), END
+
+
+def h100_item_hang(memory: JudgeMemory) -> tuple[list[ObservedRank], CollectiveState, float]:
+    """The recorded H100 hang in ``.item()`` behind an all_reduce, with its Flight Recorder dump,
+    judged 27.4 s after the all_reduce was enqueued."""
+    fr = FIXTURES / "fr" / "h100" / "hook-dump_nccl_trace_json-hung.json"
+    state = analyze({0: load_trace(fr.read_bytes())}, source="hook")
+    now = state.ranks[0].pending_since + 27.4
+    rank = observe(memory, "nccl_item-pid557", 557, wakeups_per_sample=0, start=now - 3 * SPACING)
+    return [rank], state, now
