@@ -26,6 +26,7 @@ from typing import Iterable, Mapping, NamedTuple
 from ..observed import ANY_OP, ObservedRas, RasComm, RasReport
 from ..snapshot import OpCount, RasRank, RasState, compact_ranks
 
+_new = tuple.__new__  # a NamedTuple without its Python-level __new__ (thousands of rows a poll)
 MAX_ROWS = 256  # rows kept in a snapshot; beyond, only the notable ones (culprits, local, not ok)
 NAMED = 4  # culprits spelled out one by one in the finding
 
@@ -60,7 +61,6 @@ class RasTracker:
     def __init__(self) -> None:
         self._signature: dict[str, tuple] = {}  # communicator -> its counts at the last poll
         self._still_since: dict[str, float] = {}  # communicator -> first poll that saw them as now
-        self._counts: dict[tuple[str, int], tuple] = {}  # (communicator, comm rank) -> its counts
         self._unreachable: set[tuple[str, int]] = set()  # (communicator, comm rank) unreachable at the last poll
 
     def observe(self, report: RasReport, at: float, origin: str, *, local_pids: Iterable[int] = (),
@@ -81,7 +81,7 @@ class RasTracker:
             if previous != signature:
                 self._still_since[comm.hash] = at
             stalled = previous == signature
-            comm_rows = self._rows(comm, global_of, names, biggest=index == 0)
+            comm_rows = self._rows(comm, previous if comm.complete else None, global_of, names, biggest=index == 0)
             moved = any(r.moving for r in comm_rows) or (previous is not None and not comm.complete
                                                           and previous != signature and _grew(previous, signature))
             advancing |= moved
@@ -100,20 +100,24 @@ class RasTracker:
                         still_s=round(min(still), 1) if still and len(still) == len(comms) else None,
                         notes=report.notes)
 
-    def _rows(self, comm: RasComm, global_of: Mapping[tuple[str, int | None], int], names: Mapping[str, str],
-              biggest: bool) -> list[_Row]:
+    def _rows(self, comm: RasComm, previous: tuple | None, global_of: Mapping[tuple[str, int | None], int],
+              names: Mapping[str, str], biggest: bool) -> list[_Row]:
+        """The communicator's ranks as rows; ``moving``: its counts grew since ``previous`` (the
+        communicator's ranks at the last poll; None: no last poll, or a text report)."""
+        still = comm.complete and previous is not None and previous == comm.ranks
+        before = {r.rank: r.counts for r in previous} if comm.complete and previous is not None and not still else {}
         out = []
-        seen = self._counts
         for r in comm.ranks:
             moving = None
-            if comm.complete and r.status == "ok" and r.counts:
-                key = (comm.hash, r.rank)
-                before = seen.get(key)
-                if before is not None:
-                    moving = before != r.counts and sum(n for _, n in r.counts) > sum(n for _, n in before)
-                seen[key] = r.counts
-            out.append(_Row(comm.hash, r.rank, global_of.get((r.host, r.pid), r.rank if biggest else None),
-                            names.get(r.host, r.host), r.pid, r.cuda_dev, r.nvml_dev, r.counts, r.status, moving))
+            if still:
+                moving = False
+            elif before and r.status == "ok" and r.counts:
+                old = before.get(r.rank)
+                if old is not None:
+                    moving = old != r.counts and sum(n for _, n in r.counts) > sum(n for _, n in old)
+            out.append(_new(_Row, (comm.hash, r.rank, global_of.get((r.host, r.pid), r.rank if biggest else None),
+                                   names.get(r.host, r.host), r.pid, r.cuda_dev, r.nvml_dev, r.counts, r.status,
+                                   moving)))
         return out
 
 

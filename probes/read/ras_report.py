@@ -64,10 +64,40 @@ def parse_json(text: str) -> RasReport:
 
 
 def _json_comm(data: dict) -> RasComm:
-    ranks = [_json_rank(r) for r in data.get("ranks") or () if isinstance(r, dict)]
+    ranks = _json_ranks(data.get("ranks") or ())
     ranks += [_json_missing(r) for r in data.get("missing_ranks") or () if isinstance(r, dict)]
     ranks.sort(key=lambda r: r.rank)
     return RasComm(hash=_hash(data.get("hash")), size=_int(data.get("size")), ranks=tuple(ranks), complete=True)
+
+
+_new = tuple.__new__  # a NamedTuple without its Python-level __new__: 8,192 ranks a report at 1,024 x 8
+
+
+def _json_ranks(items: object) -> list[RasRank]:
+    """Every rank record; the common shape (NCCL's own) on a fast path, anything else checked field by field."""
+    out: list[RasRank] = []
+    if not isinstance(items, list):
+        return out
+    good_counts: dict[tuple, bool] = {}  # ranks of one communicator mostly share their counts
+    for data in items:
+        try:
+            counts = tuple(data["collective_counts"].items())
+            status = data["status"]
+            init, late = status["init_state"], status["async_error"]
+            rank, pid, host, cuda, nvml = data["rank"], data["pid"], data["host"], data["cuda_dev"], data["nvml_dev"]
+        except (KeyError, TypeError, AttributeError):
+            if isinstance(data, dict):
+                out.append(_json_rank(data))
+            continue
+        fine = good_counts.get(counts)
+        if fine is None:
+            fine = good_counts[counts] = all(type(n) is int for _, n in counts)
+        if (fine and type(rank) is int and type(pid) is int and pid > 0 and type(host) is str and host != "unknown"
+                and type(cuda) is int and type(nvml) is int and init in (0, 7) and late in (0, 7)):
+            out.append(_new(RasRank, (rank, host, pid, cuda, nvml, counts, "ok", None)))
+        else:
+            out.append(_json_rank(data))
+    return out
 
 
 def _json_rank(data: dict) -> RasRank:
