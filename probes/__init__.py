@@ -24,7 +24,7 @@ _EXPORTS: dict[str, str] = {
     "Source": ".source",
     **dict.fromkeys(("LocalSource", "open_source"), ".live"),
     "BundleSource": ".evidence.bundle_source",
-    **dict.fromkeys(("NodeSpec", "open_nodes", "other_nodes", "detect_slurm"), ".remote.nodes"),
+    **dict.fromkeys(("NodeSpec", "open_nodes", "other_nodes", "detect_slurm", "slurm_job_here"), ".remote.nodes"),
     **dict.fromkeys(("Remote", "DEFAULT_PARALLEL", "DEFAULT_TIMEOUT_S"), ".remote.remote"),
     **dict.fromkeys(("find_job_matching",), ".read.discover"),
     "find_pyspy": ".read.pyspy",

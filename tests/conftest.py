@@ -29,3 +29,20 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "jobs" in item.path.parent.parts[-1:]:
             item.add_marker(pytest.mark.job)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """The real SLURM of tests/infra/slurm_up.sh (nodes tw1, tw2), started if needed.
+
+    Skips where SLURM/munge are not installed; under CI=true that is a failure instead.
+    """
+    import slurm_cluster as cluster
+
+    reason = cluster.unavailable_reason()
+    if reason:
+        if cluster.in_ci():
+            pytest.fail(f"CI: {reason}")
+        pytest.skip(reason)
+    cluster.up()
+    return cluster

@@ -12,11 +12,12 @@ import shlex
 from typing import Any
 
 from ..probes import (
-    DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, PARTIAL_EXIT, NodeSpec, Remote, detect_slurm, open_nodes, other_nodes
+    DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, PARTIAL_EXIT, NodeSpec, Remote, detect_slurm, open_nodes, other_nodes,
+    slurm_job_here,
 )
 
 __all__ = ["PARTIAL_EXIT", "add_remote_arguments", "wants_remote", "remotes_from_args", "wrap_source",
-           "detect_slurm"]
+           "detect_slurm", "slurm_job_here"]
 
 
 def add_remote_arguments(parser: argparse.ArgumentParser) -> None:

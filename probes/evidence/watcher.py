@@ -306,6 +306,10 @@ class Watcher:
             return
         self.bundles.append(Path(path))
         self.emit(f"{_stamp()} bundle {path}")
+        collect = getattr(self.source, "collect_bundles", None)  # a job on several nodes, as `dump` does
+        if collect is not None:
+            for note in collect(path):  # each other node's bundle under <bundle>/hosts/<node>/
+                self.emit(f"{_stamp()} note: {note}")
 
 
 def _bare_snapshot(pid: int) -> Snapshot:

@@ -175,3 +175,18 @@ def parse_scontrol_job(text: str) -> str | None:
     if not match or match.group(1) in ("(null)", ""):
         return None
     return match.group(1)
+
+
+def slurm_running_jobs(node: str, timeout: float = 10.0) -> list[str]:
+    """Ids of the running SLURM jobs that include ``node`` (``squeue -w NODE``); [] without squeue."""
+    squeue = shutil.which("squeue")
+    if not squeue:
+        return []
+    try:
+        done = subprocess.run([squeue, "-h", "-t", "RUNNING", "-w", node, "-o", "%i"], capture_output=True,
+                              text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise HostlistError(f"squeue -w {node} failed: {exc}") from exc
+    if done.returncode != 0:
+        raise HostlistError(f"squeue -w {node}: {done.stderr.strip() or 'failed'}")
+    return unique(done.stdout.split())

@@ -90,7 +90,8 @@ def merge_nodes(views: Sequence[NodeView], *, memory: JudgeMemory | None = None,
             notes.append(f"node {view.name}: some ranks were already seen through another node (listed twice?)")
         for info in snap.hosts or (HostInfo(name=label),):
             hosts.append(dataclasses.replace(info, name=label) if info.name != label else info)
-        warnings.extend(prefix + w for w in snap.warnings)
+        # "only this node's ranks are shown" is each node's own view; the merged one shows them all.
+        warnings.extend(prefix + w for w in snap.warnings if not w.startswith("job spans "))
         notes.extend(prefix + n for n in snap.notes)
         if view.stale_s is not None:
             notes.append(f"node {view.name}: slow to answer; showing its snapshot from {view.stale_s:.0f}s ago")

@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import TrainwatchError
-from .hostlist import parse_hosts, read_hostfile, slurm_hostnames, slurm_job_nodelist, unique
+from .hostlist import (
+    parse_hosts, read_hostfile, slurm_hostnames, slurm_job_nodelist, slurm_running_jobs, unique,
+)
 from .multinode import MultiNodeSource
 from .remote import (
     DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, KubeRemote, Remote, SlurmRemote, SshRemote, kubectl_get_pods_argv,
@@ -59,6 +61,26 @@ def detect_slurm(job: Any) -> str | None:
     return None
 
 
+def slurm_job_here(timeout: float) -> str:
+    """``--slurm auto`` without a PID: SLURM_JOB_ID of this shell, else the one job running on this node."""
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if job_id:
+        return job_id
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    jobs = slurm_running_jobs(node, timeout=timeout)
+    if len(jobs) == 1:
+        return jobs[0]
+    found = f"jobs {', '.join(jobs)} run" if jobs else "no SLURM job runs"
+    raise TrainwatchError(f"--slurm auto: no SLURM_JOB_ID here and {found} on node {node}",
+                          remedy="pass --slurm JOBID (squeue lists them)")
+
+
+def _slurm_node_names(job: Any) -> set[str]:
+    """The names SLURM knows this node by, from the local ranks' SLURMD_NODENAME (may differ from the hostname)."""
+    return {name for rank in getattr(job, "ranks", ()) or ()
+            if (name := (getattr(rank, "env", None) or {}).get("SLURMD_NODENAME"))}
+
+
 def _slurm_remotes(spec: NodeSpec, job: Any) -> list[Remote]:
     job_id = detect_slurm(job) if spec.slurm == "auto" else spec.slurm
     if not job_id:
@@ -66,7 +88,7 @@ def _slurm_remotes(spec: NodeSpec, job: Any) -> list[Remote]:
     if not shutil.which("srun"):
         raise TrainwatchError("--slurm needs srun, which is not installed here",
                               remedy="run trainwatch on a node of the SLURM cluster, or use --hosts (ssh)")
-    local = this_node()
+    local = this_node() | _slurm_node_names(job)
     nodes = slurm_hostnames(slurm_job_nodelist(job_id, timeout=spec.timeout))
     return [SlurmRemote(name=n, job_id=job_id) for n in nodes if n not in local]
 

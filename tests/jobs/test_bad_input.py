@@ -142,7 +142,7 @@ def test_attach_with_stdout_redirected_refuses_without_escape_codes(tmp_path, ho
 
 
 def test_open_with_stdout_redirected_points_at_summary(tmp_path):
-    from test_tui_samples import straggler
+    from tui_samples import straggler
 
     bundle = tmp_path / "trainwatch-node1-4242-20231114T223000Z"
     bundle.mkdir()

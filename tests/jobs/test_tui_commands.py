@@ -47,7 +47,7 @@ def test_attach_out_that_cannot_be_written_fails_before_the_screen(capsys, termi
 
 
 def test_attach_closes_its_source_and_prints_the_bundles_on_exit(monkeypatch, capsys, terminal, tmp_path):
-    from test_tui_samples import ListSource, straggler
+    from tui_samples import ListSource, straggler
 
     import trainwatch.probes.live as live
     import trainwatch.tui.app as app_module
@@ -95,7 +95,7 @@ def test_demo_no_tui_prints_the_table_and_stops_its_job(monkeypatch, capsys):
 
 def test_snapshot_closes_the_multi_node_source_it_wrapped(monkeypatch, capsys):
     """The wrapper (a MultiNodeSource in real life) is what gets closed: it ends remote calls."""
-    from test_tui_samples import ListSource, straggler
+    from tui_samples import ListSource, straggler
 
     import trainwatch.tui.commands.snapshot as snapshot_cmd
 

@@ -16,7 +16,7 @@ from trainwatch.probes.read.process import JobProcesses, RankProcess
 from trainwatch.probes.remote.multinode import MultiNodeSource
 from trainwatch.probes.remote.remote import KubeRemote, SlurmRemote, SshRemote
 from trainwatch.tui.remote_args import (
-    add_remote_arguments, detect_slurm, remotes_from_args, ssh_options, wants_remote, wrap_source,
+    add_remote_arguments, detect_slurm, remotes_from_args, slurm_job_here, ssh_options, wants_remote, wrap_source,
 )
 
 
@@ -99,6 +99,36 @@ esac
     assert remotes == [SlurmRemote("gpu01", "4242"), SlurmRemote("gpu02", "4242")]
     assert remotes[0].argv("trainwatch", ["snapshot"])[:6] == [
         "srun", "--overlap", "--jobid=4242", "--nodelist=gpu01", "-N1", "-n1"]
+
+
+def test_slurm_node_name_of_the_ranks_counts_as_this_node(tmp_path, monkeypatch):
+    """SLURM's NodeName may differ from the hostname: the ranks' SLURMD_NODENAME is this node too."""
+    tool(tmp_path, "scontrol", '''case "$2" in
+  job) echo "JobId=$4 NodeList=gpu[01-02]" ;;
+  hostnames) printf 'gpu01\\ngpu02\\n' ;;
+esac
+''')
+    tool(tmp_path, "srun", "exit 0\n")
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    remotes = remotes_from_args(parse("1", "--slurm", "auto"), job({"SLURM_JOB_ID": "7", "SLURMD_NODENAME": "gpu02"}))
+    assert remotes == [SlurmRemote("gpu01", "7")]
+
+
+def test_slurm_auto_without_a_pid_finds_the_job_here(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "31")
+    assert slurm_job_here(5) == "31"  # inside an allocation (salloc, sbatch, srun --pty)
+    monkeypatch.delenv("SLURM_JOB_ID")
+    monkeypatch.setenv("SLURMD_NODENAME", "gpu07")
+    tool(tmp_path, "squeue", 'echo "$@" > "$(dirname "$0")/args"; echo 42\n')
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert slurm_job_here(5) == "42"  # the one job running on this node
+    assert (tmp_path / "args").read_text().split() == ["-h", "-t", "RUNNING", "-w", "gpu07", "-o", "%i"]
+    tool(tmp_path, "squeue", "echo 42; echo 43\n")
+    with pytest.raises(TrainwatchError, match="jobs 42, 43 run on node gpu07"):
+        slurm_job_here(5)
+    tool(tmp_path, "squeue", "exit 0\n")
+    with pytest.raises(TrainwatchError, match="no SLURM job runs on node gpu07"):
+        slurm_job_here(5)
 
 
 def test_slurm_auto_without_slurm_job_is_refused(tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ from trainwatch.tui.app import read_log_tails
 from trainwatch.tui.widgets.detail import detail_text
 from trainwatch.tui.widgets.lines import state_label
 
-from test_tui_samples import NOW, straggler
+from tui_samples import NOW, straggler
 
 ASSERT_LOG = Path(__file__).parents[1] / "fixtures" / "logs" / "device-side-assert-torchrun-2ranks.log"
 MESSAGE = "torch.AcceleratorError: CUDA error: device-side assert triggered"

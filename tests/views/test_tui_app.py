@@ -15,7 +15,7 @@ from trainwatch.tui.app import TrainwatchApp
 from trainwatch.tui.widgets.help import HelpScreen
 from trainwatch.tui.widgets.ranks import RanksTable
 
-from test_tui_samples import ListSource, clock, crashed, healthy, straggler
+from tui_samples import ListSource, clock, crashed, healthy, straggler
 
 
 def screen_text(app: TrainwatchApp) -> str:

@@ -10,7 +10,7 @@ from trainwatch.tui.widgets import lines
 from trainwatch.tui.widgets.ranks import COLUMNS_ALWAYS, OPTIONAL, RanksTable, plan_columns
 
 from test_tui_app import make_app, screen_text, until
-from test_tui_samples import gpu_wait, healthy, straggler
+from tui_samples import gpu_wait, healthy, straggler
 
 HEADINGS = {c.heading for c in OPTIONAL} | {"rank", "state", "phase", "op", "where"}
 

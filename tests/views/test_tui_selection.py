@@ -8,7 +8,7 @@ from trainwatch.probes.snapshot import Group, Verdict
 from trainwatch.tui.widgets.ranks import RanksTable
 
 from test_tui_app import make_app, row_keys, screen_text, until
-from test_tui_samples import NOW, healthy, straggler
+from tui_samples import NOW, healthy, straggler
 
 
 def detail_head(app) -> str:

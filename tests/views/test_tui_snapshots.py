@@ -6,7 +6,7 @@ import pytest
 
 from trainwatch.tui.app import TrainwatchApp
 
-from test_tui_samples import ListSource, clock, crashed, gpu_wait, healthy, straggler
+from tui_samples import ListSource, clock, crashed, gpu_wait, healthy, straggler
 
 SAMPLES = {"healthy": healthy, "straggler": straggler, "crashed": crashed}
 

@@ -39,9 +39,14 @@ def add_remote(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve_pid(args: argparse.Namespace) -> int:
-    """The PID to start from: given, or found by --match / --match-job-id."""
+    """The PID to start from: given, or found by --match / --match-job-id (or the --slurm job's id)."""
     if args.pid is not None:
         return args.pid
+    if getattr(args, "slurm", None) and not (args.match or args.match_job_id):
+        from ..remote_args import slurm_job_here
+        if args.slurm == "auto":  # no PID to read SLURM_JOB_ID from: this shell's job, or this node's
+            args.slurm = slurm_job_here(args.remote_timeout)
+        args.match_job_id = args.slurm  # ranks here, if any, and on every node: by SLURM_JOB_ID
     if getattr(args, "match", None) or getattr(args, "match_job_id", None):
         return find_job_matching(master=args.match, job_id=args.match_job_id).root_pid
     raise UsageError("give a PID (or --match ADDR:PORT / --match-job-id ID)",

@@ -146,7 +146,3 @@ class ListSource:
         finally:
             self.paused = False
 
-
-def test_samples_round_trip_as_json():
-    for snap in (healthy(), straggler(), crashed(), gpu_wait()):
-        assert Snapshot.from_json(snap.to_json()) == snap
