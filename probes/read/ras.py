@@ -129,8 +129,9 @@ def ownership(report: RasReport, job_pids: Iterable[int]) -> str | None:
     if not named or named & set(job_pids):
         return None
     shown = ", ".join(str(p) for p in sorted(named)[:6]) + (", ..." if len(named) > 6 else "")
-    return (f"NCCL RAS answered for another job on this node (its processes {shown} are not this job's ranks); "
-            "the port is shared, a later poll may reach this job's")
+    return (f"NCCL RAS answered for another job on this node (its processes {shown} are not this job's ranks; "
+            "or trainwatch sees the job in another PID namespace); the port is shared, a later poll may reach "
+            "this job's")
 
 
 class _Closed(Exception):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ (ras_server) when run as a script
 
-from ras_server import FIXTURES, RasServer, takes  # noqa: E402
+from ras_server import RasServer, takes  # noqa: E402
 from trainwatch.probes.judge.ras import RasTracker  # noqa: E402
 from trainwatch.probes.read import ras, ras_report  # noqa: E402
 
