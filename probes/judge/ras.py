@@ -89,7 +89,8 @@ class RasTracker:
             rows += comm_rows
             if stalled:
                 still.append(at - self._still_since[comm.hash])
-            found = _lost(index, comm_rows, self._unreachable) or (_stalled(index, comm, comm_rows) if stalled else None)
+            found = _lost(index, comm_rows, self._unreachable) or (
+                _stalled(index, comm, comm_rows) if stalled else None)
             if found:
                 findings.append(found)
         self._unreachable = {(r.comm, r.comm_rank) for r in rows if r.status == "unreachable"}
@@ -194,7 +195,8 @@ def _stalled(index: int, comm: RasComm, rows: list[_Row]) -> tuple[str, str, lis
     others = sum(e.size for e in ahead)
     lag = f"{gap} collective{'s' if gap != 1 else ''}"
     text = (f"{_names(culprits)} {'is' if len(culprits) == 1 else 'are'} {lag} behind in communicator {index} "
-            f"({'all ' if others > 1 else ''}{others} other{'s' if others != 1 else ''} launched {op}#{_top(ops, lead)})")
+            f"({'all ' if others > 1 else ''}{others} other{'s' if others != 1 else ''} "
+            f"launched {op}#{_top(ops, lead)})")
     return "behind", text, _numbers(culprits)
 
 
@@ -245,7 +247,8 @@ def _entries(comm: RasComm, rows: list[_Row]) -> tuple[list[_Entry], tuple[str, 
     majority = tuple(usual[op] for op in ops)
     if rest > 0:
         same = next((e for e in entries if e.vector == majority), None)
-        entries = [e for e in entries if e is not same] + [_Entry(majority, same.rows if same else (), rest + (same.size if same else 0))]
+        merged = _Entry(majority, same.rows if same else (), rest + (same.size if same else 0))
+        entries = [e for e in entries if e is not same] + [merged]
     return entries, ops
 
 

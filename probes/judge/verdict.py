@@ -80,8 +80,9 @@ def judge(ranks: Sequence[Rank], job: Job | None = None,
     ties between ranks that wait in different places (a place nobody else ever visited is the odd one).
     ``now``: the time the ranks were observed, for the age of pending collectives.
     """
-    verdict = (_crashed(ranks) or _rendezvous(ranks, job) or _from_collectives(ranks, collectives, familiar or {}, now)
-               or _from_ras(ranks, collectives, familiar or {}, now) or _from_stacks(ranks, collectives, familiar or {}, now))
+    familiar = familiar or {}
+    verdict = (_crashed(ranks) or _rendezvous(ranks, job) or _from_collectives(ranks, collectives, familiar, now)
+               or _from_ras(ranks, collectives, familiar, now) or _from_stacks(ranks, collectives, familiar, now))
     # Which ranks are at another step; not said of a healthy job (ranks read a few ms apart straddle steps).
     note = step_note(ranks) if verdict.kind in PROBLEM_VERDICTS else None
     return replace(verdict, summary=f"{verdict.summary}; {note}") if note else verdict

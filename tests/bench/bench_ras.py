@@ -91,7 +91,8 @@ def judge_cost(ranks: int, comms: int, repeat: int) -> dict:
         gc.enable()
     return {"ranks": ranks, "comms": comms, "bytes": len(texts[1]), "parse_ms": min(parse_ms),
             "judge_ms": min(judge_ms), "decode_ms": min(decode_ms), "parse_median_ms": statistics.median(parse_ms),
-            "judge_median_ms": statistics.median(judge_ms), "cpu_ms": min(cpu_ms), "finding": state.finding, "rows_kept": len(state.ranks)}
+            "judge_median_ms": statistics.median(judge_ms), "cpu_ms": min(cpu_ms), "finding": state.finding,
+            "rows_kept": len(state.ranks)}
 
 
 def main(small: bool = False) -> dict:
