@@ -131,3 +131,16 @@ def test_garbage_is_a_report_error():
         ras_report.parse("hello\n")
     with pytest.raises(ras_report.ReportError):
         ras_report.parse("{not json")
+
+
+def test_the_synthetic_fixtures_are_what_their_generator_writes(tmp_path):
+    """tests/fixtures/ras/README.md says how they were made: regenerating them changes nothing."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_synthetic", FIXTURES / "make_synthetic.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(tmp_path)
+    made = sorted(p.name for p in tmp_path.iterdir())
+    assert made == sorted(p.name for p in FIXTURES.glob("synthetic-*"))
+    assert all((tmp_path / name).read_bytes() == (FIXTURES / name).read_bytes() for name in made)
