@@ -20,7 +20,7 @@ from .judge.judgement import JudgeMemory, JudgeOptions, judge_job
 from .judge.native import PARALLEL as NATIVE_PARALLEL, NativeCache, resolve_natively
 from .judge.phases import Classification, classify, is_stdlib, is_user, main_thread, stack_signature, where_frame
 from .judge.steps import StepReader, slow_step_warnings
-from .observed import ObservedJob, ObservedRank, ObservedRas, RasReport
+from .observed import ObservedJob, ObservedRank, ObservedRas
 from .read import procfs, ras
 from .read.collective_feed import CollectiveFeed
 from .read.discover import describe_job, expected_local_ranks, find_job
@@ -67,10 +67,7 @@ class LocalSource:
         self._catcher = _CrashThread(self.job) if catch_crashes else None
         self._collective_wait = collective_wait
         self._feed = CollectiveFeed(lambda: self.job)  # fetches while the first window is sampled
-        self._ras_at = 0.0  # unix time of the NCCL RAS reply last read
-        self._ras_report: RasReport | None = None
-        self._ras_names: tuple[tuple[str, str], ...] = ()
-        self._ras_note: str | None = None
+        self._ras_read: dict[float, tuple[ObservedRas, str | None]] = {}  # RAS replies read, by when asked
 
     def close(self) -> None:
         self._feed.close()
@@ -230,23 +227,23 @@ class LocalSource:
             source="live",
         )
 
-    def _ras_evidence(self, job: JobProcesses, notes: list[str]) -> ObservedRas | None:
-        """NCCL RAS's latest reply as evidence: this job's report, or (another job's, unreadable)
-        none, with a note that lasts until the next reply. A refused connection (no RAS) says nothing."""
-        latest = self._feed.ras_latest()
-        if latest is None:
-            return None
-        reply, at = latest
-        if at > self._ras_at:
-            self._ras_at = at
-            pids = {p.pid for p in job.ranks}
-            whose = ras.ownership(reply.report, pids) if reply.report is not None else None
-            self._ras_note = whose or (f"NCCL RAS: {reply.note}" if reply.raw and reply.note else None)
-            self._ras_names = tuple(ras.local_names().items()) if reply.report is not None else ()
-            self._ras_report = reply.report if whose is None else None
-        if self._ras_note:
-            notes.append(self._ras_note)
-        return ObservedRas(reply.origin, at, self._ras_report, self._ras_names)
+    def _ras_evidence(self, job: JobProcesses, notes: list[str]) -> tuple[ObservedRas, ...]:
+        """NCCL RAS's recent replies as evidence: this job's reports; another job's (or an unreadable
+        one) as none, with a note that lasts until the next reply. A refused connection (no RAS)
+        says nothing."""
+        seen = []
+        for reply, at in self._feed.ras_recent():
+            if at not in self._ras_read:
+                pids = {p.pid for p in job.ranks}
+                whose = ras.ownership(reply.report, pids) if reply.report is not None else None
+                note = whose or (f"NCCL RAS: {reply.note}" if reply.raw and reply.note else None)
+                names = tuple(ras.local_names().items()) if reply.report is not None and not whose else ()
+                self._ras_read = {a: v for a, v in self._ras_read.items() if a > at - 60.0}
+                self._ras_read[at] = (ObservedRas(reply.origin, at, None if whose else reply.report, names), note)
+            seen.append(self._ras_read[at])
+        if seen and seen[-1][1]:
+            notes.append(seen[-1][1])
+        return tuple(observed for observed, _ in seen)
 
     def _rank_evidence(self, proc: RankProcess, sample: StackSample | None, now: float,
                        notes: list[str]) -> ObservedRank:

@@ -161,14 +161,15 @@ class ObservedJob:
     """Everything read about one job in one poll: the ranks, and every collective-state source.
 
     ``collectives``: the Flight Recorder's view (hook, dump files, pipes, debug server), merged.
-    ``ras``: NCCL RAS's latest reply (the judge remembers the previous one; ``judge/ras.py``).
+    ``ras``: NCCL RAS's recent replies, oldest first (the judge judges each new one against the
+    one before; ``judge/ras.py``); empty: no RAS evidence this poll.
     ``unsampled``: why no rank could be sampled at all (py-spy missing), or None."""
 
     job: Job
     ranks: tuple[ObservedRank, ...] = ()
     collectives: CollectiveState | None = None
     unsampled: str | None = None
-    ras: ObservedRas | None = None
+    ras: tuple[ObservedRas, ...] = ()
 
 
 def observed_rank(rank: Rank) -> ObservedRank:

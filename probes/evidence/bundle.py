@@ -203,7 +203,8 @@ def rejudged(snapshot: Snapshot, collectives: CollectiveState | None, ras_seen: 
     """The snapshot with the bundle's own collective state (and NCCL RAS reply), judged again by
     the one judge, so the summary's verdict and its Collective state section tell one story. A
     verdict that finds nothing (healthy, unknown) does not replace the sampled one."""
-    judged = judge_job(dataclasses.replace(observed_snapshot(snapshot), collectives=collectives, ras=ras_seen),
+    ras = (ras_seen,) if ras_seen is not None else ()
+    judged = judge_job(dataclasses.replace(observed_snapshot(snapshot), collectives=collectives, ras=ras),
                        JudgeMemory.after(snapshot), snapshot.taken_at)
     if judged.verdict.kind in UNJUDGED_VERDICTS:
         return dataclasses.replace(snapshot, collectives=judged.collectives)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from .exits import first_to_die
 from .groups import group_ranks
 from .progress import CompletedCollectives, ProgressTracker
-from .ras import RasTracker, judge_ras, progress_pids
+from .ras import RasTracker, progress_pids
 from .verdict import judge
 from ..observed import ObservedJob, ObservedRank
 from ..snapshot import UNJUDGED_VERDICTS, CollectiveState, Group, RasState, Rank, Snapshot, Verdict
@@ -33,6 +33,7 @@ class JudgeMemory:
     completed: CompletedCollectives = field(default_factory=CompletedCollectives)
     ras: RasTracker = field(default_factory=RasTracker)  # NCCL RAS counts of the previous reply
     ras_state: RasState | None = None
+    ras_at: float = 0.0  # when the last RAS reply judged was asked for
     familiar: dict[int, frozenset[str]] = field(default_factory=dict)
     verdict: Verdict | None = None
 
@@ -85,14 +86,22 @@ def judge_job(evidence: ObservedJob, memory: JudgeMemory, now: float,
 
 
 def _with_ras(evidence: ObservedJob, memory: JudgeMemory, now: float) -> CollectiveState | None:
-    """NCCL RAS's reply judged against the previous one; counts that advanced are progress for
-    the local ranks that launched them, like completed collectives. Evidence without a reply
-    (bundles, other nodes' snapshots) keeps the RAS state it carries."""
-    if evidence.ras is None:
+    """NCCL RAS's new replies, each judged against the one before; counts that advanced are
+    progress for the local ranks that launched them, like completed collectives. A reply without
+    a report (nothing usable, another job's) ends the state. Evidence without replies (bundles,
+    other nodes' snapshots) keeps the RAS state it carries."""
+    if not evidence.ras:
         return evidence.collectives
     pids = {ev.pid for ev in evidence.ranks if ev.pid is not None}
-    memory.ras_state, fresh = judge_ras(evidence.ras, memory.ras, memory.ras_state, pids)
-    if fresh:
+    for seen in sorted(evidence.ras, key=lambda s: s.at):
+        if seen.at <= memory.ras_at:
+            continue
+        memory.ras_at = seen.at
+        if seen.report is None:
+            memory.ras_state = None
+            continue
+        memory.ras_state = memory.ras.observe(seen.report, seen.at, seen.origin, local_pids=pids,
+                                              names=dict(seen.names))
         for pid in progress_pids(memory.ras_state, pids):
             memory.progress.mark_progress(pid, now)
     if memory.ras_state is None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterable, Mapping, NamedTuple
 
-from ..observed import ANY_OP, ObservedRas, RasComm, RasReport
+from ..observed import ANY_OP, RasComm, RasReport
 from ..snapshot import OpCount, RasRank, RasState, compact_ranks
 
 _new = tuple.__new__  # a NamedTuple without its Python-level __new__ (thousands of rows a poll)
@@ -120,18 +120,6 @@ class RasTracker:
                                    names.get(r.host, r.host), r.pid, r.cuda_dev, r.nvml_dev, r.counts, r.status,
                                    moving)))
         return out
-
-
-def judge_ras(seen: ObservedRas | None, tracker: RasTracker, previous: RasState | None,
-              local_pids: set[int]) -> tuple[RasState | None, bool]:
-    """The RAS state after this poll's evidence, and whether it is new (a new reply was judged).
-    No reply this poll: the previous state stands; a reply without a report (nothing usable,
-    another job's) ends it."""
-    if seen is None or (previous is not None and previous.taken_at is not None and seen.at <= previous.taken_at):
-        return previous, False
-    if seen.report is None:
-        return None, False
-    return tracker.observe(seen.report, seen.at, seen.origin, local_pids=local_pids, names=dict(seen.names)), True
 
 
 def progress_pids(state: RasState | None, local_pids: Iterable[int]) -> set[int]:

@@ -7,7 +7,7 @@ Sources per rank, the freshest one kept:
 * the NCCL debug-info pipe, for a rank the hook cannot answer for: triggered at most once per
   stuck episode, its file then awaited for up to ``PIPE_WAIT_S`` in a thread of its own;
 * NCCL RAS (:mod:`.ras`): the job's whole view, at most every ``RAS_INTERVAL_S``; kept raw
-  (:meth:`CollectiveFeed.ras_latest`) for the live source to judge across polls.
+  (:meth:`CollectiveFeed.ras_recent`) for the live source to judge across polls.
 
 Nothing here ever blocks a poll: :meth:`CollectiveFeed.latest` returns what the last fetch
 found and starts the next one. One-shot callers (``snapshot``) start the feed, do their own
@@ -65,7 +65,7 @@ class CollectiveFeed:
         self._awaiting: set[int] = set()  # ranks whose pipe dump is being awaited
         self._seen_files: dict[str, tuple[float, int]] = {}  # path -> (mtime, size) already read
         self._envs: dict[int, dict[str, str]] = {}
-        self._ras: tuple[ras.RasReply, float] | None = None  # latest reply, unix time it was asked
+        self._ras: tuple[tuple[ras.RasReply, float], ...] = ()  # recent replies and when asked, oldest first
         self._ras_started = float("-inf")
         self.refresh()
 
@@ -113,8 +113,9 @@ class CollectiveFeed:
         with self._lock:
             return self._state
 
-    def ras_latest(self) -> tuple[ras.RasReply, float] | None:
-        """NCCL RAS's latest reply and the unix time it was asked for (None before any)."""
+    def ras_recent(self) -> tuple[tuple[ras.RasReply, float], ...]:
+        """NCCL RAS's last two replies, oldest first, each with the unix time it was asked for (a
+        one-shot caller's first look and its second)."""
         with self._lock:
             return self._ras
 
@@ -153,7 +154,7 @@ class CollectiveFeed:
         at = time.time()
         reply = ras.query(*ras.address(env))
         with self._lock:
-            self._ras = (reply, at)
+            self._ras = (*self._ras, (reply, at))[-2:]
 
     def _fetch_rank(self, proc: RankProcess, sock: Path | None, since: float) -> None:
         rank = proc.rank

@@ -72,3 +72,28 @@ def test_a_gloo_job_without_ras_reads_as_before(planted):
     assert snapshot.verdict.kind == "straggler" and snapshot.verdict.culprits == (1,)
     assert snapshot.collectives is None or snapshot.collectives.ras is None
     assert not any("RAS" in n for n in snapshot.notes), snapshot.notes
+
+
+def test_snapshot_json_carries_ras_judged_across_two_takes(planted):
+    """`trainwatch snapshot --json`: two RAS takes, one before and one after the window. RAS (the
+    stand-in, fed this job's real PIDs plus a rank 2 on another node) shows rank 1 one AllReduce
+    behind in both; the JSON carries RAS's view of all three ranks, and the verdict agrees."""
+    import json
+    import subprocess
+    import sys
+
+    with RasServer([{"text": "", "json": ""}]) as server:
+        job = planted("straggler", nproc=2, extra_env={"NCCL_RAS_ADDR": f"127.0.0.1:{server.port}"})
+        pids = rank_pids(job)
+        members = [(rank, "127.0.0.1", pid) for rank, pid in sorted(pids.items())] + [(2, "10.9.9.9", 777)]
+        server.reports = [{"text": "", "json": json_report(members, {0: 9, 1: 8, 2: 9})}]
+        time.sleep(6)  # the straggler has been stuck for a while: stuck within one window
+        proc = subprocess.run([sys.executable, "-m", "trainwatch.tui.cli", "snapshot", str(job.pid), "--json",
+                               "--window", "3"], capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    data = json.loads(proc.stdout)
+    ras = data["collectives"]["ras"]
+    assert ras["format"] == "json" and ras["kind"] == "behind" and ras["culprits"] == [1], ras
+    assert {r["pid"] for r in ras["ranks"]} == {pids[0], pids[1], 777}
+    assert data["verdict"]["kind"] == "straggler" and data["verdict"]["culprits"] == [1], data["verdict"]
+    assert server.queries >= 2

@@ -200,7 +200,7 @@ def test_through_the_one_judge_advancing_counts_keep_a_gpu_waiting_rank_running(
     options = JudgeOptions(window=3.0)
 
     def poll(seen, now):
-        return judge_job(ObservedJob(Job("torchrun", 1, "node11"), ranks, None, None, seen), memory, now, options)
+        return judge_job(ObservedJob(Job("torchrun", 1, "node11"), ranks, None, None, (seen,)), memory, now, options)
 
     poll(ObservedRas("localhost:28028", 100.0, report("healthy", "a"), tuple(NAMES.items())), 4.0)
     moving = poll(ObservedRas("localhost:28028", 105.0, report("healthy", "b"), tuple(NAMES.items())), 8.0)
