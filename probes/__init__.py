@@ -47,9 +47,6 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    if name == "rundir":
-        value: Any = importlib.import_module(module, __name__)
-    else:
-        value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
+    loaded = importlib.import_module(module, __name__)
+    # Not cached here: each use reads the defining module, so the two never disagree.
+    return loaded if name == "rundir" else getattr(loaded, name)

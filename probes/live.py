@@ -7,14 +7,12 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from dataclasses import replace
 
 import psutil
 
 from .errors import AccessDenied, ToolMissing
-from .redact import redact_argv
-from .evidence.watcher import CrashCatcher
+from .evidence.watcher import CrashThread
 from .judge.gpu_warnings import gpu_phase_warnings
 from .judge.judgement import JudgeMemory, JudgeOptions, judge_job
 from .judge.native import PARALLEL as NATIVE_PARALLEL, NativeCache, resolve_natively
@@ -26,11 +24,12 @@ from .read.collective_feed import CollectiveFeed
 from .read.discover import describe_job, expected_local_ranks, find_job
 from .read.exits import ExitLedger
 from .read.gpu import GpuProbe
-from .read.process import JobProcesses, RankProcess
+from .read.process import JobProcesses, RankProcess, job_record
 from .read.pyspy import find_pyspy
 from .read.sampler import StackSample, sample_all
 from .read.source_lines import source_line
-from .snapshot import PROBLEM_VERDICTS, Job, Rank, Snapshot, compact_ranks
+from .read.usage import CpuMeter
+from .snapshot import PROBLEM_VERDICTS, Rank, Snapshot, compact_ranks
 
 FULL_REFRESH_EVERY = 5  # every few polls, dump every rank anyway (other threads, stale lines)
 
@@ -58,13 +57,13 @@ class LocalSource:
         self._class: dict[int, Classification] = {}
         self._seen: dict[int, RankProcess] = {}  # pid -> rank process, everything ever seen
         self._exits = ExitLedger(self.job.root_pid, self.job.run_dir)  # deaths, first to die, lingering crashes
-        self._cpu: dict[int, tuple[float, float]] = {}
+        self._cpu = CpuMeter()
         self._polls = 0
         self._pyspy_missing: ToolMissing | None = None
         self._family: frozenset[int] | None = None  # the job's descendant PIDs at the last discovery
         self._gpu = GpuProbe() if gpu else None
         self._lock = threading.Lock()
-        self._catcher = _CrashThread(self.job) if catch_crashes else None
+        self._catcher = CrashThread(self.job.root_pid, self.job.run_dir) if catch_crashes else None
         self._collective_wait = collective_wait
         self._feed = CollectiveFeed(lambda: self.job)  # fetches while the first window is sampled
         self._ras_read: dict[float, tuple[ObservedRas, str | None]] = {}  # RAS replies read, by when asked
@@ -97,7 +96,7 @@ class LocalSource:
             pause = self.window / (rounds - 1) if rounds > 1 else 0.0
             if self._polls == 0 and rounds > 1:
                 for proc in job.ranks:
-                    self._usage(proc.pid, time.time())  # a CPU baseline, so the first snapshot has CPU% too
+                    self._cpu.read(proc.pid, time.time())  # a CPU baseline, so the first snapshot has CPU% too
             samples: dict[int, StackSample] = {}
             first_done = 0.0
             for i in range(rounds):
@@ -202,7 +201,7 @@ class LocalSource:
         gpu_host, evidence = self._add_gpu(job, evidence, warnings, notes)
         self._restarts(evidence, notes)
         unsampled = self._pyspy_missing.message if self._pyspy_missing is not None else None
-        judged = judge_job(ObservedJob(_job_record(job), tuple(evidence), collectives, unsampled, ras_seen),
+        judged = judge_job(ObservedJob(job_record(job), tuple(evidence), collectives, unsampled, ras_seen),
                            self.memory, now, JudgeOptions(window=self.window, stuck_after=self.stuck_after))
         ranks = [self._with_worker(rank) for rank in judged.ranks]
         if not self._collective_wait:  # the next fetch, knowing whether a stuck episode (pipe dumps) is on
@@ -214,7 +213,7 @@ class LocalSource:
             warnings += list(gpu_phase_warnings(ranks))
         warnings += slow_step_warnings(ranks, self._steps.clock, self.window)
         return Snapshot(
-            job=_job_record(job),
+            job=job_record(job),
             ranks=tuple(ranks),
             groups=judged.groups,
             verdict=judged.verdict,
@@ -255,7 +254,7 @@ class LocalSource:
             if isinstance(sample.error, (AccessDenied, ToolMissing)) and sample.error.remedy:
                 notes.append(f"  hint: {sample.error.remedy}")
         step, period = self._steps.fields(proc.pid)
-        cpu, rss = self._usage(proc.pid, now)
+        cpu, rss = self._cpu.read(proc.pid, now)
         return ObservedRank(
             rank=proc.rank, pid=proc.pid, host=socket.gethostname(), local_rank=proc.local_rank,
             phase=cls.phase if cls else "unknown",
@@ -296,20 +295,6 @@ class LocalSource:
             if sample.ints is not None and sample.threads:
                 self._steps.observe(pid, main_thread(sample.threads).frames, sample.ints, sample.after, sample.at or now)
 
-    def _usage(self, pid: int, now: float) -> tuple[float | None, int | None]:
-        try:
-            proc = psutil.Process(pid)
-            times = proc.cpu_times()
-            rss = proc.memory_info().rss
-        except psutil.Error:
-            return None, None
-        total = times.user + times.system
-        prev = self._cpu.get(pid)
-        self._cpu[pid] = (total, now)
-        if prev is None or now <= prev[1]:
-            return None, rss
-        return round(100.0 * (total - prev[0]) / (now - prev[1]), 1), rss
-
     def _record_exit(self, pid: int, zombie: tuple[int | None, str | None] | None, now: float) -> None:
         self._exits.record(self._seen[pid], zombie, now)
 
@@ -345,36 +330,6 @@ class LocalSource:
         return reading.host, ranks
 
 
-class _CrashThread:
-    """Runs the crash catcher every half second, between polls, so a dying rank's status and
-    faulthandler frame are caught before the launcher tears the job down."""
-
-    INTERVAL = 0.5
-
-    def __init__(self, job: JobProcesses) -> None:
-        self._catcher = CrashCatcher(job.root_pid, run_dir=Path(job.run_dir) if job.run_dir else None)
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="tw-crash-catcher", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.INTERVAL):
-            with self._lock:
-                self._catcher.tick()
-            if not self._catcher.job_alive():
-                with self._lock:
-                    self._catcher.tick()
-                return
-
-    def records(self) -> list:
-        with self._lock:
-            return list(self._catcher.records)
-
-    def stop(self) -> None:
-        self._stop.set()
-
-
 def busy_worker(children: tuple[int, ...]) -> str | None:
     """``DataLoader worker PID 812 is in dataset.py:40 __getitem__``: the first worker busy outside the
     worker loop's queue wait (in user code, else in any library), from one bounded plain dump each."""
@@ -394,19 +349,6 @@ def _launch_warnings(job: JobProcesses) -> list[str]:
         out.append(f"job spans {job.nnodes or '?'} nodes (world size {job.world_size}); only this node's ranks "
                    f"({local}) are shown: add --hosts/--slurm to see the others")
     return out
-
-
-def _job_record(job: JobProcesses) -> Job:
-    return Job(
-        launcher=job.launcher, pid=job.root_pid, host=job.host, world_size=job.world_size,
-        local_world_size=job.local_world_size, nnodes=job.nnodes, master_addr=job.master_addr,
-        master_port=job.master_port, started_at=job.started_at, cmdline=_redacted(job.cmdline),
-        job_id=job.job_id, waiting_rendezvous=job.waiting_rendezvous, run_dir=job.run_dir,
-    )
-
-
-def _redacted(cmdline: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(redact_argv(list(cmdline)))
 
 
 def open_source(pid: int, window: float = 3.0, **kwargs) -> LocalSource:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from .errors import TrainwatchError
-from .snapshot import CollectiveState, ExitInfo, Job, Phase, Rank, RankGpu, Snapshot, State, ThreadStack
+from .snapshot import CollectiveState, ExitInfo, Job, Phase, Rank, RankCollective, RankGpu, Snapshot, State, ThreadStack
 
 
 SIGNAL_REASONS = {"SIGSEGV": "segmentation fault", "SIGBUS": "bus error", "SIGABRT": "aborted",
@@ -160,9 +160,12 @@ class ObservedRas:
 class ObservedJob:
     """Everything read about one job in one poll: the ranks, and every collective-state source.
 
-    ``collectives``: the Flight Recorder's view (hook, dump files, pipes, debug server), merged.
-    ``ras``: NCCL RAS's recent replies, oldest first (the judge judges each new one against the
-    one before; ``judge/ras.py``); empty: no RAS evidence this poll.
+    Each collective-state source is one field holding a ``CollectiveState`` (the judge combines
+    them all, see :meth:`collective_state`). ``collectives``: the Flight Recorder's view (hook,
+    dump files, pipe, debug server; read back from a snapshot: every source's, combined).
+    ``ras``: NCCL RAS's recent replies, oldest first: judging them takes memory across polls, so
+    they are raw evidence, not a ``CollectiveState`` (``judge/ras.py``; the judged state joins the
+    collective state as ``CollectiveState.ras``); empty: no RAS evidence this poll.
     ``unsampled``: why no rank could be sampled at all (py-spy missing), or None."""
 
     job: Job
@@ -170,6 +173,29 @@ class ObservedJob:
     collectives: CollectiveState | None = None
     unsampled: str | None = None
     ras: tuple[ObservedRas, ...] = ()
+
+    def collective_state(self) -> CollectiveState | None:
+        """Every collective-state source of this poll as one state (:func:`combine_states`)."""
+        return combine_states([value for f in dataclasses.fields(self)
+                               if isinstance(value := getattr(self, f.name), CollectiveState)])
+
+
+def combine_states(states: list[CollectiveState | None]) -> CollectiveState | None:
+    """Several collective states as one: each (rank, process group) row from the first state that
+    has it, the first divergence found, every culprit, the sources joined with ``+``, the first
+    NCCL RAS state."""
+    present = [s for s in states if s is not None]
+    if len(present) <= 1:
+        return present[0] if present else None
+    rows: dict[tuple[int, str], RankCollective] = {}
+    for state in present:
+        for row in state.ranks:
+            rows.setdefault((row.rank, row.pg), row)
+    return CollectiveState(source="+".join(dict.fromkeys(s.source for s in present)),
+                           ranks=tuple(sorted(rows.values(), key=lambda r: (r.rank, r.pg))),
+                           divergence=next((s.divergence for s in present if s.divergence), None),
+                           culprits=tuple(sorted({c for s in present for c in s.culprits})),
+                           ras=next((s.ras for s in present if s.ras is not None), None))
 
 
 def observed_rank(rank: Rank) -> ObservedRank:

@@ -17,6 +17,7 @@ from .. import rundir
 from ..errors import TrainwatchError
 from ..read import flightrec
 from ..read import hookclient, nccl_state, procfacts, procfs, pyspy
+from ..read.collective_feed import found_trace, from_hook
 from ..snapshot import ThreadStack
 
 FAULTHANDLER_NOT_ARMED = "faulthandler not armed: start the job with `trainwatch run` to get these"
@@ -34,8 +35,9 @@ class RankEvidence:
     worked: list[str] = field(default_factory=list)  # sources that gave something
     env: dict[str, str] | None = None
     cmdline: tuple[str, ...] = ()
-    trace: dict | None = None
+    trace: dict | None = None  # the Flight Recorder trace that counts (flightrec.fresher)
     trace_source: str | None = None
+    trace_at: float | None = None
     faulthandler: str | None = None  # "collected" or why not
     versions: dict[str, str] = field(default_factory=dict)
     stacks: list[ThreadStack] = field(default_factory=list)
@@ -156,24 +158,18 @@ def _hook(plan: RankPlan, ev: RankEvidence) -> None:
         ev.worked.append("hook stacks")
     else:
         ev.note(f"all-thread stacks from the hook: {reply.error}")
-    reply = hookclient.request(plan.hook_socket, "fr_trace", timeout=plan.step_timeout)
-    if not reply.ok:
-        ev.note(f"Flight Recorder from the hook: {reply.error}")
+    got = from_hook(plan.hook_socket, plan.step_timeout)
+    if got.error is not None:
+        ev.note(f"Flight Recorder from the hook: {got.error}")
         return
-    try:
-        traces, notes = flightrec.hook_reply_traces(reply.text)
-    except flightrec.TraceError as exc:
-        ev.note(f"Flight Recorder from the hook: {exc}")
-        return
-    for name, trace in traces:  # each recorder's trace, as torch dumped it
+    for name, trace in got.traces:  # each recorder's trace, as torch dumped it
         ev.files[f"flight-recorder/hook-{'nccl_trace' if name == 'nccl' else 'fr_trace'}.json"] = json.dumps(trace)
-    merged = flightrec.merge_traces([trace for _, trace in traces])
-    if merged is None:
+    if got.found is None:
         ev.note("Flight Recorder from the hook: no collective recorded"
-                + (f" ({'; '.join(notes)})" if notes else ""))
+                + (f" ({'; '.join(got.notes)})" if got.notes else ""))
         return
-    ev.trace, ev.trace_source = merged, "hook"
-    ev.worked.append("hook flight recorder (" + "+".join(name for name, _ in traces) + ")")
+    _choose(ev, got.found)
+    ev.worked.append("hook flight recorder (" + "+".join(name for name, _ in got.traces) + ")")
 
 
 def _faulthandler(plan: RankPlan, ev: RankEvidence) -> None:
@@ -300,15 +296,29 @@ def _keep_trace(ev: RankEvidence, found: nccl_state.Found, name: str | None = No
     ev.files[f"flight-recorder/{name}"] = found.data
     ev.worked.append(f"{found.source} ({found.origin})")
     try:
-        trace = flightrec.load_trace(found.data)
+        trace = found_trace(found.data, found.source, _current_at(found))
     except flightrec.TraceError as exc:
         ev.note(f"{found.origin}: {exc}")
         return
-    if not flightrec.has_entries(trace):
-        return
-    # On-demand traces (hook, pipe, debug server) are fresh; a file on disk may be an old dump.
-    if ev.trace is None or (ev.trace_source == "flight-recorder-file" and found.source != ev.trace_source):
-        ev.trace, ev.trace_source = trace, found.source
+    if trace is not None:
+        _choose(ev, trace)
+
+
+def _current_at(found: nccl_state.Found) -> float:
+    """When a trace was current: its file's modification time (dump files, the pipe's file),
+    else now (fetched from the debug server just now)."""
+    if found.origin and found.source in ("flight-recorder-file", "pipe"):
+        try:
+            return os.stat(found.origin).st_mtime
+        except OSError:
+            pass
+    return time.time()
+
+
+def _choose(ev: RankEvidence, found: flightrec.FoundTrace) -> None:
+    kept = flightrec.FoundTrace(ev.trace, ev.trace_source or "", ev.trace_at or 0.0) if ev.trace is not None else None
+    best = flightrec.fresher(kept, found)
+    ev.trace, ev.trace_source, ev.trace_at = best.trace, best.source, best.at
 
 
 def _settings_and_logs(plan: RankPlan, ev: RankEvidence) -> None:

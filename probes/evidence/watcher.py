@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import socket
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -166,6 +167,36 @@ class CrashCatcher:
         clean = ended.redacted(record, self._clean)  # what is written leaves trainwatch: no secrets
         path.write_text(json.dumps(dataclasses.asdict(clean), indent=2))
         return record
+
+
+class CrashThread:
+    """Runs the crash catcher every half second, between polls, so a dying rank's status and
+    faulthandler frame are caught before the launcher tears the job down."""
+
+    INTERVAL = 0.5
+
+    def __init__(self, root_pid: int, run_dir: str | None = None) -> None:
+        self._catcher = CrashCatcher(root_pid, run_dir=Path(run_dir) if run_dir else None)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="tw-crash-catcher", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.INTERVAL):
+            with self._lock:
+                self._catcher.tick()
+            if not self._catcher.job_alive():
+                with self._lock:
+                    self._catcher.tick()
+                return
+
+    def records(self) -> list:
+        with self._lock:
+            return list(self._catcher.records)
+
+    def stop(self) -> None:
+        self._stop.set()
 
 
 class Episodes:

@@ -272,7 +272,7 @@ def all_stacks() -> str:
     return "\n".join(parts)
 
 
-FR_FORMAT = "trainwatch-fr/2"  # read by trainwatch.probes.judge.flightrec.hook_reply_traces
+FR_FORMAT = "trainwatch-fr/2"  # read by trainwatch.probes.read.flightrec.hook_reply_traces
 # NCCL keeps its own recorder; the generic one (gloo and other backends) is empty on NCCL jobs.
 FR_DUMPS = (("nccl", "_dump_nccl_trace_json", {"includeCollectives": True, "onlyActive": False}),
             ("generic", "_dump_fr_trace_json", {}))

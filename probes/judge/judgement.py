@@ -54,6 +54,9 @@ class JudgeOptions:
 
 @dataclass(frozen=True)
 class Judgement:
+    """The ranks with their states, the groups, the verdict, and the collective state judged with
+    (every source's, combined: what the snapshot shows)."""
+
     ranks: tuple[Rank, ...]
     groups: tuple[Group, ...]
     verdict: Verdict
@@ -63,12 +66,13 @@ class Judgement:
 def judge_job(evidence: ObservedJob, memory: JudgeMemory, now: float,
               options: JudgeOptions = JudgeOptions()) -> Judgement:
     """Judge one poll's evidence; updates ``memory``."""
+    collectives = evidence.collective_state()
     # Completed collectives that advanced are progress, whatever the stacks showed.
-    moved = memory.completed.advanced(evidence.collectives)
+    moved = memory.completed.advanced(collectives)
     for ev in evidence.ranks:
         if ev.rank in moved and ev.pid is not None:
             memory.progress.mark_progress(ev.pid, now)
-    collectives = _with_ras(evidence, memory, now)
+    collectives = _with_ras(evidence, memory, now, collectives)
     ranks = _first_to_die([rank_state(ev, memory.progress, now, options) for ev in evidence.ranks])
     for rank in ranks:  # where each rank goes while it makes progress: breaks ties between waiting ranks
         if rank.state == "running" and rank.where and rank.rank is not None:
@@ -85,13 +89,14 @@ def judge_job(evidence: ObservedJob, memory: JudgeMemory, now: float,
                      collectives=collectives)
 
 
-def _with_ras(evidence: ObservedJob, memory: JudgeMemory, now: float) -> CollectiveState | None:
+def _with_ras(evidence: ObservedJob, memory: JudgeMemory, now: float,
+              collectives: CollectiveState | None) -> CollectiveState | None:
     """NCCL RAS's new replies, each judged against the one before; counts that advanced are
     progress for the local ranks that launched them, like completed collectives. A reply without
     a report (nothing usable, another job's) ends the state. Evidence without replies (bundles,
     other nodes' snapshots) keeps the RAS state it carries."""
     if not evidence.ras:
-        return evidence.collectives
+        return collectives
     pids = {ev.pid for ev in evidence.ranks if ev.pid is not None}
     for seen in sorted(evidence.ras, key=lambda s: s.at):
         if seen.at <= memory.ras_at:
@@ -105,8 +110,8 @@ def _with_ras(evidence: ObservedJob, memory: JudgeMemory, now: float) -> Collect
         for pid in progress_pids(memory.ras_state, pids):
             memory.progress.mark_progress(pid, now)
     if memory.ras_state is None:
-        return evidence.collectives
-    return replace(evidence.collectives or CollectiveState(source="ras"), ras=memory.ras_state)
+        return collectives
+    return replace(collectives or CollectiveState(source="ras"), ras=memory.ras_state)
 
 
 def rank_state(ev: ObservedRank, progress: ProgressTracker, now: float, options: JudgeOptions) -> Rank:

@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..frames import HF_NAMES, LOOP_NAMES, is_hf_loop, is_user
+from ..frames import LOOP_NAMES, is_hf_loop, is_user
 from ..observed import FrameInts, ThreadCounters
 from ..snapshot import Frame, Rank, who
 

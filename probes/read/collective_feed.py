@@ -1,6 +1,7 @@
-"""Collective state for the live view: each rank's Flight Recorder, fetched in the background.
+"""The one place that fetches Flight Recorder traces: for the live view (each rank's, in the
+background) and for bundles (:func:`from_hook`, :func:`found_trace`, used by ``evidence/bundle_rank.py``).
 
-Sources per rank, the freshest one kept:
+Sources per rank; the trace that counts is chosen by ``flightrec.fresher`` (as in bundles):
 
 * the armed hook's ``fr_trace`` over its control socket (bounded, ~13 ms for 550 NCCL entries);
 * Flight Recorder dumps already on disk (:func:`nccl_state.fr_files_on_disk`), newer than the job;
@@ -34,13 +35,6 @@ PIPE_WAIT_S = nccl_state.PIPE_WAIT_S
 RAS_INTERVAL_S = 2.0  # RAS gathers from every process of the job: not more often than this
 
 
-@dataclass(frozen=True)
-class _Trace:
-    trace: dict
-    source: str  # "hook", "flight-recorder-file" or "pipe"
-    at: float  # unix time the state was current: fetch time, or the dump file's mtime
-
-
 class CollectiveFeed:
     """Each rank's latest Flight Recorder trace, analysed across ranks.
 
@@ -55,7 +49,7 @@ class CollectiveFeed:
         self._lock = threading.Lock()  # guards the fields below; never held while fetching
         self._analysis = threading.Lock()  # one analysis at a time, so the newest traces win
         self._closed = threading.Event()
-        self._traces: dict[int, _Trace] = {}
+        self._traces: dict[int, flightrec.FoundTrace] = {}
         self._state: CollectiveState | None = None
         self._fetch: threading.Thread | None = None
         self._fetch_started = float("-inf")
@@ -173,20 +167,11 @@ class CollectiveFeed:
                 self._store(rank, trace)
         self._maybe_pipe(rank, env)
 
-    def _from_hook(self, sock: Path) -> _Trace | None:
-        at = time.time()
-        reply = hookclient.request(sock, "fr_trace", timeout=self._hook_timeout)
-        if not reply.ok:
-            return None
-        try:
-            traces, _ = flightrec.hook_reply_traces(reply.text)
-        except flightrec.TraceError:
-            return None
-        merged = flightrec.merge_traces([trace for _, trace in traces])
-        return _Trace(merged, "hook", at) if merged is not None else None
+    def _from_hook(self, sock: Path) -> flightrec.FoundTrace | None:
+        return from_hook(sock, self._hook_timeout).found
 
     def _read_dump(self, path: Path, since: float = 0.0, source: str = "flight-recorder-file",
-                   again: bool = False) -> _Trace | None:
+                   again: bool = False) -> flightrec.FoundTrace | None:
         """A dump file's trace when it is newer than ``since``, once per version of the file
         (an unchanged file is not read again unless ``again``)."""
         try:
@@ -197,12 +182,12 @@ class CollectiveFeed:
             with self._lock:
                 if self._seen_files.get(str(path)) == key and not again:
                     return None
-            trace = flightrec.load_trace(nccl_state.read_capped(path))
+            found = found_trace(nccl_state.read_capped(path), source, info.st_mtime)
         except (OSError, flightrec.TraceError):
             return None  # gone, unreadable, or half written: read again next time
         with self._lock:
             self._seen_files[str(path)] = key
-        return _Trace(trace, source, info.st_mtime) if flightrec.has_entries(trace) else None
+        return found
 
     def _maybe_pipe(self, rank: int, env: dict[str, str]) -> None:
         """Trigger the rank's debug-info pipe once per stuck episode; await its file elsewhere."""
@@ -242,12 +227,10 @@ class CollectiveFeed:
         return known
 
     # -- state ---------------------------------------------------------------------------
-    def _store(self, rank: int, new: _Trace) -> None:
-        """Keep the fresher trace of a rank."""
+    def _store(self, rank: int, new: flightrec.FoundTrace) -> None:
+        """Keep the trace of a rank that counts (``flightrec.fresher``)."""
         with self._lock:
-            old = self._traces.get(rank)
-            if old is None or old.at <= new.at:
-                self._traces[rank] = new
+            self._traces[rank] = flightrec.fresher(self._traces.get(rank), new)
 
     def _analyse(self) -> None:
         with self._analysis:
@@ -259,6 +242,39 @@ class CollectiveFeed:
             state = flightrec.analyze({rank: t.trace for rank, t in traces.items()}, source=source)
             with self._lock:
                 self._state = state
+
+
+@dataclass(frozen=True)
+class HookTraces:
+    """What a rank's armed hook answered to ``fr_trace``: each recorder's trace as torch dumped it,
+    the merged trace that counts (None: nothing recorded), and why there is none."""
+
+    traces: tuple[tuple[str, dict], ...] = ()
+    found: flightrec.FoundTrace | None = None
+    error: str | None = None
+    notes: tuple[str, ...] = ()
+
+
+def from_hook(sock: Path, timeout: float) -> HookTraces:
+    """Fetch a rank's Flight Recorder through its hook's control socket (bounded)."""
+    at = time.time()
+    reply = hookclient.request(sock, "fr_trace", timeout=timeout)
+    if not reply.ok:
+        return HookTraces(error=reply.error)
+    try:
+        traces, notes = flightrec.hook_reply_traces(reply.text)
+    except flightrec.TraceError as exc:
+        return HookTraces(error=str(exc))
+    merged = flightrec.merge_traces([trace for _, trace in traces])
+    found = flightrec.FoundTrace(merged, "hook", at) if merged is not None else None
+    return HookTraces(tuple(traces), found, None, tuple(notes))
+
+
+def found_trace(data: bytes, source: str, at: float) -> flightrec.FoundTrace | None:
+    """A dump's bytes as a trace current at ``at``; None when it holds no entry. Raises
+    ``flightrec.TraceError`` for bytes that are no trace."""
+    trace = flightrec.load_trace(data)
+    return flightrec.FoundTrace(trace, source, at) if flightrec.has_entries(trace) else None
 
 
 def _thread(target: Callable[..., None], *args: object, name: str) -> threading.Thread:

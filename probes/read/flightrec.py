@@ -41,6 +41,31 @@ class _PlainUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a trace")
 
 
+# Sources that fetch a trace on demand (hook socket, debug-info pipe, debug server), as opposed to
+# a Flight Recorder dump file found on disk, which may be old.
+ON_DEMAND = frozenset({"hook", "pipe", "debug-server"})
+
+
+@dataclass(frozen=True)
+class FoundTrace:
+    """One rank's trace from one source, and when it was current: the fetch time for the hook
+    and the debug server, the file's modification time for a dump file or the pipe's file."""
+
+    trace: dict
+    source: str  # "hook", "flight-recorder-file", "pipe", "debug-server"
+    at: float
+
+
+def fresher(old: FoundTrace | None, new: FoundTrace) -> FoundTrace:
+    """The one rule for which of a rank's traces counts (live view and bundles alike): the one
+    current at the later time; on a tie, the one fetched on demand."""
+    if old is None or new.at > old.at:
+        return new
+    if new.at < old.at:
+        return old
+    return new if new.source in ON_DEMAND or old.source not in ON_DEMAND else old
+
+
 def load_trace(data: bytes) -> dict:
     """Parse a trace from its JSON or pickle bytes. Raises :class:`TraceError`."""
     stripped = data.lstrip()

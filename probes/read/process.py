@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..redact import redact_argv
+from ..snapshot import Job
+
 # Environment variables that identify a rank and its job. Only these are kept in memory;
 # the full environment is read again (and redacted) only by the evidence bundle.
 JOB_ENV = (
@@ -52,3 +55,13 @@ class JobProcesses:
     started_at: float | None = None
     waiting_rendezvous: bool = False
     notes: tuple[str, ...] = ()
+
+
+def job_record(job: JobProcesses) -> Job:
+    """The snapshot's record of the job (its command line redacted)."""
+    return Job(
+        launcher=job.launcher, pid=job.root_pid, host=job.host, world_size=job.world_size,
+        local_world_size=job.local_world_size, nnodes=job.nnodes, master_addr=job.master_addr,
+        master_port=job.master_port, started_at=job.started_at, cmdline=tuple(redact_argv(list(job.cmdline))),
+        job_id=job.job_id, waiting_rendezvous=job.waiting_rendezvous, run_dir=job.run_dir,
+    )

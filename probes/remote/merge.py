@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from ..judge import ras as ras_judge
 from ..read.flightrec import analyze_rows
 from ..judge.judgement import JudgeMemory, judge_job
-from ..observed import ObservedJob, observed_rank
-from ..snapshot import CollectiveState, HostInfo, Rank, RankCollective, RasState, Snapshot, who
+from ..observed import ObservedJob, combine_states, observed_rank
+from ..snapshot import CollectiveState, HostInfo, Rank, RasState, Snapshot, who
 
 
 @dataclass(frozen=True)
@@ -143,23 +143,12 @@ def _conflicts(ranks: Sequence[Rank]) -> list[str]:
 
 def _merge_collectives(states: list[CollectiveState | None]) -> CollectiveState | None:
     present = [s for s in states if s is not None]
-    if not present:
-        return None
-    if len(present) == 1:
-        return present[0]
-    merged: dict[tuple[int, str], RankCollective] = {}
-    for state in present:
-        for entry in state.ranks:
-            merged.setdefault((entry.rank, entry.pg), entry)
-    culprits = sorted({c for s in present for c in s.culprits})
-    divergence = next((s.divergence for s in present if s.divergence), None)
-    rows = sorted(merged.values(), key=lambda e: (e.rank, e.pg))
-    source = "+".join(_unique(s.source for s in present))
-    if divergence is None:  # no node saw one among its own ranks: look across nodes
-        across = analyze_rows(rows, source)
+    combined = combine_states(present)
+    if combined is not None and len(present) > 1 and combined.divergence is None:
+        across = analyze_rows(list(combined.ranks), combined.source)  # none seen on one node: look across
         if across is not None and across.divergence:
             return across
-    return CollectiveState(source=source, ranks=tuple(rows), divergence=divergence, culprits=tuple(culprits))
+    return combined
 
 
 def merge_ras(states: list[tuple[str, RasState | None]], ranks: Sequence[Rank]) -> tuple[RasState | None, list[str]]:

@@ -9,7 +9,6 @@ answer is picked up by a later poll.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import inspect
 import socket
 import time

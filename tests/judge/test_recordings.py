@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from recorded import END, JudgeMemory, judged, observe, replay
+from recorded import JudgeMemory, judged, observe, replay
 from trainwatch.probes.read.flightrec import analyze, load_trace
 
 PYSPY = Path(__file__).parents[1] / "fixtures" / "h100" / "pyspy"

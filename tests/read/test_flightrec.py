@@ -310,3 +310,15 @@ def test_pending_fields_survive_json_and_the_multi_node_merge():
         544, "all_reduce", state.ranks[0].pending_since)
     assert (rows[1].pending_seq, rows[1].pending_since) == (544, 1795350338.0)
     assert merged.collectives.source == "hook+pipe"
+
+
+def test_one_rule_picks_a_ranks_trace_for_the_live_view_and_bundles():
+    from trainwatch.probes.read.flightrec import FoundTrace, fresher
+    old_file = FoundTrace({"entries": [1]}, "flight-recorder-file", at=100.0)
+    hook = FoundTrace({"entries": [2]}, "hook", at=200.0)
+    newer_file = FoundTrace({"entries": [3]}, "flight-recorder-file", at=300.0)
+    assert fresher(None, old_file) is old_file
+    assert fresher(old_file, hook) is hook and fresher(hook, old_file) is hook  # the later one, either order
+    assert fresher(hook, newer_file) is newer_file  # a dump written after the fetch is newer
+    same_time = FoundTrace({"entries": [4]}, "pipe", at=300.0)
+    assert fresher(newer_file, same_time) is same_time and fresher(same_time, newer_file) is same_time

@@ -1,0 +1,48 @@
+"""The judge's memory across polls: `since`, tie-breaks and the first death, for every caller."""
+
+from __future__ import annotations
+
+from trainwatch.probes.judge.judgement import JudgeMemory, JudgeOptions, judge_job
+from trainwatch.probes.observed import ObservedJob, ObservedRank, observed_rank
+from trainwatch.probes.remote.merge import NodeView, merge_nodes
+from trainwatch.probes.snapshot import ExitInfo, Job, Rank, Snapshot
+
+JOB = Job("torchrun", 1, "h", world_size=2)
+
+
+def ranks(state: str, places: tuple[str, str]) -> tuple[Rank, ...]:
+    return tuple(Rank(rank=n, pid=100 + n, host="h", state=state, phase="collective", op="all_reduce", where=place)
+                 for n, place in enumerate(places))
+
+
+def test_since_holds_while_the_verdict_kind_holds():
+    memory = JudgeMemory()
+    stuck = ObservedJob(JOB, tuple(map(observed_rank, ranks("stuck", ("a", "a")))))
+    first = judge_job(stuck, memory, now=10.0).verdict
+    again = judge_job(stuck, memory, now=20.0).verdict
+    assert (first.kind, first.since, again.since) == ("hang", 10.0, 10.0)
+    healthy = judge_job(ObservedJob(JOB, tuple(map(observed_rank, ranks("running", ("a", "a"))))), memory, 30.0)
+    assert (healthy.verdict.kind, healthy.verdict.since) == ("healthy", 30.0)
+
+
+def test_a_merged_view_remembers_where_ranks_went_and_breaks_the_tie():
+    """Both ranks ran through place `a`; then rank 0 waits at `a`, rank 1 at `b`: rank 1 is odd.
+    Without the memory of the earlier polls the tie has no culprit."""
+    def node(state: str, places: tuple[str, str], at: float) -> list[NodeView]:
+        return [NodeView("h", Snapshot(job=JOB, ranks=ranks(state, places), taken_at=at), local=True)]
+
+    memory = JudgeMemory()
+    merge_nodes(node("running", ("a", "a"), 1.0), memory=memory)
+    remembered = merge_nodes(node("stuck", ("a", "b"), 2.0), memory=memory).verdict
+    forgetful = merge_nodes(node("stuck", ("a", "b"), 2.0)).verdict
+    assert (remembered.kind, remembered.culprits) == ("mismatch", (1,))
+    assert (forgetful.kind, forgetful.culprits) == ("mismatch", ())
+
+
+def test_the_judge_marks_one_first_death_over_all_ranks_it_is_given():
+    """Two nodes each marked their own first death; merged, the earlier one is the first."""
+    dead = [ObservedRank(rank=n, pid=100 + n, host=h, seen="exited", exit=ExitInfo(code=1, at=at, first=True))
+            for n, h, at in ((0, "a", 5.0), (1, "b", 9.0))]
+    judged = judge_job(ObservedJob(JOB, tuple(dead)), JudgeMemory(), now=10.0, options=JudgeOptions())
+    assert [r.exit.first for r in judged.ranks] == [True, False]
+    assert (judged.verdict.kind, judged.verdict.culprits) == ("crashed", (0,))
