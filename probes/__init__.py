@@ -30,14 +30,16 @@ _EXPORTS: dict[str, str] = {
     "find_pyspy": ".read.pyspy",
     # evidence
     **dict.fromkeys(("write_evidence", "write_bundle"), ".evidence.bundle"),
-    **dict.fromkeys(("Watcher", "EXIT_CLEAN", "EXIT_PROBLEM", "EXIT_CRASH"), ".evidence.watcher"),
+    **dict.fromkeys(("Watcher", "WatchEvent", "EXIT_CLEAN", "EXIT_PROBLEM", "EXIT_CRASH"), ".evidence.watcher"),
     "RankLogs": ".read.ranklog",
     # words the views share with bundles
     "step_label": ".judge.steps",
     "group_what": ".judge.groups",
+    **dict.fromkeys(("NA", "na", "how_ended", "duration", "size", "pct"), ".wording"),
     # `trainwatch run`: the armed run directory
     "rundir": ".rundir",
     "signal_name": ".rundir",
+    "torch_env": ".torch_env",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -49,4 +51,4 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     loaded = importlib.import_module(module, __name__)
     # Not cached here: each use reads the defining module, so the two never disagree.
-    return loaded if name == "rundir" else getattr(loaded, name)
+    return loaded if name in ("rundir", "torch_env") else getattr(loaded, name)

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 # A real-time signal: SIGUSR1/SIGUSR2 are taken by SLURM, Lightning and torchrun's
 # ``--signals-to-handle``; nothing in torch or the launchers uses SIGRTMIN+3.
@@ -78,20 +79,27 @@ def default_run_dir(base: Path | None = None) -> Path:
     return Path(base or Path.cwd()) / "trainwatch-runs" / f"{stamp}-{os.getpid()}"
 
 
-def armed_env(run_dir: Path, base: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
-    """The environment for the job, and the settings trainwatch added (user values win)."""
+def armed_env(run_dir: Path, base: dict[str, str],
+              name_for: Callable[[str, str], str] | None = None) -> tuple[dict[str, str], dict[str, str]]:
+    """The environment for the job, and the settings trainwatch added (user values win).
+
+    A setting torch renamed is given under one name only, ``name_for(new, old)`` (the one the job's
+    torch reads: see ``torch_env``), and not at all when the user set either name: a torch that
+    reads the new name warns on every rank when the old one is set."""
     run_dir = Path(run_dir).resolve()
     flight = flight_dir(run_dir)
+    pick = name_for or (lambda new, old: new)
     wanted = {
         "TRAINWATCH_HOOK": "1",
         "TRAINWATCH_RUN_DIR": str(run_dir),
-        "TORCH_FR_BUFFER_SIZE": base.get("TORCH_NCCL_TRACE_BUFFER_SIZE", FR_BUFFER_ENTRIES),
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": base.get("TORCH_FR_BUFFER_SIZE", FR_BUFFER_ENTRIES),
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-        "TORCH_FR_DUMP_TEMP_FILE": str(flight / "fr_trace_rank_"),
-        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(flight / "nccl_trace_rank_"),
         "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(flight / "pipe_rank_"),
     }
+    renamed = {("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"): FR_BUFFER_ENTRIES,
+               ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"): str(flight / "fr_trace_rank_")}
+    for (new, old), value in renamed.items():
+        if new not in base and old not in base:
+            wanted[pick(new, old)] = value
     added = {k: v for k, v in wanted.items() if k not in base}
     env = {**base, **added}
     # The armed sitecustomize goes first; the user's PYTHONPATH follows unchanged.
@@ -111,7 +119,8 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def write_run_json(run_dir: Path, command: list[str], added: dict[str, str], pid: int | None) -> dict:
+def write_run_json(run_dir: Path, command: list[str], added: dict[str, str], pid: int | None,
+                   torch_version: str | None = None) -> dict:
     record = {
         "command": list(command),
         "started_at": time.time(),
@@ -119,6 +128,7 @@ def write_run_json(run_dir: Path, command: list[str], added: dict[str, str], pid
         "trainwatch_pid": os.getpid(),
         "pid": pid,
         "python": sys.executable,
+        "torch_version": torch_version,  # the job's, as its interpreter reported it
         "faulthandler": {"signal": FAULTHANDLER_SIGNAL, "signal_name": signal_name(FAULTHANDLER_SIGNAL),
                          "fatal": ["SIGSEGV", "SIGFPE", "SIGABRT", "SIGBUS", "SIGILL"]},
         "armed_env": added,

@@ -270,7 +270,8 @@ class Snapshot:
     version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:
-        return _encode(self)
+        data = _encode(self)
+        return {"version": data.pop("version"), **data}  # first: a reader checks it before the rest
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)

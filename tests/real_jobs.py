@@ -19,6 +19,13 @@ from trainwatch.tui.planted import stop_job_tree
 PLANTED = Path(__file__).resolve().parents[1] / "tui" / "planted.py"
 FRAMEWORK_JOBS = Path(__file__).resolve().parent / "jobs_frameworks"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+# Launchers other than torchrun: the venv's console script and its arguments ({nproc}, {port}).
+LAUNCH_COMMANDS = {
+    # No GPU: accelerate's --multi_gpu launcher runs the ranks in its MULTI_CPU mode (gloo).
+    "accelerate": ("accelerate", "launch", "--multi_gpu", "--num_processes", "{nproc}", "--num_machines", "1",
+                   "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "{port}"),
+    "deepspeed": ("deepspeed", "--num_gpus", "{nproc}", "--master_port", "{port}", "--no_local_rank"),
+}
 
 
 def free_port() -> int:
@@ -40,7 +47,9 @@ class PlantedJob:
     """A real gloo job running ``tui/planted.py`` copied as ``train.py`` into ``workdir``, or,
     given ``script``, that job script (e.g. one of ``tests/jobs_frameworks/``) copied into
     ``workdir`` under its own name with its ``_*.py`` helpers beside it, run with
-    ``--deadline``; ``script_args`` are added either way (``["--ddp"]`` for a planted DDP job)."""
+    ``--deadline``; ``script_args`` are added either way (``["--ddp"]`` for a planted DDP job).
+    ``launcher``: torchrun, accelerate or deepspeed (their own command lines), python (one process),
+    or lightning (`python script`: Lightning's launcher starts ranks 1..nproc-1 itself)."""
 
     def __init__(self, workdir: Path, scenario: str | None = None, nproc: int = 3, deadline: float = 60.0,
                  step_s: float = 0.05, launcher: str = "torchrun", extra_env: dict | None = None,
@@ -66,13 +75,16 @@ class PlantedJob:
             if monitor_interval is not None:
                 cmd += ["--monitor-interval", str(monitor_interval)]
             cmd += args
-        else:  # plain python: a job of one process, no launcher
+        elif launcher in LAUNCH_COMMANDS:  # the framework's own launcher, as a user types it
+            cmd = [str(Path(sys.executable).with_name(LAUNCH_COMMANDS[launcher][0])),
+                   *(a.format(nproc=nproc, port=free_port()) for a in LAUNCH_COMMANDS[launcher][1:]), *args]
+        else:  # plain python: one process, or ("lightning") one that starts the other ranks itself
             cmd = [sys.executable, *args]
         self.cmd = (prefix or []) + cmd
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(extra_env or {})}
-        if launcher != "torchrun":
+        if launcher in ("python", "lightning"):
             self.env["MASTER_PORT"] = str(free_port())
-        self.nproc = nproc if launcher == "torchrun" else 1
+        self.nproc = 1 if launcher == "python" else nproc
         self.log = self.workdir / "job.log"
         self.proc: subprocess.Popen | None = None
 

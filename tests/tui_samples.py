@@ -119,6 +119,39 @@ def gpu_wait() -> Snapshot:
     )
 
 
+def ddp_straggler() -> Snapshot:
+    """As the demo shows it (DDP, steps known): the longest op and verdict the views must fit."""
+    def ddp_stack(line: int) -> tuple[ThreadStack, ...]:
+        return (ThreadStack("MainThread", tid=300, is_main=True, active=False, frames=(
+            Frame("backward", "torch/_tensor.py", 626),
+            Frame("compute_step", "/job/train.py", 68),
+            Frame("train", "/job/train.py", line),
+            Frame("main", "/job/train.py", 196),
+        )),)
+    waiting = tuple(_rank(n, state="stuck", phase="collective", op="all_reduce (DDP gradients)", stuck_for_s=34.0,
+                          cpu_pct=0.0, where="train.py:68 compute_step", user_frame="train.py:68 compute_step",
+                          threads=ddp_stack(160), step=4, step_period_s=0.2) for n in range(3))
+    culprit = _rank(3, state="stuck", phase="sleep", op="sleep", where="train.py:168 train", stuck_for_s=34.0,
+                    cpu_pct=0.0, user_frame="train.py:168 train", detail="main thread sleeps in the user's code",
+                    step=3, step_period_s=0.2,
+                    threads=(ThreadStack("MainThread", tid=303, is_main=True, active=False, frames=(
+                        Frame("sleep", "<built-in>", None, native=True),
+                        Frame("train", "/job/train.py", 168),
+                        Frame("main", "/job/train.py", 196),
+                    )),))
+    return Snapshot(
+        job=_job(), ranks=(*waiting, culprit), taken_at=NOW, window_s=2.0,
+        groups=(Group(ranks=(0, 1, 2), phase="collective", op="all_reduce (DDP gradients)",
+                      where="train.py:68 compute_step", label="0-2"),
+                Group(ranks=(3,), phase="sleep", op="sleep", where="train.py:168 train", label="3", culprit=True)),
+        verdict=Verdict("straggler", culprits=(3,), since=NOW - 34,
+                        summary="rank 3 is in sleep at train.py:168 train while ranks 0-2 wait in all_reduce "
+                                "(DDP gradients) at train.py:68 compute_step; rank 3 is at step 3 while ranks "
+                                "0-2 are at step 4"),
+        notes=("NVML unavailable: libnvidia-ml.so.1 not found (no NVIDIA driver on this host)",),
+    )
+
+
 class ListSource:
     """Test double for the data boundary: hands out snapshots in order, then repeats the last."""
 

@@ -26,7 +26,7 @@ from textual.widgets import DataTable, Footer, Input
 from textual.worker import get_current_worker
 
 from ..probes import (
-    PROBLEM_VERDICTS, Rank, RankLogs, Snapshot, Source, TrainwatchError, compact_ranks, write_evidence,
+    PROBLEM_VERDICTS, Rank, RankLogs, Snapshot, Source, TrainwatchError, write_evidence,
 )
 
 from .widgets import format as fmt
@@ -98,11 +98,11 @@ class TrainwatchApp(App[None]):
         Binding("q", "quit", "quit"),
         Binding("question_mark", "help", "help"),
         Binding("slash", "filter", "filter"),
-        Binding("n", "native", "native"),
+        Binding("n", "native", "native", show=False),  # n, + and -: in the help screen (?)
         Binding("s", "sample", "sample"),
         Binding("p", "pause", "pause"),
-        Binding("plus", "slower", "slower", key_display="+"),
-        Binding("minus", "faster", "faster", key_display="-"),
+        Binding("plus", "slower", "slower", key_display="+", show=False),
+        Binding("minus", "faster", "faster", key_display="-", show=False),
         Binding("d", "dump", "dump"),
         Binding("j", "move(1)", "down", show=False),
         Binding("k", "move(-1)", "up", show=False),
@@ -243,9 +243,7 @@ class TrainwatchApp(App[None]):
         if kind == self._alerted:
             return
         self._alerted = kind
-        self.bell()
-        summary = snapshot.verdict.summary or f"culprits: {compact_ranks(snapshot.verdict.culprits) or 'n/a'}"
-        self.notify(summary, title=kind.upper(), severity="error", timeout=5)  # the header keeps it
+        self.bell()  # no toast: it would cover the detail pane, and the header shows the verdict in full
 
     # ----- drawing
 
@@ -270,6 +268,8 @@ class TrainwatchApp(App[None]):
             parts.append(("job ended", "bold red"))
         if not self.live:
             parts.append(("read-only", "bold"))
+            if self.snapshot is not None and self.snapshot.taken_at:
+                parts.append((f"dumped {fmt.duration(self.clock() - self.snapshot.taken_at)} ago", "dim"))
         elif self.paused:
             parts.append(("paused", "bold yellow reverse"))
         else:
@@ -284,9 +284,15 @@ class TrainwatchApp(App[None]):
             text.append(part, style=style)
         return text
 
+    def durations_now(self) -> float:
+        """The time durations are measured to: a bundle's are as at its dump, live ones as of now."""
+        if not self.live and self.snapshot is not None and self.snapshot.taken_at:
+            return self.snapshot.taken_at
+        return self.clock()
+
     def _redraw(self) -> None:
         with self.batch_update():
-            now = self.clock()
+            now = self.durations_now()
             snapshot = self.snapshot
             self.query_one(JobHeader).show(snapshot, now, self.status_text())
             self.query_one(AlertBar).show(snapshot.warnings if snapshot else (), self.error, self.dump_status)
@@ -304,7 +310,7 @@ class TrainwatchApp(App[None]):
         tail = self.log_tails.get(rank.key) if rank and rank.log_path else None
         key = rank.key if rank else None
         fresh, self._detail_key = key != self._detail_key, key
-        self.query_one(DetailPane).show(rank, self.clock(), native, tail, fresh=fresh)
+        self.query_one(DetailPane).show(rank, self.durations_now(), native, tail, fresh=fresh)
         if fresh and rank is not None and rank.rank is not None:
             self.query_one(GroupsPane).follow(rank.rank)
 
@@ -315,7 +321,7 @@ class TrainwatchApp(App[None]):
             header = self.query_one(JobHeader)
         except NoMatches:  # the timer can still fire while the screen is being torn down
             return
-        header.show(self.snapshot, self.clock(), self.status_text(), layout=False)
+        header.show(self.snapshot, self.durations_now(), self.status_text(), layout=False)
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         self._redraw_detail()

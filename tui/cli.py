@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import importlib.metadata
 import sys
 
 from ..probes import TrainwatchError
@@ -16,16 +17,42 @@ def build_parser() -> argparse.ArgumentParser:
         prog="trainwatch",
         description="See which rank of a distributed training job is stuck where, and why.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"trainwatch {version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     sub.required = True
     for name in COMMANDS:
         importlib.import_module(f"trainwatch.tui.commands.{name}").register(sub)
     return parser
 
 
+def version() -> str:
+    """The installed package's version (its metadata), or ``unknown`` when run from a bare tree."""
+    try:
+        return importlib.metadata.version("trainwatch")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def command_list(parser: argparse.ArgumentParser) -> str:
+    """Usage, then one line per command: what ``trainwatch`` alone prints."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    width = max(len(choice.dest) for choice in sub._choices_actions)
+    lines = [parser.format_usage().rstrip(), "", "commands:"]
+    lines += [f"  {choice.dest:<{width}}  {choice.help}" for choice in sub._choices_actions]
+    lines += ["", "`trainwatch COMMAND --help` for a command's options; `trainwatch --version`."]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        sys.stderr.write(command_list(parser))
+        return 2
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse's own exit: a usage error (2), or --help/--version (0)
+        return exc.code if isinstance(exc.code, int) else 2
     try:
         return int(args.func(args) or 0)
     except TrainwatchError as exc:

@@ -15,6 +15,7 @@ from ..probes import (
     DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, PARTIAL_EXIT, NodeSpec, Remote, detect_slurm, open_nodes, other_nodes,
     slurm_job_here,
 )
+from .commands.common import count_between, positive_seconds
 
 __all__ = ["PARTIAL_EXIT", "add_remote_arguments", "wants_remote", "remotes_from_args", "wrap_source",
            "detect_slurm", "slurm_job_here"]
@@ -37,9 +38,9 @@ def add_remote_arguments(parser: argparse.ArgumentParser) -> None:
                        help="extra ssh option, e.g. Port=2222 (passed as -o OPT) or '-F ~/.ssh/cluster'; repeatable")
     group.add_argument("--remote-trainwatch", default="trainwatch", metavar="CMD",
                        help="command that runs trainwatch on the other nodes (default: trainwatch)")
-    group.add_argument("--remote-timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
+    group.add_argument("--remote-timeout", type=positive_seconds, default=DEFAULT_TIMEOUT_S, metavar="S",
                        help=f"give up on a node after this many seconds (default: {DEFAULT_TIMEOUT_S:g})")
-    group.add_argument("--remote-parallel", type=int, default=DEFAULT_PARALLEL, metavar="N",
+    group.add_argument("--remote-parallel", type=count_between(1, 1024), default=DEFAULT_PARALLEL, metavar="N",
                        help=f"ask at most this many nodes at once (default: {DEFAULT_PARALLEL})")
 
 

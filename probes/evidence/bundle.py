@@ -7,7 +7,7 @@ Layout of ``trainwatch-<host>-<pid>-<UTC time>/``::
     snapshot.json      the snapshot at dump time (``trainwatch snapshot --json`` schema)
     ranks/<rank>/      stacks.txt, stacks-native.txt, hook-stacks.txt, faulthandler.txt,
                        flight-recorder/*, proc.txt, fds.txt, env.txt, nccl-settings.txt,
-                       log-tail.txt, notes.txt
+                       log-tail.txt (as the live view reads it), log-raw.txt, notes.txt
     host/              gpu.txt, xid.txt, process-tree.txt, ras.txt, ras.json, ras-summary.txt,
                        debug-server.txt
 

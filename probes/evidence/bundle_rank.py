@@ -16,7 +16,7 @@ from typing import Any, Callable
 from .. import rundir
 from ..errors import TrainwatchError
 from ..read import flightrec
-from ..read import hookclient, nccl_state, procfacts, procfs, pyspy
+from ..read import hookclient, nccl_state, procfacts, procfs, pyspy, ranklog
 from ..read.collective_feed import found_trace, from_hook
 from ..snapshot import ThreadStack
 
@@ -338,6 +338,12 @@ def _settings_and_logs(plan: RankPlan, ev: RankEvidence) -> None:
         ev.note("no log file known (stdout/stderr is not a regular file)")
         return
     try:
-        ev.files["log-tail.txt"] = nccl_state.read_capped(Path(log), LOG_TAIL_BYTES, tail=True)
+        raw = nccl_state.read_capped(Path(log), LOG_TAIL_BYTES, tail=True)
     except OSError as exc:
         ev.note(f"log {log}: {exc.strerror}")
+        return
+    # log-tail.txt reads like the live view (no warnings, banners, NumPy complaint); the raw
+    # tail is kept beside it. Both are bounded here and redacted when written.
+    ev.files["log-raw.txt"] = raw
+    quiet = ranklog.without_noise(raw.decode(errors="replace").splitlines())
+    ev.files["log-tail.txt"] = "".join(f"{line}\n" for line in quiet)

@@ -20,6 +20,16 @@ MAX_MEMBER_BYTES = 512 * 1024 * 1024
 
 def _extract(archive: Path) -> tuple[Path, Path]:
     """Unpack into a private temp dir; returns (temp dir, bundle root). Refuses unsafe members."""
+    try:
+        is_tar = tarfile.is_tarfile(archive)
+    except OSError as exc:
+        raise BadBundle(f"cannot read {archive}: {exc.strerror or exc}") from None
+    except (EOFError, tarfile.TarError, ValueError):  # a compressed stream cut short
+        raise BadBundle(f"{archive}: damaged bundle archive (it ends early)",
+                        "was it copied completely? try `tar tzf` on it") from None
+    if not is_tar:
+        raise BadBundle(f"{archive} is not a trainwatch bundle (not a tar archive)",
+                        "open a directory or .tar.gz written by `trainwatch dump`")
     tmp = Path(tempfile.mkdtemp(prefix="trainwatch-open-"))
     try:
         with tarfile.open(archive, "r:*") as tar:
@@ -30,7 +40,8 @@ def _extract(archive: Path) -> tuple[Path, Path]:
             tar.extractall(tmp, members=members, filter="data")
     except (tarfile.TarError, OSError, EOFError) as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise BadBundle(f"{archive} is not a readable bundle archive: {exc}",
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__  # tarfile's reasons run to lines
+        raise BadBundle(f"{archive}: damaged bundle archive ({why})",
                         "was it copied completely? try `tar tzf` on it") from None
     except BadBundle:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -14,6 +14,7 @@ from ..judge.steps import step_label
 from ..judge.groups import group_what
 from ..read import ranklog
 from ..snapshot import Rank, Snapshot, compact_ranks, who
+from ..wording import NA, how_ended, na, pct, size
 
 
 def _trainwatch_version() -> str:
@@ -21,10 +22,6 @@ def _trainwatch_version() -> str:
         return metadata.version("trainwatch")
     except metadata.PackageNotFoundError:
         return "unknown"
-
-
-def _bytes(value: int | None) -> str:
-    return f"{value / 2**30:.1f} GiB" if value is not None else "n/a"
 
 
 def render(snapshot: Snapshot, evidence: list[RankEvidence], host_notes: list[str], *,
@@ -35,12 +32,12 @@ def render(snapshot: Snapshot, evidence: list[RankEvidence], host_notes: list[st
     out.append(f"- taken: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(snapshot.taken_at or time.time()))}")
     if reason:
         out.append(f"- reason: {reason}")
-    out.append(f"- world size: {job.world_size if job.world_size is not None else 'n/a'}, "
+    out.append(f"- world size: {na(job.world_size)}, "
                f"ranks here: {len(snapshot.ranks)}")
-    out.append(f"- launch command: `{' '.join(job.cmdline) or 'n/a'}`")
+    out.append(f"- launch command: `{na(' '.join(job.cmdline))}`")
     if not redacted:
         out.append("- **NOT REDACTED**: environment values and secrets were written as they are")
-    out += ["", "## Verdict", "", f"**{verdict.kind}**: {verdict.summary or 'n/a'}"]
+    out += ["", "## Verdict", "", f"**{verdict.kind}**: {na(verdict.summary)}"]
     if verdict.culprits:
         out.append(f"Culprit rank(s): {compact_ranks(verdict.culprits)}")
     out += [*(f"- warning: {w}" for w in snapshot.warnings)]
@@ -76,7 +73,7 @@ def render(snapshot: Snapshot, evidence: list[RankEvidence], host_notes: list[st
         where = f" at `{group.where}`" if group.where else ""
         out.append(f"- {who(group.ranks)}: {group_what(group)}{where}{mark}")
     if not snapshot.groups:
-        out.append("n/a")
+        out.append(NA)
 
     culprits = set(verdict.culprits) | set(state.culprits if state else ())
     for ev in evidence:
@@ -86,23 +83,29 @@ def render(snapshot: Snapshot, evidence: list[RankEvidence], host_notes: list[st
             out += ["", f"### Stack of culprit rank {ev.rank} (PID {ev.pid})", "", "```", text.rstrip()[:8000], "```"]
     out += _culprit_logs(snapshot, evidence, culprits)
 
-    out += ["", "## Ranks", "", "| rank | pid | state | step | phase | where | faulthandler |",
-            "|---|---|---|---|---|---|---|"]
     by_rank = {ev.rank: ev for ev in evidence}
+    faults = {rank.rank: na(by_rank[rank.rank].faulthandler if rank.rank in by_rank else None)
+              for rank in snapshot.ranks}
+    common = _most_common(list(faults.values()))
+    out += ["", "## Ranks", ""]
+    if common is not None and len(faults) > 1:
+        out += [f"faulthandler, {'every rank' if len(set(faults.values())) == 1 else 'other ranks'}: {common}", ""]
+    differs = any(value != common for value in faults.values()) or len(faults) == 1
+    out += ["| rank | pid | state | step | phase | where |" + (" faulthandler |" if differs else ""),
+            "|---|---|---|---|---|---|" + ("---|" if differs else "")]
     for rank in snapshot.ranks:
-        ev = by_rank.get(rank.rank)
-        fault = ev.faulthandler if ev else "n/a"
-        step = step_label(rank.step, rank.step_period_s) or "n/a"
-        out.append(f"| {rank.rank} | {rank.pid} | {rank.state} | {step} | {rank.phase} "
-                   f"| `{rank.where or 'n/a'}` | {fault} |")
+        step = na(step_label(rank.step, rank.step_period_s))
+        fault = faults[rank.rank] if faults[rank.rank] != common or len(faults) == 1 else ""
+        out.append(f"| {rank.rank} | {na(rank.pid)} | {state_word(rank)} | {step} | {rank.phase} "
+                   f"| `{na(rank.where)}` |" + (f" {fault} |" if differs else ""))
 
     out += ["", "## GPUs and host", ""]
     for host in snapshot.hosts:
-        out.append(f"- host {host.name}: driver {host.driver_version or 'n/a'}, "
-                   f"CUDA driver {host.cuda_driver_version or 'n/a'}" + (f" ({host.error})" if host.error else ""))
+        out.append(f"- host {host.name}: driver {na(host.driver_version)}, "
+                   f"CUDA driver {na(host.cuda_driver_version)}" + (f" ({host.error})" if host.error else ""))
         for gpu in host.gpus:
-            out.append(f"  - GPU {gpu.index} {gpu.name or ''}: util {gpu.util_pct if gpu.util_pct is not None else 'n/a'}%, "
-                       f"mem {_bytes(gpu.mem_used_bytes)} / {_bytes(gpu.mem_total_bytes)}"
+            out.append(f"  - GPU {gpu.index} {gpu.name or ''}: util {pct(gpu.util_pct)}, "
+                       f"mem {size(gpu.mem_used_bytes)} / {size(gpu.mem_total_bytes)}"
                        f"{', LOST' if gpu.lost else ''}{', throttle ' + ','.join(gpu.throttle) if gpu.throttle else ''}")
         for line in host.xid_events:
             out.append(f"  - Xid: {line}")
@@ -111,17 +114,47 @@ def render(snapshot: Snapshot, evidence: list[RankEvidence], host_notes: list[st
 
     out += ["", "## Versions", ""]
     versions = next((ev.versions for ev in evidence if ev.versions), {})
-    out.append(f"- job Python: {versions.get('python', 'n/a')}, torch: {versions.get('torch', 'n/a')}, "
-               f"torch CUDA: {versions.get('torch CUDA', 'n/a')}, NCCL: {versions.get('NCCL', 'n/a')}")
+    out.append(f"- job Python: {na(versions.get('python'))}, torch: {na(versions.get('torch'))}, "
+               f"torch CUDA: {na(versions.get('torch CUDA'))}, NCCL: {na(versions.get('NCCL'))}")
     driver = next((h.driver_version for h in snapshot.hosts if h.driver_version), None)
     cuda = next((h.cuda_driver_version for h in snapshot.hosts if h.cuda_driver_version), None)
-    out.append(f"- driver: {driver or 'n/a'}, CUDA driver API: {cuda or 'n/a'}")
+    out.append(f"- driver: {na(driver)}, CUDA driver API: {na(cuda)}")
     out.append(f"- trainwatch {_trainwatch_version()} (Python {platform.python_version()}, {platform.platform()})")
 
-    missing = [*snapshot.notes, *host_notes, *(n for ev in evidence for n in ev.notes)]
+    missing = [*snapshot.notes, *host_notes, *_rank_notes(evidence)]
     out += ["", "## Not collected, and why", ""]
     out += [f"- {line}" for line in dict.fromkeys(missing)] or ["Everything was collected."]
     return "\n".join(out) + "\n"
+
+
+def state_word(rank: Rank) -> str:
+    """The rank's state, or how it ended (the words of the live view's state column)."""
+    if rank.exit is not None:
+        return how_ended(rank.exit, alive=rank.state != "exited", short=True)
+    return rank.state
+
+
+def _most_common(values: list[str]) -> str | None:
+    return max(dict.fromkeys(values), key=values.count) if values else None
+
+
+def _rank_notes(evidence: list[RankEvidence]) -> list[str]:
+    """Each rank's notes said once: ``(every rank)`` when all share it, else for the ranks it concerns."""
+    by_text: dict[str, list[RankEvidence]] = {}
+    for ev in evidence:
+        prefix = f"{ev.label}: "
+        for note in dict.fromkeys(ev.notes):
+            by_text.setdefault(note.removeprefix(prefix), []).append(ev)
+    lines = []
+    for text, evs in by_text.items():
+        numbers = [ev.rank for ev in evs if ev.rank is not None]
+        if len(evs) == len(evidence) and len(evidence) > 1:
+            lines.append(f"{text} (every rank)")
+        elif len(numbers) == len(evs):
+            lines.append(f"{who(numbers)}: {text}")
+        else:
+            lines += [f"{ev.label}: {text}" for ev in evs]
+    return lines
 
 
 def _crash_lines(snapshot: Snapshot) -> list[str]:
@@ -138,7 +171,7 @@ def _crash_lines(snapshot: Snapshot) -> list[str]:
 def _crash_line(rank: Rank) -> str:
     info = rank.exit
     alive = rank.state != "exited"
-    how = "raised an uncaught exception; the process is still alive" if alive else exits.how(info)
+    how = how_ended(info, alive)
     line = f"- rank {rank.rank} (PID {rank.pid}): {how}" + (" — **first to die**" if info.first else "")
     if info.reason:
         line += f"\n  - reason: {info.reason}"

@@ -15,7 +15,7 @@ import shutil
 import socket
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -32,12 +32,32 @@ from ..read.discover import LAUNCHERS, find_job
 from ..read.process import RankProcess
 from ..read.ranklog import RankLogs
 from ..observed import observed_rank, observed_snapshot
-from ..snapshot import CRASH_VERDICTS, HANG_VERDICTS, HEALTHY_VERDICTS, Job, Snapshot, Verdict
+from ..snapshot import CRASH_VERDICTS, HANG_VERDICTS, HEALTHY_VERDICTS, PROBLEM_VERDICTS, Job, Snapshot, Verdict
 from ..source import Source
 
 
+LATE_S = 10.0  # how long a rank reaped without a word may still be explained by its log
+
 # `trainwatch watch` exit statuses (documented in its --help)
 EXIT_CLEAN, EXIT_PROBLEM, EXIT_CRASH = 0, 10, 11
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """One thing ``watch`` saw. ``alert`` events (``problem``, ``crashed``) are the ones a person
+    should hear about: once per problem episode, once per crash, with the bundle if one was written."""
+
+    kind: str  # verdict, crash, crash_reason, bundle, note, job_ended; alerts: problem, crashed
+    text: str = ""  # the line `watch` prints; empty for alerts (their bundle line says it)
+    verdict: str | None = None
+    culprits: tuple[int, ...] = ()
+    summary: str = ""
+    bundle: str | None = None
+    at: float = field(default_factory=time.time)
+
+    @property
+    def alert(self) -> bool:
+        return self.kind in ("problem", "crashed")
 
 
 class CrashCatcher:
@@ -55,6 +75,9 @@ class CrashCatcher:
         self.logs = RankLogs()
         self._tracked: dict[int, RankProcess] = {}
         self._done: set[int] = set()  # pids already judged
+        # Dead with no reason said yet: mp.spawn's parent prints a rank's traceback only after
+        # tearing the others down, so the reason may still come (pid -> (rank, status, died at)).
+        self._unexplained: dict[int, tuple[RankProcess, tuple | None, float]] = {}
         self._family: frozenset[int] | None = None
         self._job_root: int | None = None
         self._launcher_log: str | None = None
@@ -78,9 +101,11 @@ class CrashCatcher:
             record = self._judge(proc, status)
             if record is not None:
                 new.append(record)
+        late = self._explained_late()
+        new.extend(r for r in late if r.pid not in {known.pid for known in self.records})
         if new:
             self._mark_first(new)
-        return new
+        return new + [r for r in late if r not in new]
 
     def job_alive(self) -> bool:
         return psutil.pid_exists(self.root_pid) and procfs.state_letter(self.root_pid) not in (None, "Z")
@@ -138,9 +163,32 @@ class CrashCatcher:
         if record.exit.code == 0 and record.exit.signal is None:
             self.exited_ok.append(proc.pid)
             return None
+        if record.exit.reason is None:
+            self._unexplained[proc.pid] = (proc, status, record.exit.at or time.time())
         if not exits.abnormal(record.exit):
             return None  # vanished with no sign of trouble: most likely a normal exit
         return self._save(replace(record, error_file=error_copy))
+
+    def _explained_late(self) -> list[CrashRecord]:
+        """Deaths whose reason the log gave after the fact (within ``LATE_S``): new crash records
+        for ranks reaped unseen, and recorded crashes now with their reason (``first`` kept)."""
+        found = []
+        for pid, (proc, status, died_at) in list(self._unexplained.items()):
+            record = ended.read_exit(proc, status, now=died_at, run_dir=self.run_dir, logs=self.logs,
+                                     clean=self._clean, launcher_log=self._launcher_log)
+            if record.exit.reason is not None and exits.abnormal(record.exit):
+                known = next((i for i, r in enumerate(self.records) if r.pid == pid), None)
+                if known is not None:
+                    earlier = self.records[known]
+                    record = replace(record, exit=replace(record.exit, first=earlier.exit.first),
+                                     error_file=earlier.error_file)
+                    self.records[known] = record = self._save(record)
+                else:
+                    record = self._save(record)
+                found.append(record)
+            if record.exit.reason is not None or time.time() - died_at > LATE_S:
+                del self._unexplained[pid]
+        return found
 
     def _clean(self, text: str) -> str:
         return ended.redactor_for([self.root_pid, self._job_root])(text)
@@ -248,12 +296,13 @@ def with_crashes(snapshot: Snapshot, records: list[CrashRecord]) -> Snapshot:
 class Watcher:
     """The loop behind ``trainwatch watch``: events on ``emit``, bundles into ``out_dir``."""
 
-    def __init__(self, pid: int, out_dir: Path, *, dump_on: frozenset[str] = frozenset({"hang", "crash"}),
+    def __init__(self, pid: int, out_dir: Path, *, dump_on: frozenset[str] = PROBLEM_VERDICTS,
                  hang_after: float = 300.0, interval: float = 5.0, crash_interval: float = 0.2,
                  window: float = 1.0, emit: Callable[[str], None] = print, source: Source | None = None,
-                 run_dir: Path | None = None) -> None:
-        self.pid, self.out_dir, self.dump_on = pid, Path(out_dir), dump_on
+                 run_dir: Path | None = None, on_event: Callable[[WatchEvent], None] | None = None) -> None:
+        self.pid, self.out_dir, self.dump_on = pid, Path(out_dir), dump_on  # verdict kinds to bundle
         self.interval, self.crash_interval, self.emit = interval, crash_interval, emit
+        self.on_event = on_event
         self.catcher = CrashCatcher(pid, run_dir, self.out_dir)
         self.episodes = Episodes(hang_after)
         self.source = source
@@ -263,6 +312,7 @@ class Watcher:
         self.saw_problem = self.saw_crash = False
         self._crash_bundled = False
         self._last_kind: str | None = None
+        self._told: set[int] = set()  # pids whose crash was emitted
 
     def run(self) -> int:
         next_poll = 0.0
@@ -270,6 +320,8 @@ class Watcher:
             for record in self.catcher.tick():
                 self._on_crash(record)
             if not self.catcher.job_alive():
+                for record in self.catcher.tick():  # last words: mp.spawn's parent prints as it exits
+                    self._on_crash(record)
                 self._on_job_end()
                 break
             now = time.monotonic()
@@ -285,33 +337,44 @@ class Watcher:
         try:
             snapshot = self.source.poll()
         except Exception as exc:  # the job may be ending under us; the crash path still works
-            self.emit(f"{_stamp()} note: snapshot failed: {exc}")
+            self._say(WatchEvent("note", f"note: snapshot failed: {exc}"))
             return
         self.last = snapshot
         if snapshot.job.run_dir and self.catcher.run_dir is None:
             self.catcher.run_dir = Path(snapshot.job.run_dir)
         verdict = snapshot.verdict
         if verdict.kind != self._last_kind and verdict.kind not in CRASH_VERDICTS:
-            self.emit(f"{_stamp()} verdict {verdict.kind}: {verdict.summary}".rstrip(": "))
+            self._say(WatchEvent("verdict", f"verdict {verdict.kind}: {verdict.summary}".rstrip(": "),
+                                 verdict.kind, verdict.culprits, verdict.summary))
             self._last_kind = verdict.kind
         if verdict.kind in HANG_VERDICTS:
             self.saw_problem = True
         if verdict.kind in CRASH_VERDICTS:
             self._on_lingering_crash(snapshot)
-        if self.episodes.observe(verdict, time.time()) and "hang" in self.dump_on:
-            self._bundle(snapshot, f"{verdict.kind}: {verdict.summary}")
+        if self.episodes.observe(verdict, time.time()):
+            path = self._bundle(snapshot, f"{verdict.kind}: {verdict.summary}") \
+                if verdict.kind in self.dump_on else None
+            self._say(WatchEvent("problem", "", verdict.kind, verdict.culprits, verdict.summary, path))
 
     def _on_crash(self, record: CrashRecord) -> None:
         self.saw_crash = True
         first = " (first to die)" if record.exit.first else ""
-        self.emit(f"{_stamp()} crash {exits.death(record.rank, record.pid, record.exit)}{first}")
+        culprit = (record.rank,) if record.rank is not None else ()
+        death = exits.death(record.rank, record.pid, record.exit)
+        if record.pid in self._told:  # its reason, read after the death (mp.spawn's parent's report)
+            self._say(WatchEvent("crash_reason", f"crash reason {death}{first}", "crashed", culprit, death))
+            if record.saved_to:
+                self._say(WatchEvent("note", f"crash record {record.saved_to}"))
+            return
+        self._told.add(record.pid)
+        self._say(WatchEvent("crash", f"crash {death}{first}", "crashed", culprit, death))
         if record.saved_to:
-            self.emit(f"{_stamp()} crash record {record.saved_to}")
-        if "crash" in self.dump_on and not self._crash_bundled:
+            self._say(WatchEvent("note", f"crash record {record.saved_to}"))
+        if not self._crash_bundled:
             self._crash_bundled = True
             base = self.last or _bare_snapshot(self.pid)
             snapshot = with_crashes(base, self.catcher.records)
-            self._bundle(snapshot, snapshot.verdict.summary)
+            self._alert_crash(snapshot)
 
     def _on_lingering_crash(self, snapshot: Snapshot) -> None:
         """A culprit raised and lingers (a non-daemon thread keeps it alive): no death for the
@@ -320,27 +383,42 @@ class Watcher:
         if self.saw_crash or not any(exits.raised_while_alive(r) and r.rank in culprits for r in snapshot.ranks):
             return
         self.saw_crash = True
-        self.emit(f"{_stamp()} crash {snapshot.verdict.summary}")
-        if "crash" in self.dump_on and not self._crash_bundled:
+        verdict = snapshot.verdict
+        self._say(WatchEvent("crash", f"crash {verdict.summary}", "crashed", verdict.culprits, verdict.summary))
+        if not self._crash_bundled:
             self._crash_bundled = True
-            self._bundle(snapshot, snapshot.verdict.summary)
+            self._alert_crash(snapshot)
+
+    def _alert_crash(self, snapshot: Snapshot) -> None:
+        """Bundle the crash (when asked to) and raise the one ``crashed`` alert of this watch."""
+        verdict = snapshot.verdict
+        path = self._bundle(snapshot, verdict.summary) if "crashed" in self.dump_on else None
+        self._say(WatchEvent("crashed", "", "crashed", verdict.culprits, verdict.summary, path))
 
     def _on_job_end(self) -> None:
-        self.emit(f"{_stamp()} job ended (pid {self.pid})")
+        self._say(WatchEvent("job_ended", f"job ended (pid {self.pid})"))
 
-    def _bundle(self, snapshot: Snapshot, reason: str) -> None:
+    def _say(self, event: WatchEvent) -> None:
+        if event.text:
+            self.emit(f"{_stamp()} {event.text}")
+        if self.on_event is not None:
+            self.on_event(event)
+
+    def _bundle(self, snapshot: Snapshot, reason: str) -> str | None:
         try:  # the dump's py-spy attaches are not the ranks' progress
             with self.source.paused_judgement() if self.source is not None else contextlib.nullcontext():
                 path = write_bundle(self.pid, snapshot, self.out_dir, reason=reason)
         except Exception as exc:
-            self.emit(f"{_stamp()} note: bundle failed: {type(exc).__name__}: {exc}")
-            return
+            self._say(WatchEvent("note", f"note: bundle failed: {type(exc).__name__}: {exc}"))
+            return None
         self.bundles.append(Path(path))
-        self.emit(f"{_stamp()} bundle {path}")
+        verdict = snapshot.verdict
+        self._say(WatchEvent("bundle", f"bundle {path}", verdict.kind, verdict.culprits, verdict.summary, str(path)))
         collect = getattr(self.source, "collect_bundles", None)  # a job on several nodes, as `dump` does
         if collect is not None:
             for note in collect(path):  # each other node's bundle under <bundle>/hosts/<node>/
-                self.emit(f"{_stamp()} note: {note}")
+                self._say(WatchEvent("note", f"note: {note}"))
+        return str(path)
 
 
 def _bare_snapshot(pid: int) -> Snapshot:

@@ -10,6 +10,7 @@ from typing import Hashable, TypeVar
 
 from ..observed import SIGNAL_REASONS, abnormal
 from ..snapshot import ExitInfo, Rank
+from ..wording import how_ended
 
 __all__ = ["CONSEQUENCES", "OOM_KILLED", "SAME_MOMENT_S", "TEARDOWN_SIGNALS", "abnormal", "death", "describe_exit",
            "first_to_die", "headline", "how", "raised_while_alive"]
@@ -27,10 +28,8 @@ K = TypeVar("K", bound=Hashable)
 
 # -- words ---------------------------------------------------------------------------------------
 def how(info: ExitInfo) -> str:
-    """``killed by SIGSEGV``, ``exit code 1`` or ``exit status not seen``."""
-    if info.signal:
-        return f"killed by {info.signal}"
-    return f"exit code {info.code}" if info.code is not None else "exit status not seen"
+    """``killed by SIGSEGV``, ``exit code 1`` or ``exit status not seen`` (``wording.how_ended``)."""
+    return how_ended(info)
 
 
 def headline(info: ExitInfo) -> str | None:

@@ -31,6 +31,11 @@ FATAL_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     )
 )
 
+# mp.spawn's parent re-raises a child's exception with the child's traceback in its message,
+# under this header and without any rank prefix (torch/multiprocessing/spawn.py).
+SPAWN_REPORT = re.compile(r"^-- Process (?P<index>\d+) terminated with the following error:\s*$")
+_REPORT_END = re.compile(r"^(Traceback |During handling|The above exception|\[?[WEIF]\d{4} |\[rank\d+\]|-- Process )")
+
 _FATAL_SIGNALS = {
     "Segmentation fault": "SIGSEGV", "Bus error": "SIGBUS", "Aborted": "SIGABRT",
     "Floating-point exception": "SIGFPE", "Floating point exception": "SIGFPE",
@@ -67,6 +72,29 @@ def fatal_line(lines: list[str] | tuple[str, ...]) -> tuple[str, str] | None:
             if pattern.search(line):
                 return reason, line.strip()
     return None
+
+
+def spawn_reports(lines: list[str] | tuple[str, ...]) -> list[tuple[int, int, int]]:
+    """(process index, first line, end line) of each child traceback an mp.spawn parent printed:
+    the header, the traceback, and its exception with its message (up to a blank line). The
+    process index is the rank mp.spawn gave the child (its first argument)."""
+    reports = []
+    i = 0
+    while i < len(lines):
+        header = SPAWN_REPORT.match(lines[i])
+        if header is None:
+            i += 1
+            continue
+        end = i + 1
+        if end < len(lines) and lines[end].startswith("Traceback "):
+            end += 1
+            while end < len(lines) and lines[end][:1] in (" ", "\t"):
+                end += 1
+        while end < len(lines) and lines[end].strip() and not _REPORT_END.match(lines[end]):
+            end += 1  # the exception line and the rest of its message
+        reports.append((int(header.group("index")), i, end))
+        i = max(end, i + 1)
+    return reports
 
 
 def parse_faulthandler(text: str) -> FaultTrace | None:

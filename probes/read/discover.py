@@ -181,6 +181,9 @@ def _find_root(start: psutil.Process) -> tuple[psutil.Process | None, str]:
             else:
                 break
         return top, _outer_name(top)
+    lightning = _lightning_root(chain)
+    if lightning is not None:
+        return lightning, "lightning"
     if is_python(start):  # a wrapper (trainwatch run, a job script) with the real job beneath it
         below, kind = _find_below(start, jobs_only=True)
         if below is not None:
@@ -209,12 +212,71 @@ def _find_below(start: psutil.Process, jobs_only: bool = False) -> tuple[psutil.
             if kind:
                 return child, kind
         for child in sorted(frontier, key=lambda p: p.pid):
+            if jobs_only and _lightning_children(child):  # `trainwatch run -- python train.py` (Lightning)
+                return child, "lightning"
             if jobs_only and "RANK" in (job_env(child) or {}):
                 return _find_root(child)
             if not jobs_only and is_python(child):
                 return _find_root(child)
         frontier = [g for c in frontier for g in _safe(c.children, []) if g.pid != me]
     return None, ""
+
+
+def _is_lightning_child(proc: psutil.Process, parent_cmd: list[str]) -> bool:
+    """A rank started by Lightning's launcher: LOCAL_RANK, NODE_RANK and WORLD_SIZE (no RANK) in
+    its environment, and its parent's script arguments again (it runs ``sys.executable
+    <abs script> args`` or ``sys.executable -m module args``; the parent may have had ``-u``...)."""
+    env = job_env(proc) or {}
+    if "RANK" in env or not {"LOCAL_RANK", "WORLD_SIZE"} <= env.keys() or "NODE_RANK" not in _safe(proc.environ, {}):
+        return False
+    cmd = _safe(proc.cmdline, [])
+    if len(cmd) < 2 or not parent_cmd:
+        return False
+    args = cmd[3:] if cmd[1] == "-m" else cmd[2:]
+    return not args or parent_cmd[-len(args):] == args
+
+
+def _lightning_children(parent: psutil.Process) -> list[psutil.Process]:
+    """Ranks 1..N-1 of a Lightning job whose local rank 0 is ``parent`` (`python train.py`)."""
+    if not is_python(parent):
+        return []
+    parent_cmd = _safe(parent.cmdline, [])
+    return [c for c in _safe(parent.children, []) if _is_lightning_child(c, parent_cmd)]
+
+
+def _lightning_root(chain: list[psutil.Process]) -> psutil.Process | None:
+    """The local rank 0 of a Lightning job among ``chain`` (the start and its parents): from rank 0,
+    a rank it started, or a DataLoader worker of either."""
+    for proc in [p for p in chain if is_python(p)][:3]:
+        if _lightning_children(proc):
+            return proc
+    return None
+
+
+def _lightning_ranks(root: psutil.Process) -> list[RankProcess]:
+    """Lightning's launcher puts no RANK in any environment, and none at all in local rank 0's
+    (it is the process the user started): global ranks come from NODE_RANK and LOCAL_RANK, and
+    rank 0's job settings from its children's."""
+    children = _lightning_children(root)
+    if not children:
+        return []
+    envs = [_safe(c.environ, {}) for c in children]
+    node, world = _int(envs[0].get("NODE_RANK")) or 0, _int(envs[0].get("WORLD_SIZE"))
+    local_world = len(children) + 1
+    shared = {k: envs[0][k] for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE") if k in envs[0]}
+    tree = children_map()
+    others = {pid for c in children for pid in (c.pid, *descendants(tree, c.pid))}
+    ranks = []
+    for proc, env in [(root, {**(job_env(root) or {}), **shared, "LOCAL_RANK": "0"}),
+                      *((c, job_env(c) or {}) for c in children)]:
+        local = _int(env.get("LOCAL_RANK")) or 0
+        env = {**env, "RANK": str(node * local_world + local), "LOCAL_WORLD_SIZE": str(local_world)}
+        if world is not None:
+            env["WORLD_SIZE"] = str(world)
+        # Rank 0's descendants include the other ranks: its own are the rest (DataLoader workers).
+        own = tuple(p for p in descendants(tree, proc.pid) if p not in others)
+        ranks.append(_rank_process(proc, env, children=own))
+    return ranks
 
 
 def _spawn_ranks(parent: psutil.Process) -> list[psutil.Process]:
@@ -232,6 +294,9 @@ def describe_job(root: psutil.Process, launcher: str) -> JobProcesses:
         notes.append("mp.spawn job: rank numbers inferred from start order")
     elif launcher in LAUNCHERS:
         ranks = _ranks_below(root)
+    elif launcher == "lightning":
+        ranks = _lightning_ranks(root)
+        notes.append("Lightning job: rank numbers from its launcher's LOCAL_RANK and NODE_RANK")
     elif "RANK" in (job_env(root) or {}):  # ranks started directly by srun, mpirun or a script
         ranks = _sibling_ranks(root)
     else:  # plain `python train.py`: a job of one rank

@@ -4,7 +4,8 @@ Ranks often share one file (``torchrun … > log 2>&1``). torch prefixes a rank'
 exception and its C++ warnings with ``[rankN]:``; torchrun's ``--tee`` prefixes every line with
 ``[<role><local rank>]:`` (``[default1]:``), or ``[N]:`` with a ``${rank}`` prefix template.
 Prefixed lines belong to that rank. Unprefixed lines belong to a rank only when the file is its
-own (``--log-dir``/``--redirect``, ``trainwatch run``, a single process's ``> log``).
+own (``--log-dir``/``--redirect``, ``trainwatch run``, a single process's ``> log``), or when
+mp.spawn's parent quotes the rank's traceback ("-- Process N terminated with the following error:").
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ _TB_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<
 _EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?::(?: (?P<msg>.*))?)?$")
 # A line that starts something else: the end of an exception's message.
 _NEXT = re.compile(r"^(Traceback |During handling|The above exception|\[?[WEIF]\d{4} |\[rank\d+\]|Exception in thread )")
-_LAUNCHER_EXCEPTIONS = ("ChildFailedError",)  # torchrun's own report of a failed child, never a rank's
+# torchrun's and mp.spawn's own report of a failed child, never a rank's
+_LAUNCHER_EXCEPTIONS = ("ChildFailedError", "ProcessRaisedException", "ProcessExitedException")
 _NOISE = re.compile(
     r"Failed to initialize NumPy|_ARRAY_API not found|compiled using NumPy 1\.x|NumPy 2\.\d+ as it may crash"
     r"|^\S.*:\d+: \w*Warning: "  # a Python warning (its source line follows, indented)
@@ -70,9 +72,13 @@ def rank_lines(lines: Iterable[str], rank: int | None, local_rank: int | None, o
     """The lines of ``rank`` (prefixes stripped). Unprefixed lines count when the file is the
     rank's ``own``, or when ``unprefixed`` asks for them (a shared file's context for display)."""
     keep_plain = own if unprefixed is None else unprefixed
+    lines = list(lines)
+    spawned = {n: index for index, start, end in crashlog.spawn_reports(lines) for n in range(start, end)}
     out = []
-    for line in lines:
+    for n, line in enumerate(lines):
         g, loc, text = split_prefix(line)
+        if n in spawned and g is None and loc is None:  # mp.spawn's parent quoting a rank's traceback
+            g = spawned[n]
         if g is None and loc is None:
             if keep_plain:
                 out.append(text)
@@ -152,9 +158,9 @@ def is_noise(line: str) -> bool:
     return bool(_NOISE.search(line)) or set(line.strip()) == {"*"}
 
 
-def telling_tail(lines: Sequence[str], reason: LogReason | None, count: int = 30) -> tuple[str, ...]:
-    """What to show of a log: the error first (traceback or fatal line), then the last
-    ``count`` lines of output without noise (and without repeating the error)."""
+def without_noise(lines: Iterable[str]) -> list[str]:
+    """The lines that say something: no warnings (nor the source line a Python warning quotes),
+    no torchrun banner, no torch NumPy complaint, no blank lines."""
     quiet: list[str] = []
     skip_source = False
     for line in lines:
@@ -164,6 +170,13 @@ def telling_tail(lines: Sequence[str], reason: LogReason | None, count: int = 30
         skip_source = bool(_PY_WARNING.search(line))
         if not is_noise(line) and line.strip():
             quiet.append(line)
+    return quiet
+
+
+def telling_tail(lines: Sequence[str], reason: LogReason | None, count: int = 30) -> tuple[str, ...]:
+    """What to show of a log: the error first (traceback or fatal line), then the last
+    ``count`` lines of output without noise (and without repeating the error)."""
+    quiet = without_noise(lines)
     if reason is None:
         return tuple(quiet[-count:])
     shown = set(reason.lines)

@@ -132,7 +132,7 @@ def test_attach_with_stdout_redirected_refuses_without_escape_codes(tmp_path, ho
         else:
             proc = trainwatch("attach", str(target.pid))
             written = proc.stdout
-        assert_clean_error(proc, "trainwatch attach shows a live screen and needs a terminal",
+        assert_clean_error(proc, "trainwatch: attach shows a live screen and needs a terminal",
                                "stdout is not one", "use `trainwatch snapshot PID`")
         assert proc.returncode == 2
         assert written == ""  # no escape codes, nothing at all
@@ -149,7 +149,7 @@ def test_open_with_stdout_redirected_points_at_summary(tmp_path):
     (bundle / "bundle.json").write_text('{"format": "trainwatch-bundle"}')
     (bundle / "snapshot.json").write_text(straggler().to_json())
     proc = trainwatch("open", str(bundle))
-    assert_clean_error(proc, "trainwatch open shows a live screen and needs a terminal",
+    assert_clean_error(proc, "trainwatch: open shows a live screen and needs a terminal",
                        "use `trainwatch open BUNDLE --summary`")
     assert proc.returncode == 2 and proc.stdout == ""
 
@@ -160,7 +160,7 @@ def test_unknown_option_is_a_usage_error():
 
 
 def test_bad_option_values_are_usage_errors():
-    for args, needle in ((("watch", "1", "--dump-on", "everything"), "unknown --dump-on value: everything"),
+    for args, needle in ((("watch", "1", "--dump-on", "everything"), "argument --dump-on: unknown value: everything"),
                          (("dump", "1", "--signal", "SIGNOPE"), "unknown signal 'SIGNOPE'")):
         proc = trainwatch(*args)
         assert_clean_error(proc, needle)
@@ -177,3 +177,85 @@ def test_job_id_from_a_login_node_whose_nodes_cannot_be_reached():
 
 def test_job_id_with_no_node_to_ask():
     assert_clean_error(trainwatch("snapshot", "--match-job-id", "4242"), "no job with id 4242")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("snapshot", "1", "--window", "-3"), "argument --window: seconds, 0 or more, not -3"),
+    (("dump", "1", "--window", "nan"), "argument --window: seconds, not nan"),
+    (("attach", "1", "--interval", "0"), "argument --interval: seconds greater than 0, not 0"),
+    (("snapshot", "1", "--samples", "0"), "argument --samples: a whole number from 1 to 100, not 0"),
+    (("snapshot", "1", "--remote-timeout", "-1"), "argument --remote-timeout: seconds greater than 0"),
+    (("demo", "--ranks", "65"), "argument --ranks: a whole number from 1 to 64, not 65"),
+])
+def test_numbers_out_of_range_are_usage_errors(args, needle):
+    proc = trainwatch(*args)
+    assert_clean_error(proc, needle)
+    assert proc.returncode == 2
+
+
+def test_watch_hang_after_zero_is_refused_and_leaves_no_folder(tmp_path):
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        proc = subprocess.run([sys.executable, "-m", "trainwatch.tui.cli", "watch", str(sleeper.pid),
+                               "--hang-after", "0"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert_clean_error(proc, "argument --hang-after: seconds greater than 0, not 0")
+    assert proc.returncode == 2 and os.listdir(tmp_path) == []
+
+
+def test_one_window_option_with_one_default_per_command():
+    from trainwatch.tui.cli import build_parser
+    from trainwatch.tui.commands.common import WINDOW_DEFAULTS
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    for name, default in WINDOW_DEFAULTS.items():
+        window = next(a for a in sub.choices[name]._actions if a.dest == "window")
+        assert window.default == default and window.type.__name__ == "seconds_or_zero", name
+
+
+def test_version_and_the_list_of_commands():
+    version = trainwatch("--version")
+    assert version.returncode == 0 and version.stdout.strip().startswith("trainwatch 0."), version
+    bare = trainwatch()
+    assert bare.returncode == 2 and bare.stderr.startswith("usage: trainwatch")
+    for command in ("snapshot", "attach", "demo", "dump", "open", "run", "watch"):
+        assert f"\n  {command} " in bare.stderr, bare.stderr
+    assert "Traceback" not in bare.stderr
+
+
+def test_the_name_is_said_once():
+    proc = trainwatch("attach", "1")
+    assert proc.stderr.startswith("trainwatch: attach shows a live screen"), proc.stderr
+    assert "trainwatch: trainwatch" not in proc.stderr
+
+
+def test_open_a_file_that_is_no_bundle(tmp_path):
+    proc = trainwatch("open", "/etc/passwd", "--summary")
+    assert_clean_error(proc, "/etc/passwd is not a trainwatch bundle (not a tar archive)")
+    assert proc.returncode == 7 and "ReadError" not in proc.stderr and "method gz" not in proc.stderr
+    cut = tmp_path / "cut.tar.gz"
+    subprocess.run(["tar", "czf", str(tmp_path / "whole.tar.gz"), "-C", "/usr/lib/python3", "."], check=False,
+                   capture_output=True)
+    cut.write_bytes((tmp_path / "whole.tar.gz").read_bytes()[:4000])
+    proc = trainwatch("open", str(cut), "--summary")
+    assert_clean_error(proc, "damaged bundle archive")
+    assert proc.returncode == 7
+
+
+def test_snapshot_json_leads_with_its_version():
+    from trainwatch.probes.snapshot import SCHEMA_VERSION, Job, Snapshot
+
+    text = Snapshot(job=Job(launcher="torchrun", pid=1, host="h")).to_json()
+    assert next(iter(json.loads(text))) == "version" and json.loads(text)["version"] == SCHEMA_VERSION
+    assert text.lstrip("{ \n").startswith('"version"')
+
+
+def test_watch_dump_on_speaks_the_verdict_vocabulary():
+    from trainwatch.probes.snapshot import PROBLEM_VERDICTS, VERDICTS
+    from trainwatch.tui.commands.watch import DUMP_ON_WORDS, dump_on_kinds
+
+    assert set(DUMP_ON_WORDS) == set(PROBLEM_VERDICTS) and set(DUMP_ON_WORDS) <= set(VERDICTS)
+    assert dump_on_kinds("all") == PROBLEM_VERDICTS and dump_on_kinds("none") == frozenset()
+    assert dump_on_kinds("straggler, crashed") == {"straggler", "crashed"}

@@ -1,6 +1,8 @@
-"""`trainwatch snapshot PID --json` against real framework jobs: HF Trainer, plain DDP, accelerate.
+"""`trainwatch snapshot PID --json` against real framework jobs: HF Trainer, plain DDP, accelerate,
+Lightning, DeepSpeed, mp.spawn.
 
-Each test starts one job of ``tests/jobs_frameworks/`` under torchrun (gloo, CPU), waits for
+Each test starts one job of ``tests/jobs_frameworks/`` under torchrun (gloo, CPU), or under the
+framework's own launcher (Lightning's, ``accelerate launch``, ``deepspeed``), waits for
 the job's own log to say the fault is planted, runs the CLI as a user would (default options)
 and asserts the truth: the verdict, its culprits, and where each rank is. The DDP ranks that
 wait for a peer wait in DDP's gradient all_reduce *inside* ``backward``: a user must read
@@ -25,6 +27,7 @@ import psutil
 import pytest
 
 from real_jobs import FRAMEWORK_JOBS, PlantedJob
+from trainwatch.probes.read.discover import find_job
 
 pytestmark = [pytest.mark.job, pytest.mark.slow]
 
@@ -91,9 +94,10 @@ def framework_job(tmp_path):
     """Factory: ``framework_job("ddp_uneven.py", nproc=3)`` starts a job script under torchrun."""
     jobs: list[PlantedJob] = []
 
-    def start(script: str, nproc: int, deadline: float = 120.0, args: list[str] | None = None) -> PlantedJob:
-        job = PlantedJob(tmp_path / f"job{len(jobs)}", nproc=nproc, deadline=deadline,
-                         script=FRAMEWORK_JOBS / script, script_args=args, extra_env=OFFLINE_ENV)
+    def start(script: str, nproc: int, deadline: float = 120.0, args: list[str] | None = None,
+              launcher: str = "torchrun", env: dict | None = None) -> PlantedJob:
+        job = PlantedJob(tmp_path / f"job{len(jobs)}", nproc=nproc, deadline=deadline, launcher=launcher,
+                         script=FRAMEWORK_JOBS / script, script_args=args, extra_env={**OFFLINE_ENV, **(env or {})})
         jobs.append(job)
         return job.start()
 
@@ -244,3 +248,193 @@ def test_exception_with_a_lingering_thread_is_a_crash(framework_job):
     assert lingering["phase"] == "exiting", said  # the main thread is in threading._shutdown
     backward_line = line_of("ddp_exception_lingers.py", "loss.backward()")
     assert_waits_in_ddp_gradients(ranks[0], f"ddp_exception_lingers.py:{backward_line} main", said)
+
+
+def assert_lightning_job(data: dict, nproc: int, job: PlantedJob) -> None:
+    """Found under Lightning's own launcher: the process started (rank 0) and the ranks it started."""
+    said = describe(data)
+    assert data["job"]["launcher"] == "lightning" and data["job"]["pid"] == job.pid, said
+    assert data["job"]["world_size"] == nproc and sorted(by_rank(data)) == list(range(nproc)), said
+    assert by_rank(data)[0]["pid"] == job.pid, said
+    others = {r["pid"] for r in data["ranks"]}
+    for r in data["ranks"]:  # rank 0 is the parent of the others, which are never its "children"
+        assert not others & set(r["children"]), said
+
+
+@needs("lightning")
+def test_lightning_rank_stuck_in_a_callback(framework_job):
+    # `python lightning_ddp.py`: Lightning starts rank 1 itself. Rank 1's on_train_batch_end never
+    # returns after batch 3; rank 0 waits in the broadcast that begins Lightning's batch 4.
+    job = framework_job("lightning_ddp.py", nproc=2, launcher="lightning",
+                        args=["--devices", "2", "--fault", "callback", "--odd", "1"])
+    job.wait_for_log(r"^\[rank 1\] planted: sleeping in on_train_batch_end", r"^\[rank 0\] batch 3 ends",
+                     timeout=90)
+    time.sleep(SETTLE_S)
+    data = snapshot(job.pid)
+    said = describe(data)
+    verdict, ranks = data["verdict"], by_rank(data)
+    assert_lightning_job(data, 2, job)
+    assert verdict["kind"] == "straggler" and verdict["culprits"] == [1], said
+    sleep_line = line_of("lightning_ddp.py", "planted: a user callback that never returns")
+    culprit = ranks[1]
+    assert culprit["state"] == "stuck" and culprit["phase"] == "sleep", said
+    assert culprit["where"] == f"lightning_ddp.py:{sleep_line} main.<locals>.Progress.on_train_batch_end", said
+    assert "rank 1" in verdict["summary"] and "on_train_batch_end" in verdict["summary"], said
+    waiting = ranks[0]
+    assert waiting["state"] == "stuck" and waiting["phase"] == "collective", said
+    assert waiting["op"] == "broadcast" and "_broadcast_sigterm_tensor" in (waiting["where"] or ""), said
+
+
+@needs("lightning")
+def test_lightning_uneven_data(framework_job):
+    # 3 ranks; rank 0 (the process started) has 3 batches, the others 6: it leaves fit and waits
+    # in the barrier of trainer.save_checkpoint, while ranks 1-2 wait for its batch-4 broadcast.
+    job = framework_job("lightning_ddp.py", nproc=3, launcher="lightning",
+                        args=["--devices", "3", "--fault", "uneven", "--odd", "0"])
+    job.wait_for_log(r"^\[rank 0\] saving the final checkpoint", r"^\[rank 1\] batch 3 ends",
+                     r"^\[rank 2\] batch 3 ends", timeout=100)
+    time.sleep(SETTLE_S)
+    data = snapshot(job.pid)
+    said = describe(data)
+    verdict, ranks = data["verdict"], by_rank(data)
+    assert_lightning_job(data, 3, job)
+    assert verdict["kind"] == "mismatch" and verdict["culprits"] == [0], said
+    odd = ranks[0]
+    assert odd["state"] == "stuck" and odd["phase"] == "collective" and odd["op"] == "barrier", said
+    assert re.fullmatch(r"ddp\.py:\d+ DDPStrategy\.barrier", odd["where"] or ""), said
+    for waiting in (ranks[1], ranks[2]):
+        assert waiting["state"] == "stuck" and waiting["phase"] == "collective", said
+        assert waiting["op"] == "broadcast" and "_broadcast_sigterm_tensor" in (waiting["where"] or ""), said
+    assert {g["label"]: g["culprit"] for g in data["groups"]} == {"0": True, "1-2": False}, said
+
+
+@needs("lightning")
+def test_lightning_dataloader_worker_never_returns(framework_job):
+    # Rank 0's (the launcher-rank's) one DataLoader worker never returns item 12 (batch 4); rank 1
+    # waits in batch 4's DDP gradient all_reduce. The worker is rank 0's child; rank 1 is not.
+    job = framework_job("lightning_ddp.py", nproc=2, launcher="lightning",
+                        args=["--devices", "2", "--fault", "worker", "--odd", "0"])
+    text = job.wait_for_log(r"^\[rank 0\] planted: worker pid \d+ blocks", r"^\[rank 1\] batch 4 begins",
+                            timeout=90)
+    worker_pid = int(re.search(r"^\[rank 0\] planted: worker pid (\d+) blocks", text, re.M).group(1))
+    time.sleep(SETTLE_S)
+    data = snapshot(job.pid)
+    said = describe(data)
+    verdict, ranks = data["verdict"], by_rank(data)
+    assert_lightning_job(data, 2, job)
+    assert verdict["kind"] == "straggler" and verdict["culprits"] == [0], said
+    stalled = ranks[0]
+    assert stalled["state"] == "stuck" and stalled["phase"] == "dataloader", said
+    assert stalled["children"] == [worker_pid], said
+    stuck_at = f"lightning_ddp.py:{line_of('lightning_ddp.py', 'time.sleep(max(0.0, self.stop_at')}"
+    assert str(worker_pid) in stalled["detail"] and f"{stuck_at} Items.__getitem__" in stalled["detail"], said
+    waiting = ranks[1]
+    assert waiting["state"] == "stuck" and waiting["phase"] == "collective", said
+    assert waiting["op"] and DDP_ALL_REDUCE.search(waiting["op"]), said
+    assert re.fullmatch(r"module\.py:\d+ LightningModule\.backward", waiting["where"] or ""), said
+    # From rank 1 (started by Lightning) and from rank 0's worker, the same job and ranks.
+    for pid in (waiting["pid"], worker_pid):
+        found = find_job(pid)
+        assert (found.launcher, found.root_pid) == ("lightning", job.pid), found
+        assert [(r.rank, r.pid) for r in found.ranks] == [(0, job.pid), (1, waiting["pid"])], found
+
+
+def assert_found_under(data: dict, launcher: str, job: PlantedJob, nproc: int) -> None:
+    """The job seen from its launcher's PID: that launcher, and every rank beneath it."""
+    said = describe(data)
+    assert data["job"]["launcher"] == launcher and data["job"]["pid"] == job.pid, said
+    assert data["job"]["world_size"] == nproc and sorted(by_rank(data)) == list(range(nproc)), said
+    assert job.pid not in {r["pid"] for r in data["ranks"]}, f"the launcher is not a rank\n{said}"
+
+
+def assert_sleeping_straggler(data: dict, culprit: int, at: str, function: str) -> None:
+    said = describe(data)
+    verdict, ranks = data["verdict"], by_rank(data)
+    assert verdict["kind"] == "straggler" and verdict["culprits"] == [culprit], said
+    sleeping = ranks[culprit]
+    assert sleeping["state"] == "stuck" and sleeping["phase"] == "sleep", said
+    assert sleeping["where"] == at, said
+    assert f"rank {culprit}" in verdict["summary"] and function in verdict["summary"], said
+
+
+@needs("accelerate")
+def test_accelerate_launch_straggler(framework_job):
+    # `accelerate launch --multi_gpu --num_processes 2` with no GPU: its MULTI_CPU mode (gloo).
+    # Rank 1 sleeps in upload_checkpoint after step 3; rank 0 waits in step 4's DDP all_reduce.
+    script = "accelerate_launch_straggler.py"
+    job = framework_job(script, nproc=2, launcher="accelerate")
+    job.wait_for_log(r"^\[rank 0\] accelerate starts: DistributedType\.MULTI_CPU backend gloo world 2",
+                     r"^\[rank 1\] planted: sleeping in upload_checkpoint", r"^\[rank 0\] step 4 begins",
+                     timeout=90)
+    time.sleep(SETTLE_S)
+    data = snapshot(job.pid)
+    assert_found_under(data, "accelerate", job, 2)
+    sleep_line = line_of(script, "planted: an upload that never returns")
+    assert_sleeping_straggler(data, 1, f"{script}:{sleep_line} upload_checkpoint", "upload_checkpoint")
+    backward_line = line_of(script, "accelerator.backward(loss)")
+    assert_waits_in_ddp_gradients(by_rank(data)[0], f"{script}:{backward_line} main", describe(data))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
+                    reason="deepspeed not installed: its sdist builds against the installed torch "
+                           "(pip install --no-build-isolation -r tests/requirements-deepspeed.txt)")
+def test_deepspeed_zero2_straggler(framework_job):
+    # `deepspeed --num_gpus 2 …` on CPU (DS_ACCELERATOR=cpu: gloo); ZeRO stage 2. Rank 1 sleeps in
+    # read_next_shard after step 3; rank 0 waits in ZeRO's gradient all_reduce in step 4's backward.
+    script = "deepspeed_zero_straggler.py"
+    job = framework_job(script, nproc=2, launcher="deepspeed", env={"DS_ACCELERATOR": "cpu", "DS_BUILD_OPS": "0"})
+    job.wait_for_log(r"^\[rank 1\] planted: sleeping in read_next_shard", r"^\[rank 0\] step 4 begins", timeout=100)
+    time.sleep(SETTLE_S)
+    data = snapshot(job.pid)
+    said = describe(data)
+    assert_found_under(data, "deepspeed", job, 2)
+    sleep_line = line_of(script, "planted: a shard read that never returns")
+    assert_sleeping_straggler(data, 1, f"{script}:{sleep_line} read_next_shard", "read_next_shard")
+    waiting = by_rank(data)[0]
+    assert waiting["state"] == "stuck" and waiting["phase"] == "collective" and waiting["op"] == "all_reduce", said
+    assert re.fullmatch(r"stage_1_and_2\.py:\d+ DeepSpeedZeroOptimizer\.\w+", waiting["where"] or ""), said
+    assert [by_rank(data)[n]["step"] for n in (0, 1)] == [4, 3], said
+    # From the per-node launcher and from a rank, the same job: the outermost launcher.
+    node_launcher = next(p.pid for p in psutil.Process(job.pid).children(recursive=True)
+                         if "deepspeed.launcher.launch" in p.cmdline())
+    for pid in (node_launcher, waiting["pid"]):
+        found = find_job(pid)
+        assert (found.launcher, found.root_pid, len(found.ranks)) == ("deepspeed", job.pid, 2), found
+
+
+def test_mp_spawn_crash_reason_from_the_parents_report(framework_job, tmp_path):
+    # mp.spawn: rank 1 raises; the child prints nothing, the parent prints its traceback without a
+    # rank prefix as it exits. `trainwatch watch` still names rank 1, its exception and its line.
+    script = "spawn_rank_raises.py"
+    job = framework_job(script, nproc=2, launcher="python")
+    job.wait_for_log(r"^\[rank 0\] step 3$", r"^\[rank 1\] step 3$", timeout=60)
+    out = tmp_path / "watch"
+    watch = subprocess.Popen([*trainwatch_cli(), "watch", str(job.pid), "--out", str(out), "--interval", "1"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        seen = []
+        for line in watch.stdout:  # its first verdict: the watcher has found the ranks
+            seen.append(line)
+            if " verdict " in line:
+                break
+        assert seen and " verdict " in seen[-1], "".join(seen)
+        (job.workdir / "raise-now").touch()
+        rest, _ = watch.communicate(timeout=60)
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.wait()
+    said = "".join(seen) + rest
+    log = job.log.read_text(errors="replace")
+    assert "-- Process 1 terminated with the following error:" in log and "[rank1]" not in log, log
+    raise_line = line_of(script, "planted: rank 1 raises")
+    told = [line for line in said.splitlines() if re.search(r" crash (reason )?rank 1 ", line)]
+    assert told, said
+    crash = told[-1]  # at the death, or a moment later once the parent has printed the traceback
+    assert "RuntimeError: boom" in crash and f"{script}:{raise_line} worker" in crash, said
+    assert "(first to die)" in crash, said
+    assert watch.returncode == 11, said
+    records = [json.loads(p.read_text()) for p in (out / "crashes").glob("rank1-pid*.json")]
+    assert len(records) == 1, said
+    assert records[0]["exit"]["reason"] == "RuntimeError" and records[0]["exit"]["message"] == "RuntimeError: boom"
+    assert records[0]["exit"]["frame"].endswith(f"{script}:{raise_line} worker"), records[0]

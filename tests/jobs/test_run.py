@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from real_jobs import PlantedJob
+from real_jobs import PlantedJob, free_port
 from trainwatch.probes.evidence.watcher import EXIT_CRASH, CrashCatcher, Watcher
+from trainwatch.probes import rundir
 from trainwatch.probes.read import hookclient
 
 TRAINWATCH = [sys.executable, "-m", "trainwatch.tui.cli"]
@@ -80,7 +81,7 @@ def test_sigterm_is_forwarded(tmp_path):
 
 def watch_crash(job: PlantedJob, out: Path, timeout: float = 60) -> Watcher:
     lines: list[str] = []
-    watcher = Watcher(job.pid, out, dump_on=frozenset({"crash"}), interval=1000, emit=lines.append)
+    watcher = Watcher(job.pid, out, dump_on=frozenset({"crashed"}), interval=1000, emit=lines.append)
     watcher.lines = lines
     deadline = time.monotonic() + timeout
     while job.alive() and time.monotonic() < deadline:
@@ -140,3 +141,34 @@ def test_crash_catcher_ignores_clean_exits(tmp_path):
     assert list(catcher.rank_pids.values()) == [0]
     proc.wait()
     assert catcher.tick() == [] and not catcher.records
+
+
+def test_an_armed_job_prints_no_torch_warning(tmp_path):
+    """Each renamed torch setting is set under the one name the job's torch reads: no rank warns."""
+    script = tmp_path / "allreduce.py"
+    script.write_text("import torch, torch.distributed as dist\n"
+                      "dist.init_process_group('gloo')\n"
+                      "t = torch.ones(1); dist.all_reduce(t); print('sum', t.item(), flush=True)\n"
+                      "dist.destroy_process_group()\n")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                "--master-port", str(free_port()), str(script)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("TORCH_FR_BUFFER_SIZE", None), env.pop("TORCH_NCCL_TRACE_BUFFER_SIZE", None)
+    out = subprocess.run([*TRAINWATCH, "run", "--out", str(tmp_path / "run"), "--", *torchrun],
+                         capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0 and text.count("sum 2.0") == 2, text
+    assert "deprecated" not in text and "Warning:" not in text, text
+    added = json.loads((tmp_path / "run" / "run.json").read_text())["armed_env"]
+    assert added["TORCH_FR_BUFFER_SIZE"] == "2000" and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in added
+    assert "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in added and added["TORCH_FR_DUMP_TEMP_FILE"]
+
+
+def test_an_older_torch_gets_the_older_names(tmp_path):
+    from trainwatch.probes.torch_env import TorchInstall
+
+    old = TorchInstall(version="2.5.1", reads_new={"TORCH_FR_BUFFER_SIZE": False, "TORCH_FR_DUMP_TEMP_FILE": False})
+    _, added = rundir.armed_env(tmp_path, {}, name_for=old.name_for)
+    assert added["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000" and "TORCH_FR_BUFFER_SIZE" not in added
+    _, mine = rundir.armed_env(tmp_path, {"TORCH_NCCL_TRACE_BUFFER_SIZE": "50"})
+    assert "TORCH_FR_BUFFER_SIZE" not in mine  # the user's own name wins; none added beside it

@@ -39,7 +39,7 @@ def test_watch_bundles_an_armed_mismatch_once(tmp_path):
     with PlantedJob(tmp_path / "job", "mismatch", nproc=3, deadline=30, prefix=prefix, monitor_interval=30) as job:
         job.wait_for_ranks()
         result = subprocess.run([*TRAINWATCH, "watch", str(job.pid), "--out", str(out), "--hang-after", "3",
-                                 "--interval", "2", "--dump-on", "hang"],
+                                 "--interval", "2", "--dump-on", "mismatch,hang"],
                                 capture_output=True, text=True, timeout=120)
     # the planted deadline ends the hung ranks with status 124, which watch reports as a crash
     assert result.returncode == EXIT_CRASH, result.stdout + result.stderr

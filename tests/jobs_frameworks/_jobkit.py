@@ -41,12 +41,18 @@ def arm_deadline(seconds: float) -> None:
     threading.Thread(target=_expire, name="deadline", daemon=True).start()
 
 
+def free_port_env() -> str:
+    """The port the test chose for this job (MASTER_PORT), for jobs that pass it themselves."""
+    return os.environ.get("MASTER_PORT", "29500")
+
+
 def rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def log(message: str) -> None:
-    """One line per event, tagged with the rank: the tests wait for these markers. One write call per
-    line: ranks share the log file, and print()'s separate newline write lets their lines interleave."""
+def log(message: str, who: int | None = None) -> None:
+    """One line per event, tagged with the rank (``who``, else RANK): the tests wait for these markers.
+    One write call per line: ranks share the log file, and print()'s separate newline write lets
+    their lines interleave."""
     sys.stdout.flush()
-    os.write(sys.stdout.fileno(), f"[rank {rank()}] {message}\n".encode())
+    os.write(sys.stdout.fileno(), f"[rank {rank() if who is None else who}] {message}\n".encode())

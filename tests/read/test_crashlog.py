@@ -50,3 +50,12 @@ def test_tail_of_missing_and_long_files(tmp_path):
     log = tmp_path / "log"
     log.write_text("\n".join(str(i) for i in range(1000)))
     assert crashlog.tail(log, 3) == "997\n998\n999"
+
+
+def test_spawn_reports_span_the_header_the_traceback_and_the_message():
+    lines = ["torch.multiprocessing.spawn.ProcessRaisedException: ", "",
+             "-- Process 2 terminated with the following error:", "Traceback (most recent call last):",
+             '  File "train.py", line 9, in worker', "    raise ValueError('bad\\nshape')",
+             "ValueError: bad", "shape", "", "later output"]
+    assert crashlog.spawn_reports(lines) == [(2, 2, 8)]
+    assert crashlog.spawn_reports(["-- Process 1 terminated with signal SIGSEGV"]) == []

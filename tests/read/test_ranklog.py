@@ -140,3 +140,38 @@ def test_logs_are_read_bounded_and_again_only_when_they_change(tmp_path, monkeyp
     logs.note_writer(11, str(log))  # a second writer: the file is shared, its plain lines nobody's
     assert logs.reason(str(log), 0, 0) is None
     assert logs.read(str(tmp_path / "missing")) is None and logs.tail(str(tmp_path / "missing"), 0, 0) is None
+
+
+# mp.spawn's parent, as torch 2.13 printed it for a real 2-rank gloo job whose rank 1 raised
+# (the child prints nothing; paths shortened).
+SPAWN_PARENT = """\
+[rank 0] step 3
+W1123 13:35:40.719000 15218 torch/multiprocessing/spawn.py:165] Terminating process 15854 via signal SIGTERM
+Traceback (most recent call last):
+  File "/tmp/job/spawn_raise.py", line 16, in <module>
+    mp.spawn(worker, args=(29755,), nprocs=2)
+  File "/venv/lib/python3.11/site-packages/torch/multiprocessing/spawn.py", line 211, in join
+    raise ProcessRaisedException(msg, error_index, failed_process.pid)
+torch.multiprocessing.spawn.ProcessRaisedException: 
+
+-- Process 1 terminated with the following error:
+Traceback (most recent call last):
+  File "/venv/lib/python3.11/site-packages/torch/multiprocessing/spawn.py", line 87, in _wrap
+    fn(i, *args)
+  File "/tmp/job/spawn_raise.py", line 12, in worker
+    raise RuntimeError("boom")
+RuntimeError: boom
+""".splitlines()
+
+
+def test_mp_spawn_parents_report_is_the_failed_ranks():
+    mine = rank_lines(SPAWN_PARENT, 1, 1, own=False)
+    assert mine[0] == "-- Process 1 terminated with the following error:" and mine[-1] == "RuntimeError: boom"
+    found = reason_of(mine)
+    assert found is not None and found.raised
+    assert (found.reason, found.message, found.frame) == ("RuntimeError", "RuntimeError: boom",
+                                                          "job/spawn_raise.py:12 worker")
+    assert reason_of(rank_lines(SPAWN_PARENT, 0, 0, own=False)) is None  # rank 0 was torn down
+    # Read as the parent's own file, its ProcessRaisedException is never taken for a rank's error.
+    parent = reason_of(rank_lines(SPAWN_PARENT, None, None, own=True))
+    assert parent is None or "ProcessRaisedException" not in parent.reason

@@ -61,6 +61,6 @@ def test_a_rank_that_raised_but_lingers_reads_as_raised():
     rank = replace(base.ranks[3], phase="exiting", detail="main thread exited; kept alive by non-daemon thread 'w'",
                    exit=ExitInfo(at=NOW - 3, first=True, reason="RuntimeError", message="RuntimeError: boom"))
     text = detail_text(rank, NOW, False, None)[0].plain
-    assert "raised: uncaught exception, process still alive, 3s ago  first rank to fail" in text
+    assert "raised: an uncaught exception; the process is still alive, 3s ago  first rank to fail" in text
     assert "message: RuntimeError: boom" in text and "exited:" not in text
     assert state_label(rank) == "raised"

@@ -6,9 +6,9 @@ import pytest
 
 from trainwatch.tui.app import TrainwatchApp
 
-from tui_samples import ListSource, clock, crashed, gpu_wait, healthy, straggler
+from tui_samples import ListSource, clock, crashed, ddp_straggler, gpu_wait, healthy, straggler
 
-SAMPLES = {"healthy": healthy, "straggler": straggler, "crashed": crashed}
+SAMPLES = {"healthy": healthy, "straggler": straggler, "crashed": crashed, "ddp": ddp_straggler}
 
 
 async def _settle(pilot) -> None:

@@ -5,18 +5,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ...probes import UsageError
-from .common import add_stuck_after, pid_arg, require_terminal, writable_dir
+from .common import add_stuck_after, add_window, pid_arg, positive_seconds, require_terminal, writable_dir
 from .snapshot import add_remote, wrap_remote
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("attach", help="live view of a running job: which rank is stuck where, and why")
     parser.add_argument("pid", type=pid_arg, help="launcher (torchrun, ...), a rank, or any ancestor of the job")
-    parser.add_argument("--interval", type=float, default=2.0, metavar="S",
+    parser.add_argument("--interval", type=positive_seconds, default=2.0, metavar="S",
                         help="seconds between samples (default: 2; + and - change it live)")
-    parser.add_argument("--window", type=float, default=2.0, metavar="S",
-                        help="seconds the first sample watches for progress (default: 2)")
+    add_window(parser, "attach")
     add_stuck_after(parser)
     parser.add_argument("--out", type=Path, default=None, metavar="DIR",
                         help="where `d` writes evidence bundles (default: the current directory)")
@@ -24,21 +22,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def check_interval(value: float) -> float:
-    if not value > 0:
-        raise UsageError(f"--interval must be more than 0 seconds (got {value:g})")
-    return value
-
-
 def run(args: argparse.Namespace) -> int:
     from ...probes import open_source
 
-    require_terminal("trainwatch attach", "use `trainwatch snapshot PID` for one verdict, "
+    require_terminal("attach", "use `trainwatch snapshot PID` for one verdict, "
                                           "or `trainwatch watch PID` for a log of events")
-    interval = check_interval(args.interval)
+    interval = args.interval
     out = writable_dir(args.out or Path.cwd())
     # Bad PIDs fail here, before the screen.
-    source = open_source(args.pid, window=max(0.0, args.window), stuck_after=args.stuck_after)
+    source = open_source(args.pid, window=args.window, stuck_after=args.stuck_after)
     try:
         source = wrap_remote(args, source, wait_s=interval)  # a slow node never delays a refresh
         from ..app import TrainwatchApp

@@ -28,7 +28,9 @@ def stdout_is_terminal() -> bool:
 
 
 def require_terminal(command: str, instead: str) -> None:
-    """The live view draws on a terminal; redirected to a file it would write escape codes."""
+    """The live view draws on a terminal; redirected to a file it would write escape codes.
+
+    ``command`` is the subcommand (``attach``): the CLI already puts "trainwatch:" in front."""
     if not stdout_is_terminal():
         raise UsageError(f"{command} shows a live screen and needs a terminal, but stdout is not one "
                          "(redirected to a file or a pipe)", instead)
@@ -46,15 +48,53 @@ def writable_dir(path: Path, option: str = "--out") -> Path:
     return path
 
 
+def _number(text: str, kind: type, what: str) -> float:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{what}, not {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):  # nan, inf
+        raise argparse.ArgumentTypeError(f"{what}, not {text}")
+    return value
+
+
 def positive_seconds(text: str) -> float:
     """argparse ``type`` for a duration in seconds greater than 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"seconds, not {text!r}") from None
+    value = _number(text, float, "seconds")
     if not value > 0:
         raise argparse.ArgumentTypeError(f"seconds greater than 0, not {text}")
     return value
+
+
+def seconds_or_zero(text: str) -> float:
+    """argparse ``type`` for a duration in seconds, 0 or more."""
+    value = _number(text, float, "seconds")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"seconds, 0 or more, not {text}")
+    return value
+
+
+def count_between(low: int, high: int):
+    """argparse ``type`` for a whole number from ``low`` to ``high``."""
+    def count(text: str) -> int:
+        value = _number(text, int, "a whole number")
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"a whole number from {low} to {high}, not {text}")
+        return value
+    count.__name__ = "count"  # argparse names the type in its message
+    return count
+
+
+# The one --window: seconds the first sample watches for progress, one default per command.
+WINDOW_DEFAULTS = {"snapshot": 3.0, "attach": 2.0, "dump": 2.0, "watch": 1.0, "run": 1.0}
+
+
+def add_window(parser: argparse.ArgumentParser, command: str, hidden: bool = False) -> None:
+    """``--window S`` with ``command``'s default (0: one sample, no progress watched)."""
+    default = WINDOW_DEFAULTS[command]
+    parser.add_argument("--window", type=seconds_or_zero, default=default, metavar="S",
+                        help=argparse.SUPPRESS if hidden else
+                        f"seconds to watch for progress before the verdict (0: one sample; default: {default:g})")
 
 
 def add_stuck_after(parser: argparse.ArgumentParser) -> None:

@@ -13,8 +13,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from ...probes import TrainwatchError, UsageError
-from .common import require_terminal
+from ...probes import TrainwatchError
+from .common import WINDOW_DEFAULTS, count_between, positive_seconds, require_terminal
 from ..planted import SCENARIOS, stop_job_tree
 
 PLANTED = Path(__file__).resolve().parents[1] / "planted.py"  # copied next to the job as train.py
@@ -23,10 +23,10 @@ PLANTED = Path(__file__).resolve().parents[1] / "planted.py"  # copied next to t
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("demo", help="start a small CPU training job with a planted fault and watch it")
     parser.add_argument("--scenario", choices=SCENARIOS, default="straggler", help="the fault to plant")
-    parser.add_argument("--ranks", type=int, default=4, help="number of ranks (default: 4)")
-    parser.add_argument("--deadline", type=float, default=600.0, metavar="S",
+    parser.add_argument("--ranks", type=count_between(1, 64), default=4, help="number of ranks (1-64; default: 4)")
+    parser.add_argument("--deadline", type=positive_seconds, default=600.0, metavar="S",
                         help="the job exits by itself after this many seconds (default: 600)")
-    parser.add_argument("--interval", type=float, default=2.0, metavar="S", help="seconds between samples")
+    parser.add_argument("--interval", type=positive_seconds, default=2.0, metavar="S", help="seconds between samples")
     parser.add_argument("--no-tui", action="store_true", help="print one snapshot table instead of the live view")
     parser.set_defaults(func=run)
 
@@ -83,21 +83,19 @@ class DemoJob:
 
 def require_torch() -> None:
     if importlib.util.find_spec("torch") is None:
-        raise TrainwatchError("trainwatch demo needs PyTorch in this environment: pip install torch")
+        raise TrainwatchError("demo needs PyTorch in this environment: pip install torch")
 
 
 def run(args: argparse.Namespace) -> int:
-    if not 1 <= args.ranks <= 64:
-        raise UsageError(f"--ranks must be between 1 and 64 (got {args.ranks})")
     if not args.no_tui:
-        require_terminal("trainwatch demo", "use `trainwatch demo --no-tui` for one snapshot table")
+        require_terminal("demo", "use `trainwatch demo --no-tui` for one snapshot table")
     require_torch()
     job = DemoJob(args.scenario, args.ranks, args.deadline).start()
     try:
         print(f"trainwatch: starting a {args.ranks}-rank '{args.scenario}' demo job…", file=sys.stderr)
         job.wait_for_ranks()
         from ...probes import open_source
-        source = open_source(job.proc.pid, window=2.0)
+        source = open_source(job.proc.pid, window=WINDOW_DEFAULTS["attach"])
         try:
             if args.no_tui:
                 show_once(source)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ...probes import PARTIAL_EXIT, UsageError
-from .common import pid_arg
+from .common import add_window, pid_arg
 from .snapshot import add_remote, resolve_pid, wrap_remote
 
 
@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--signal", metavar="SIG",
                         help="send SIG (e.g. SIGUSR1) for faulthandler traces when the rank catches it; "
                              "only if you know the job registered faulthandler on it")
-    parser.add_argument("--window", type=float, default=2.0, help="seconds to sample before dumping")
+    add_window(parser, "dump")
     parser.add_argument("--reason", help="one line saying why this was dumped (goes into summary.md)")
     add_remote(parser)
     parser.set_defaults(func=run)

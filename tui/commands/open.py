@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
         if args.summary:
             sys.stdout.write(source.summary())
             return 0
-        require_terminal("trainwatch open", "use `trainwatch open BUNDLE --summary` to print summary.md")
+        require_terminal("open", "use `trainwatch open BUNDLE --summary` to print summary.md")
         from ..app import TrainwatchApp
 
         TrainwatchApp(source, live=False, title=f"trainwatch: {args.bundle.name}").run()

@@ -11,8 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from ...probes import OutputError, TrainwatchError, UsageError, rundir, signal_name
-from .common import require_terminal
+from ...probes import OutputError, TrainwatchError, UsageError, rundir, signal_name, torch_env
+from .common import add_window, require_terminal
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", type=Path, default=None,
                         help="run directory (default ./trainwatch-runs/<date>-<time>-<pid>)")
     parser.add_argument("--attach", action="store_true", help="open the live view on the job it starts")
-    parser.add_argument("--window", type=float, default=1.0, help=argparse.SUPPRESS)
+    add_window(parser, "run", hidden=True)
     parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
     parser.set_defaults(func=run)
 
@@ -41,12 +41,14 @@ def run(args: argparse.Namespace) -> int:
     if shutil.which(command[0]) is None:
         raise UsageError(f"command not found: {command[0]}", "check the spelling and your PATH")
     if args.attach:
-        require_terminal("trainwatch run --attach", "leave out --attach, and use `trainwatch watch PID` "
+        require_terminal("run --attach", "leave out --attach, and use `trainwatch watch PID` "
                                                     "or `trainwatch snapshot PID` on the job")
     run_dir = (args.out or rundir.default_run_dir()).resolve()
     _make_run_dir(run_dir)
-    env, added = rundir.armed_env(run_dir, dict(os.environ))
-    return _supervise(command, env, added, run_dir, args.attach, args.window)
+    base = dict(os.environ)
+    torch = torch_env.find_torch(torch_env.job_python(command, base), base)
+    env, added = rundir.armed_env(run_dir, base, name_for=torch.name_for)
+    return _supervise(command, env, added, run_dir, args.attach, args.window, torch.version)
 
 
 def _make_run_dir(run_dir: Path) -> None:
@@ -63,7 +65,7 @@ def _make_run_dir(run_dir: Path) -> None:
 
 
 def _supervise(command: list[str], env: dict[str, str], added: dict[str, str], run_dir: Path,
-               attach: bool, window: float) -> int:
+               attach: bool, window: float, torch_version: str | None = None) -> int:
     """Start the command in its own process group, forward signals, return its status."""
     tty_fd = _terminal_fd() if not attach else None
     log = open(run_dir / "launcher.log", "ab") if attach else None
@@ -75,7 +77,7 @@ def _supervise(command: list[str], env: dict[str, str], added: dict[str, str], r
     finally:
         if log:
             log.close()
-    rundir.write_run_json(run_dir, command, added, child.pid)
+    rundir.write_run_json(run_dir, command, added, child.pid, torch_version)
     print(f"trainwatch: armed run {run_dir} (pid {child.pid}; on-demand traces: "
           f"kill -{signal_name(rundir.FAULTHANDLER_SIGNAL)} <rank pid>)", file=sys.stderr, flush=True)
     previous = {sig: signal.signal(sig, lambda n, _f: _forward(child.pid, n)) for sig in FORWARDED}

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from rich.console import Console
 
 from ...probes import PARTIAL_EXIT, LocalSource, NotAJob, UsageError, find_job_matching, find_pyspy
-from .common import add_stuck_after, pid_arg
+from .common import add_stuck_after, add_window, count_between, pid_arg
 
 COLLECTIVE_WAIT_S = 2.0  # the ranks' Flight Recorder, fetched while the window is sampled
 
@@ -17,9 +17,10 @@ COLLECTIVE_WAIT_S = 2.0  # the ranks' Flight Recorder, fetched while the window 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("snapshot", help="sample every rank once over a window and print the verdict")
     parser.add_argument("pid", type=pid_arg, nargs="?", help="launcher, rank, or any ancestor of the job")
-    parser.add_argument("--window", type=float, default=3.0, help="seconds to watch for progress (0: one sample)")
+    add_window(parser, "snapshot")
     add_stuck_after(parser)
-    parser.add_argument("--samples", type=int, default=3, help="stack samples per rank within the window")
+    parser.add_argument("--samples", type=count_between(1, 100), default=3,
+                        help="stack samples per rank within the window (1-100; default: 3)")
     parser.add_argument("--json", action="store_true", help="print one JSON document (the public snapshot schema)")
     parser.add_argument("--native", action="store_true", help="include native (C/C++) frames")
     parser.add_argument("--match", metavar="ADDR:PORT", help="find the local job by MASTER_ADDR:MASTER_PORT")

@@ -3,20 +3,43 @@
 from __future__ import annotations
 
 import argparse
+import socket
 from pathlib import Path
 
-from ...probes import OutputError, UsageError, Watcher, open_source
-from .common import add_stuck_after, pid_arg
+from ...probes import PROBLEM_VERDICTS, VERDICTS, OutputError, Watcher, WatchEvent
+from .common import add_stuck_after, add_window, pid_arg, positive_seconds
+from .event_command import EventCommand, print_json
 from .snapshot import add_remote, wrap_remote
 
 EPILOG = """\
-One line per event on stdout. Exit status:
+One line per event on stdout (--json: one JSON object per line). Exit status:
   0   the job ended and no problem was seen
   10  a hang, straggler, mismatch or rendezvous problem was seen (and bundled)
   11  a rank crashed (crash records under OUT/crashes, and a 'crashed' bundle)
   1-8 trainwatch itself could not watch (2 bad arguments, 3 no such PID, 4 not a job,
       5 permissions, ...: see `Exit status` in the README)
+
+--on-event CMD runs through /bin/sh on each problem that persisted --hang-after and on
+the first crash, with TRAINWATCH_EVENT (problem|crashed), TRAINWATCH_VERDICT,
+TRAINWATCH_CULPRITS (e.g. 2,3), TRAINWATCH_SUMMARY, TRAINWATCH_BUNDLE (may be empty),
+TRAINWATCH_PID and TRAINWATCH_HOST set. It is stopped after --on-event-timeout.
 """
+
+DUMP_ON_WORDS = tuple(kind for kind in VERDICTS if kind in PROBLEM_VERDICTS)
+
+
+def dump_on_kinds(text: str) -> frozenset[str]:
+    """argparse ``type`` for --dump-on: verdict kinds (snapshot.py's words), or ``all``/``none``."""
+    words = {part.strip() for part in text.split(",") if part.strip()}
+    if words == {"all"}:
+        return frozenset(PROBLEM_VERDICTS)
+    if words == {"none"}:
+        return frozenset()
+    unknown = words - set(DUMP_ON_WORDS)
+    if unknown or not words:
+        raise argparse.ArgumentTypeError(f"unknown value: {', '.join(sorted(unknown)) or repr(text)} "
+                                         f"(use all, none, or a comma list of: {', '.join(DUMP_ON_WORDS)})")
+    return frozenset(words)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,37 +51,88 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("pid", type=pid_arg, help="PID of the launcher, a rank, or `trainwatch run`")
     parser.add_argument("--out", type=Path, default=None,
                         help="where bundles and crash records go (default: <run dir>/watch or ./trainwatch-watch-PID)")
-    parser.add_argument("--dump-on", default="hang,crash", help="comma list of: hang, crash (default: both)")
-    parser.add_argument("--hang-after", type=float, default=300.0,
+    parser.add_argument("--dump-on", type=dump_on_kinds, default=frozenset(PROBLEM_VERDICTS), metavar="KINDS",
+                        help=f"verdicts that get a bundle: all (default), none, or a comma list of "
+                             f"{', '.join(DUMP_ON_WORDS)}")
+    parser.add_argument("--hang-after", type=positive_seconds, default=300.0, metavar="S",
                         help="seconds a problem verdict must persist before a bundle is written (default 300)")
-    parser.add_argument("--interval", type=float, default=5.0, help="seconds between full samples (default 5)")
-    parser.add_argument("--window", type=float, default=1.0, help=argparse.SUPPRESS)
+    parser.add_argument("--interval", type=positive_seconds, default=5.0, metavar="S",
+                        help="seconds between full samples (default 5)")
+    add_window(parser, "watch", hidden=True)
     add_stuck_after(parser)
+    parser.add_argument("--json", action="store_true", help="one JSON object per event on stdout (log shippers)")
+    parser.add_argument("--on-event", metavar="CMD",
+                        help="shell command run on each problem and crash (details in TRAINWATCH_* variables)")
+    parser.add_argument("--on-event-timeout", type=positive_seconds, default=30.0, metavar="S",
+                        help="stop the --on-event command after S seconds (default 30)")
     add_remote(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    dump_on = frozenset(part.strip() for part in args.dump_on.split(",") if part.strip())
-    unknown = dump_on - {"hang", "crash"}
-    if unknown:
-        raise UsageError(f"unknown --dump-on value: {', '.join(sorted(unknown))}", "use hang, crash or both")
-    if args.interval <= 0 or args.hang_after < 0:
-        raise UsageError("--interval must be positive and --hang-after not negative")
+    from ...probes import open_source  # here: building the parser must not bind the source opener
+
     local = open_source(args.pid, args.window, catch_crashes=False, stuck_after=args.stuck_after)  # the watcher runs its own catcher
     job = local.job  # found from any PID, `trainwatch run`'s own included
     run_dir = Path(job.run_dir) if job.run_dir else None
+    host = socket.gethostname()
+    hook = EventCommand(args.on_event, job.root_pid, args.on_event_timeout, host) if args.on_event else None
     source = local
+    out: Path | None = None
+    made: Path | None = None
     try:
         source = wrap_remote(args, local, wait_s=args.interval)
         out = args.out or (run_dir / "watch" if run_dir else Path.cwd() / f"trainwatch-watch-{args.pid}")
+        made = _first_missing(out)
         try:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise OutputError(f"cannot write {out}: {exc.strerror or exc}", "pass a writable --out DIR") from None
-        print(f"watching pid {args.pid}; evidence goes to {out}", flush=True)
-        return Watcher(job.root_pid, out, dump_on=dump_on, hang_after=args.hang_after,
-                               interval=args.interval, window=args.window,
-                               emit=lambda line: print(line, flush=True), source=source, run_dir=run_dir).run()
+
+        def on_event(event: WatchEvent) -> None:
+            if args.json:
+                print_json(event, job.root_pid, host)
+            if hook is not None:
+                hook.fire(event)
+
+        if args.json:
+            print_json(WatchEvent("watching", f"watching pid {args.pid}; evidence goes to {out}"), job.root_pid, host)
+        else:
+            print(f"watching pid {args.pid}; evidence goes to {out}", flush=True)
+        emit = (lambda line: None) if args.json else (lambda line: print(line, flush=True))
+        return Watcher(job.root_pid, out, dump_on=args.dump_on, hang_after=args.hang_after,
+                       interval=args.interval, window=args.window, emit=emit, source=source,
+                       run_dir=run_dir, on_event=on_event).run()
     finally:
         source.close()
+        if hook is not None:
+            hook.close()
+        if made is not None:
+            _remove_if_empty(made, out)
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost folder of ``path`` that does not exist yet (what mkdir will create)."""
+    path = path.absolute()
+    missing = None
+    while not path.exists():
+        missing = path
+        if path.parent == path:
+            break
+        path = path.parent
+    return missing
+
+
+def _remove_if_empty(top: Path, out: Path | None) -> None:
+    """Take back the folders watch created when nothing was written into them."""
+    if out is None:
+        return
+    path = out.absolute()
+    while True:
+        try:
+            path.rmdir()  # only succeeds when empty
+        except OSError:
+            return
+        if path == top or path.parent == path:
+            return
+        path = path.parent

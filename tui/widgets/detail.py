@@ -8,6 +8,8 @@ from textual.widgets import Static
 
 from ...probes import Frame, Rank, ThreadStack, compact_ranks
 
+from ...probes import how_ended
+
 from . import format as fmt
 from .lines import phase_text, state_text
 
@@ -53,11 +55,8 @@ def exit_text(rank: Rank, now: float) -> Text | None:
     if info is None:
         return None
     alive = rank.state != "exited"
-    if alive:
-        text = Text.assemble(("raised: ", "bold red"), ("uncaught exception, process still alive", "red"))
-    else:
-        how = info.signal or (f"exit code {info.code}" if info.code is not None else "exit status not seen")
-        text = Text.assemble(("exited: ", "bold red"), (how, "red"))
+    text = Text.assemble(("raised: " if alive else "exited: ", "bold red"),
+                         (how_ended(info, alive).removeprefix("raised "), "red"))
     if info.at:
         text.append(f", {fmt.duration(now - info.at)} ago")
     if info.first:

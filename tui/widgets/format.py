@@ -5,41 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-NA = "n/a"
+from ...probes import NA, duration, pct, size  # noqa: F401  (shared with summary.md)
+
 SPARK = "▁▂▃▄▅▆▇█"
-
-
-def duration(seconds: float | None) -> str:
-    """``75`` -> ``1m15s``; compact enough for a table cell."""
-    if seconds is None:
-        return NA
-    seconds = max(0, int(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    minutes, secs = divmod(seconds, 60)
-    if minutes < 60:
-        return f"{minutes}m{secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 48:
-        return f"{hours}h{minutes:02d}m"
-    days, hours = divmod(hours, 24)
-    return f"{days}d{hours:02d}h"
-
-
-def size(num: int | None) -> str:
-    """Bytes in binary units with one decimal at most: ``1.5G``."""
-    if num is None:
-        return NA
-    value = float(num)
-    for unit in ("B", "K", "M", "G", "T"):
-        if value < 1024 or unit == "T":
-            return f"{value:.0f}{unit}" if unit in ("B", "K") or value >= 100 else f"{value:.1f}{unit}"
-        value /= 1024
-    return NA  # unreachable
-
-
-def pct(value: float | None) -> str:
-    return NA if value is None else f"{value:.0f}%"
 
 
 def sparkline(values: Sequence[float | None], top: float = 100.0) -> str:

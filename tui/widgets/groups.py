@@ -21,15 +21,15 @@ from .lines import group_line
 CURSOR_STYLE = "reverse"
 
 
-def groups_text(snapshot: Snapshot | None, cursor: int | None = None) -> Text:
+def groups_text(snapshot: Snapshot | None, cursor: int | None = None, width: int | None = None) -> Text:
     """The groups (the one at ``cursor`` highlighted), the collectives' divergence and NCCL RAS's
-    finding, then notes."""
+    finding, then notes; ``width``: the cells a line has (a group's frame is never wrapped in the middle)."""
     if snapshot is None:
         return Text("no sample yet", style="dim")
     culprits = set(snapshot.verdict.culprits)
     lines = []
     for index, group in enumerate(snapshot.groups):
-        line = group_line(group, group.culprit or bool(culprits & set(group.ranks)))
+        line = group_line(group, group.culprit or bool(culprits & set(group.ranks)), width)
         if index == cursor:
             line.stylize(CURSOR_STYLE)
         lines.append(line)
@@ -83,7 +83,11 @@ class GroupsPane(VerticalScroll):
 
     def _draw(self) -> None:
         cursor = self.cursor if self.has_focus and self.snapshot and self.snapshot.groups else None
-        fmt.update_if_changed(self.query_one("#groups-body", Static), groups_text(self.snapshot, cursor))
+        width = self.scrollable_content_region.width or None
+        fmt.update_if_changed(self.query_one("#groups-body", Static), groups_text(self.snapshot, cursor, width))
+
+    def on_resize(self) -> None:
+        self._draw()
 
     def watch_has_focus(self, focused: bool) -> None:
         if self.is_mounted:

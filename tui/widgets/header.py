@@ -13,6 +13,11 @@ from . import format as fmt
 from .lines import verdict_line
 
 
+def at_dump(snapshot: Snapshot | None) -> bool:
+    """A bundle's snapshot: its durations are as at the dump (``now`` is its ``taken_at``)."""
+    return snapshot is not None and snapshot.source.startswith("bundle")
+
+
 def job_line(snapshot: Snapshot | None, now: float) -> Text:
     if snapshot is None:
         return Text.assemble(("trainwatch", "bold"), " · waiting for the first sample…")
@@ -22,7 +27,7 @@ def job_line(snapshot: Snapshot | None, now: float) -> Text:
         parts.append(f"{job.nnodes} nodes")
     parts.append(f"host {job.host}")
     uptime = now - job.started_at if job.started_at else None
-    parts.append(f"up {fmt.duration(uptime)}")
+    parts.append(f"up {fmt.duration(uptime)}" + (" at dump" if at_dump(snapshot) else ""))
     if job.job_id and job.job_id != "none":  # torchrun's default run id says nothing
         parts.append(f"id {job.job_id}")
     if snapshot.source.startswith("bundle"):
@@ -33,7 +38,7 @@ def job_line(snapshot: Snapshot | None, now: float) -> Text:
 class JobHeader(Static):
     """Job identity and verdict on the left, monitor status on the right."""
 
-    DEFAULT_CSS = "JobHeader { height: auto; max-height: 3; }"
+    DEFAULT_CSS = "JobHeader { height: auto; }"  # the verdict wraps in full: it matters most
 
     def show(self, snapshot: Snapshot | None, now: float, status: Text, layout: bool = True) -> None:
         """``layout=False`` for clock ticks: only durations changed, the height stays."""

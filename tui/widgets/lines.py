@@ -10,6 +10,8 @@ from rich.text import Text
 
 from ...probes import WAITING_PHASES, Group, Phase, Rank, Snapshot, State, VerdictKind, compact_ranks, group_what
 
+from ...probes import how_ended
+
 from . import format as fmt
 
 # Styles use the 16 ANSI colours so they read the same in 256-colour terminals.
@@ -41,10 +43,8 @@ PHASE_STYLES: dict[Phase, str] = {
 def state_label(rank: Rank) -> str:
     """``running``, ``stuck 42s``, or how an exited rank ended: ``SIGSEGV``, ``exit 1``, ``exited``;
     ``raised`` for a rank whose uncaught exception left it alive (a non-daemon thread keeps it)."""
-    if rank.exit is not None and rank.state != "exited":
-        return "raised"
     if rank.exit is not None:
-        return rank.exit.signal or (f"exit {rank.exit.code}" if rank.exit.code is not None else "exited")
+        return how_ended(rank.exit, alive=rank.state != "exited", short=True)
     if rank.state == "stuck" and rank.stuck_for_s is not None:
         return f"stuck {fmt.duration(rank.stuck_for_s)}"
     return rank.state
@@ -73,18 +73,24 @@ def verdict_line(snapshot: Snapshot | None, now: float | None = None) -> Text:
     verdict = snapshot.verdict
     badge = Text(f" {verdict.kind.upper()} ", style=VERDICT_STYLES.get(verdict.kind, VERDICT_STYLES["unknown"]))
     held = f" for {fmt.duration(now - verdict.since)}" if now is not None and verdict.since else ""
+    if held and snapshot.source.startswith("bundle"):
+        held = " at dump:" + held  # a bundle's times are its dump's, not the reader's
     summary = verdict.summary
     if not summary and verdict.culprits:
         summary = f"culprit {fmt.rank_noun(len(verdict.culprits))} {compact_ranks(verdict.culprits)}"
     return Text.assemble(badge, (held, "bold"), " ", summary or fmt.NA)
 
 
-def group_line(group: Group, culprit: bool) -> Text:
-    """``ranks 0-6: all_reduce ← train.py:88 step``; a culprit group starts with ▶ and is red."""
+def group_line(group: Group, culprit: bool, width: int | None = None) -> Text:
+    """``ranks 0-6: all_reduce ← train.py:88 step``; a culprit group starts with ▶ and is red.
+    Wider than ``width``, the ``← where`` goes on a line of its own rather than wrap mid-frame."""
     head = f"{'▶' if culprit else ' '} {fmt.rank_noun(len(group.ranks))} {group.label}: "
     line = Text(head, style="bold red" if culprit else "bold")
     line.append(group_what(group), style="bold red" if culprit else phase_style(group.phase))
     if group.where:
-        line.append(" ← ", style="dim")
+        arrow = " ← "
+        if width is not None and line.cell_len + len(arrow) + len(group.where) > width:
+            arrow = "\n    ← "
+        line.append(arrow, style="dim")
         line.append(group.where, style="red" if culprit else "")
     return line

@@ -1,8 +1,9 @@
 """The ranks table: one row per rank, keyed by ``Rank.key`` and updated cell by cell.
 
-Columns are chosen to fit the width: rank, state, phase, op and ``where`` always; CPU%, step,
-GPU, RSS and pid only while ``where`` keeps room, so no cell is ever cut at the screen's edge
-(what does not fit is in the detail pane). The rank column is pinned when the table is wider
+Columns are chosen to fit the width: rank, state, phase, op and ``where`` always; the op as wide
+as its longest cell needs (``all_reduce (DDP gradients)``) while ``where`` keeps room for a frame;
+CPU%, step, GPU, RSS and pid only after that, while ``where`` keeps room, so no cell is ever cut
+at the screen's edge (what does not fit is in the detail pane). The rank column is pinned when the table is wider
 than the screen anyway.
 
 The table remembers the row the user chose (arrows, ``j``/``k``, a click, a group): that row stays
@@ -31,6 +32,8 @@ STEP_SPARK_LEN = 4  # the step's recent periods, scaled to the slowest shown
 PADDING = 2  # DataTable's cell padding, both sides together
 WHERE_MIN = 30  # optional columns are shown only while `where` keeps this many cells
 WHERE_MAX = 60
+WHERE_FLOOR = 24  # the op widens only while `where` keeps this many (`train.py:68 compute_step`)
+OP_MIN, OP_MAX = 14, 32
 SCROLLBAR = 1  # the vertical scrollbar's width (see trainwatch.tcss)
 
 
@@ -41,7 +44,7 @@ class ColumnSpec:
     width: int  # cells of content, without padding
 
 
-CORE = (ColumnSpec("state", "state", 11), ColumnSpec("phase", "phase", 10), ColumnSpec("op", "op", 14))
+CORE = (ColumnSpec("state", "state", 11), ColumnSpec("phase", "phase", 10))
 COLUMNS_ALWAYS = ("rank", "state", "phase", "op", "where")
 OPTIONAL = (  # in the order they are given room, and shown
     ColumnSpec("cpu", "CPU%", 5 + SPARK_LEN),
@@ -53,10 +56,14 @@ OPTIONAL = (  # in the order they are given room, and shown
 )
 
 
-def plan_columns(width: int, rank_width: int, with_step: bool) -> tuple[ColumnSpec, ...]:
-    """The columns that fit in ``width`` cells, ``where`` taking what the others leave."""
-    fixed = (ColumnSpec("rank", "rank", rank_width), *CORE)
-    room = width - SCROLLBAR - sum(c.width + PADDING for c in fixed) - PADDING
+def plan_columns(width: int, rank_width: int, with_step: bool, op_width: int = OP_MIN) -> tuple[ColumnSpec, ...]:
+    """The columns that fit in ``width`` cells: the op gets what its cells need first (``where``
+    keeping ``WHERE_FLOOR``), then the optional columns, and ``where`` takes what is left."""
+    core = (ColumnSpec("rank", "rank", rank_width), *CORE)
+    room = width - SCROLLBAR - sum(c.width + PADDING for c in core) - PADDING
+    op = ColumnSpec("op", "op", max(OP_MIN, min(op_width, OP_MAX, room - PADDING - WHERE_FLOOR)))
+    fixed = (*core, op)
+    room -= op.width + PADDING
     extra = []
     for column in OPTIONAL:
         if column.key == "step" and not with_step:
@@ -229,7 +236,8 @@ class RanksTable(DataTable):
         if not width:
             width = self.app.size.width
         rank_width = max([4, *(c["rank"].text.cell_len for c in self._rows.values())])
-        plan = plan_columns(width, rank_width, self._with_step)
+        op_width = max([0, *(c["op"].cell_len for c in self._rows.values())])
+        plan = plan_columns(width, rank_width, self._with_step, op_width)
         if plan == self._plan:
             return False
         shown = [c.key.value for c in self.ordered_columns]

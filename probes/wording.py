@@ -1,0 +1,59 @@
+"""The words for values every view shows: one formatter per concept, for the live screens, the
+plain ``snapshot`` table and ``summary.md`` alike (an unreadable value is always ``n/a``)."""
+
+from __future__ import annotations
+
+from .snapshot import ExitInfo
+
+NA = "n/a"
+
+
+def na(value: object | None) -> str:
+    """``value`` as text, or ``n/a`` when it is unknown (None or empty)."""
+    return NA if value is None or value == "" else str(value)
+
+
+def duration(seconds: float | None) -> str:
+    """``75`` -> ``1m15s``; compact enough for a table cell."""
+    if seconds is None:
+        return NA
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, secs = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours}h{minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d{hours:02d}h"
+
+
+def size(num: int | None) -> str:
+    """Bytes in binary units with one decimal at most: ``1.5G``."""
+    if num is None:
+        return NA
+    value = float(num)
+    for unit in ("B", "K", "M", "G", "T"):
+        if value < 1024 or unit == "T":
+            return f"{value:.0f}{unit}" if unit in ("B", "K") or value >= 100 else f"{value:.1f}{unit}"
+        value /= 1024
+    return NA  # unreachable
+
+
+def pct(value: float | None) -> str:
+    return NA if value is None else f"{value:.0f}%"
+
+
+def how_ended(info: ExitInfo, alive: bool = False, short: bool = False) -> str:
+    """How a rank ended. Long (sentences): ``killed by SIGSEGV``, ``exit code 1``, ``exit status
+    not seen``; short (a table cell): ``SIGSEGV``, ``exit 1``, ``exited``. ``alive``: it raised an
+    uncaught exception but a non-daemon thread keeps the process (``raised``)."""
+    if alive:
+        return "raised" if short else "raised an uncaught exception; the process is still alive"
+    if info.signal:
+        return info.signal if short else f"killed by {info.signal}"
+    if info.code is not None:
+        return f"exit {info.code}" if short else f"exit code {info.code}"
+    return "exited" if short else "exit status not seen"
