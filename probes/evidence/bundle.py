@@ -24,6 +24,7 @@ import shutil
 import socket
 import tarfile
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -183,7 +184,8 @@ def _ras(evidence: list[RankEvidence]) -> tuple[dict[str, str], list[str], list[
 
 
 def _with_collectives(snapshot: Snapshot, evidence: list[RankEvidence], redactor: Redactor,
-                      extra_notes: list[str], ras_seen: ObservedRas | None = None) -> Snapshot:
+                      extra_notes: list[str], familiar: Mapping[int, frozenset[str]] | None = None,
+                      ras_seen: ObservedRas | None = None) -> Snapshot:
     traces = {ev.rank: ev.trace for ev in evidence if ev.rank is not None and ev.trace is not None}
     sources = sorted({ev.trace_source for ev in evidence if ev.trace is not None and ev.trace_source})
     state = flightrec.analyze(traces, source="+".join(sources) or "flight-recorder") if traces else None
@@ -196,16 +198,18 @@ def _with_collectives(snapshot: Snapshot, evidence: list[RankEvidence], redactor
     taken = dataclasses.replace(snapshot, job=job, notes=notes)
     if (state is None or state == snapshot.collectives) and ras_seen is None:
         return taken
-    return rejudged(taken, state or snapshot.collectives, ras_seen)
+    return rejudged(taken, state or snapshot.collectives, familiar, ras_seen)
 
 
-def rejudged(snapshot: Snapshot, collectives: CollectiveState | None, ras_seen: ObservedRas | None = None) -> Snapshot:
+def rejudged(snapshot: Snapshot, collectives: CollectiveState | None,
+             familiar: Mapping[int, frozenset[str]] | None = None, ras_seen: ObservedRas | None = None) -> Snapshot:
     """The snapshot with the bundle's own collective state (and NCCL RAS reply), judged again by
     the one judge, so the summary's verdict and its Collective state section tell one story. A
-    verdict that finds nothing (healthy, unknown) does not replace the sampled one."""
+    verdict that finds nothing (healthy, unknown) does not replace the sampled one. ``familiar``:
+    where the source saw each rank while running (its judge's memory), for tie-breaks."""
     ras = (ras_seen,) if ras_seen is not None else ()
     judged = judge_job(dataclasses.replace(observed_snapshot(snapshot), collectives=collectives, ras=ras),
-                       JudgeMemory.after(snapshot), snapshot.taken_at)
+                       JudgeMemory.after(snapshot, familiar), snapshot.taken_at)
     if judged.verdict.kind in UNJUDGED_VERDICTS:
         return dataclasses.replace(snapshot, collectives=judged.collectives)
     return dataclasses.replace(snapshot, collectives=judged.collectives, verdict=judged.verdict, groups=judged.groups)
@@ -230,13 +234,21 @@ def write_evidence(source: Source, snapshot: Snapshot, out_dir: Path, **options:
     """Write an evidence bundle about ``snapshot``'s job into ``out_dir`` while ``source`` holds
     its judgement; returns the bundle's path (``write_bundle`` names it)."""
     with source.paused_judgement():
-        return write_bundle(snapshot.job.pid, snapshot, out_dir, **options)
+        return write_bundle(snapshot.job.pid, snapshot, out_dir, familiar=remembered_places(source), **options)
+
+
+def remembered_places(source: object) -> Mapping[int, frozenset[str]] | None:
+    """Where a source's judge saw each rank while running (live and multi-node sources keep a
+    ``JudgeMemory``; a bundle source has none)."""
+    memory = getattr(source, "memory", None)
+    return memory.familiar if isinstance(memory, JudgeMemory) else None
 
 
 def write_bundle(source_pid: int, snapshot: Snapshot, out_dir: Path, *, tar: bool = False,
                  redact: bool = True, reason: str | None = None, native: bool = True,
-                 fault_signal: int | None = None) -> Path:
+                 fault_signal: int | None = None, familiar: Mapping[int, frozenset[str]] | None = None) -> Path:
     """Collect evidence about the job of ``source_pid`` and write the bundle; returns its path.
+    ``familiar``: the source judge's memory of where ranks ran (see :func:`rejudged`).
 
     Raises :class:`OutputError` when ``out_dir`` cannot hold it (nothing is left behind).
     """
@@ -284,7 +296,7 @@ def write_bundle(source_pid: int, snapshot: Snapshot, out_dir: Path, *, tar: boo
             sources.setdefault(ev.trace_source, []).append(ev.label)
     if ras_worked:
         sources["ras"] = ras_worked
-    bundle_snapshot = _with_collectives(snapshot, evidence, redactor, [], ras_seen)
+    bundle_snapshot = _with_collectives(snapshot, evidence, redactor, [], familiar, ras_seen)
     try:
         writer = _Writer(partial, redactor)
         writer.write("bundle.json", _manifest(source_pid, reason, redact, evidence, sources))

@@ -22,7 +22,7 @@ from typing import Callable
 import psutil
 
 from ..errors import TrainwatchError
-from .bundle import write_bundle
+from .bundle import remembered_places, write_bundle
 from ..judge import exits
 from ..read import exits as ended
 from ..read.exits import CrashRecord
@@ -407,7 +407,8 @@ class Watcher:
     def _bundle(self, snapshot: Snapshot, reason: str) -> str | None:
         try:  # the dump's py-spy attaches are not the ranks' progress
             with self.source.paused_judgement() if self.source is not None else contextlib.nullcontext():
-                path = write_bundle(self.pid, snapshot, self.out_dir, reason=reason)
+                path = write_bundle(self.pid, snapshot, self.out_dir, reason=reason,
+                                    familiar=remembered_places(self.source))
         except Exception as exc:
             self._say(WatchEvent("note", f"note: bundle failed: {type(exc).__name__}: {exc}"))
             return None

@@ -7,6 +7,7 @@ Pure: no I/O; :class:`JudgeMemory` is plain state the caller keeps between polls
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from .exits import first_to_die
@@ -38,9 +39,10 @@ class JudgeMemory:
     verdict: Verdict | None = None
 
     @classmethod
-    def after(cls, snapshot: Snapshot) -> JudgeMemory:
-        """A memory that knows only ``snapshot``'s verdict (re-judging a snapshot keeps its ``since``)."""
-        return cls(verdict=snapshot.verdict)
+    def after(cls, snapshot: Snapshot, familiar: Mapping[int, frozenset[str]] | None = None) -> JudgeMemory:
+        """A memory that knows ``snapshot``'s verdict (re-judging a snapshot keeps its ``since``)
+        and, when given, the places its source saw each rank at while running (a copy)."""
+        return cls(verdict=snapshot.verdict, familiar=dict(familiar or {}))
 
 
 @dataclass(frozen=True)

@@ -46,3 +46,20 @@ def test_the_judge_marks_one_first_death_over_all_ranks_it_is_given():
     judged = judge_job(ObservedJob(JOB, tuple(dead)), JudgeMemory(), now=10.0, options=JudgeOptions())
     assert [r.exit.first for r in judged.ranks] == [True, False]
     assert (judged.verdict.kind, judged.verdict.culprits) == ("crashed", (0,))
+
+
+def test_a_bundle_rejudged_with_its_sources_memory_keeps_the_tie_break():
+    """The live view saw both ranks run through `a`; its dump finds a Flight Recorder state that
+    names no culprit: judged again with the live view's memory, rank 1 (at `b`) is still odd."""
+    from trainwatch.probes.evidence.bundle import rejudged, remembered_places
+    from trainwatch.probes.snapshot import CollectiveState, RankCollective
+
+    class Live:
+        memory = JudgeMemory(familiar={0: frozenset({"a"}), 1: frozenset({"a"})})
+
+    snapshot = Snapshot(job=JOB, ranks=ranks("stuck", ("a", "b")), taken_at=5.0)
+    state = CollectiveState("hook", ranks=(RankCollective(rank=0), RankCollective(rank=1)))
+    assert remembered_places(Live()) == Live.memory.familiar and remembered_places(object()) is None
+    kept = rejudged(snapshot, state, remembered_places(Live())).verdict
+    alone = rejudged(snapshot, state).verdict
+    assert (kept.kind, kept.culprits, alone.culprits) == ("mismatch", (1,), ())

@@ -22,7 +22,7 @@ def stuck_snapshot() -> Snapshot:
 
 
 def rebundled(snapshot: Snapshot, seen) -> Snapshot:
-    return bundle._with_collectives(snapshot, [], Redactor.from_envs([], [], enabled=True), [], seen)
+    return bundle._with_collectives(snapshot, [], Redactor.from_envs([], [], enabled=True), [], ras_seen=seen)
 
 
 def test_bundle_keeps_text_and_json_reports_and_the_judge_names_the_dead_rank():
