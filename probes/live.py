@@ -24,12 +24,13 @@ from .read.collective_feed import CollectiveFeed
 from .read.discover import describe_job, expected_local_ranks, find_job
 from .read.exits import ExitLedger
 from .read.gpu import GpuProbe
-from .read.process import JobProcesses, RankProcess, job_record
+from .read.loggrowth import LogGrowth, LogGrowthWatch
+from .read.process import JobProcesses, RankProcess, collective_timeout_s, job_record
 from .read.pyspy import find_pyspy
 from .read.sampler import StackSample, sample_all
 from .read.source_lines import source_line
 from .read.usage import CpuMeter
-from .snapshot import PROBLEM_VERDICTS, Rank, Snapshot, compact_ranks
+from .snapshot import PROBLEM_VERDICTS, LogActivity, Rank, Snapshot, compact_ranks
 
 FULL_REFRESH_EVERY = 5  # every few polls, dump every rank anyway (other threads, stale lines)
 
@@ -66,6 +67,8 @@ class LocalSource:
         self._catcher = CrashThread(self.job.root_pid, self.job.run_dir) if catch_crashes else None
         self._collective_wait = collective_wait
         self._feed = CollectiveFeed(lambda: self.job)  # fetches while the first window is sampled
+        self._logs = LogGrowthWatch()
+        self._growth: dict[str, LogGrowth] = {}  # path -> its growth at the last look
         self._ras_read: dict[float, tuple[ObservedRas, str | None]] = {}  # RAS replies read, by when asked
 
     def close(self) -> None:
@@ -170,7 +173,18 @@ class LocalSource:
             self._class[pid] = cls
             self.memory.progress.observe(pid, stack_signature(main_thread(sample.threads)), cls.phase, sample.before,
                                  sample.after, now, dumped=not sample.reused)
+        self._look_at_logs(job, now)
         return samples
+
+    def _look_at_logs(self, job: JobProcesses, now: float) -> None:
+        """One stat per log file; a rank's own log that grew is that rank's progress."""
+        self._exits.note_job(job)  # who writes which file: growth of a shared one is nobody's in particular
+        looked = {path: self._logs.look(path) for path in {p.log_path for p in job.ranks if p.log_path}}
+        self._growth.update({path: growth for path, growth in looked.items() if growth is not None})
+        for proc in job.ranks:
+            growth = looked.get(proc.log_path) if proc.log_path else None
+            if growth is not None and growth.grew and self._exits.logs.own(growth.path):
+                self.memory.progress.mark_progress(proc.pid, now)
 
     # -- building the snapshot -----------------------------------------------------------------
     def _build(self, job: JobProcesses, samples: dict[int, StackSample], notes: list[str]) -> Snapshot:
@@ -266,7 +280,16 @@ class LocalSource:
             children=proc.children, log_path=proc.log_path,
             detail=cls.detail if cls else None, step=step, step_period_s=period,
             native=bool(threads) and any(f.native for t in threads[:1] for f in t.frames),
+            log=self._log_activity(proc.log_path, now),
+            collective_timeout_s=collective_timeout_s(proc.env or {}),
         )
+
+    def _log_activity(self, path: str | None, now: float) -> LogActivity | None:
+        growth = self._growth.get(path) if path else None
+        if growth is None:
+            return None
+        return LogActivity(age_s=round(max(0.0, now - growth.last_write_at), 1), every_s=growth.usual_every_s,
+                           longest_s=growth.longest_s, own=self._exits.logs.own(growth.path), bar_s=growth.bar_s)
 
     def _with_worker(self, rank: Rank) -> Rank:
         """A rank stuck waiting for its DataLoader: name the worker that holds it up (sampled once per stack)."""

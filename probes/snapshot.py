@@ -17,7 +17,8 @@ from typing import Any, Literal
 SCHEMA_VERSION = 1
 
 # The vocabulary: every phase, state and verdict kind that a probe produces or a view shows.
-# gpu_wait: the host blocks on its GPU (stream/context/event synchronize, .item(), device-to-host copy).
+# gpu_wait: the host blocks on its GPU (stream/context/event synchronize, .item(), device-to-host copy),
+# or on a torch Future of asynchronous work.
 # exiting: the main thread is in interpreter shutdown (threading._shutdown, atexit).
 Phase = Literal["collective", "gpu_wait", "dataloader", "init", "checkpoint", "lock", "sleep", "compute", "exiting",
                 "unknown"]
@@ -84,6 +85,13 @@ class RankGpu:
     mem_used_bytes: int | None = None  # this process's GPU memory
     mem_total_bytes: int | None = None
     shared_with: tuple[int, ...] = ()  # other ranks on the same device
+    # The device's activity (shown, never judged: no real recording yet shows them telling a
+    # waiting NCCL kernel from real math): power draw and limit, GPM on Hopper and newer.
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    sm_active_pct: float | None = None
+    tensor_active_pct: float | None = None
+    dram_bw_pct: float | None = None
 
 
 @dataclass(frozen=True)
@@ -108,6 +116,10 @@ class GpuDevice:
     mem_total_bytes: int | None = None
     temperature_c: float | None = None
     power_w: float | None = None
+    power_limit_w: float | None = None  # enforced power limit
+    sm_active_pct: float | None = None  # GPM (Hopper and newer): SM activity over the last interval
+    tensor_active_pct: float | None = None  # GPM: tensor core activity (any precision)
+    dram_bw_pct: float | None = None  # GPM: DRAM bandwidth utilization
     sm_clock_mhz: int | None = None
     throttle: tuple[str, ...] = ()
     ecc_errors: int | None = None
@@ -124,6 +136,17 @@ class HostInfo:
     nvml_version: str | None = None
     xid_events: tuple[str, ...] = ()
     error: str | None = None  # why this host could not be read (remote nodes)
+
+
+@dataclass(frozen=True)
+class LogActivity:
+    """How a rank's log file grows: when it last grew, against how often it grew while watched."""
+
+    age_s: float | None = None  # seconds since the file last grew (its mtime), at taken_at
+    every_s: float | None = None  # median seconds between writes seen while watching (None: not learnt yet)
+    longest_s: float | None = None  # longest interval between writes seen while watching
+    own: bool = True  # the rank's own file; False: shared with other ranks or the launcher
+    bar_s: float | None = None  # seconds per update of the unfinished progress bar that is its last line
 
 
 @dataclass(frozen=True)
@@ -149,6 +172,9 @@ class Rank:
     step: int | None = None  # training step the rank is at (Flight Recorder, loop locals, HF Trainer)
     step_period_s: float | None = None  # the rank's observed time per step
     native: bool = False  # phase decided from a native (C/C++) sample
+    log: LogActivity | None = None  # growth of the file at log_path
+    longest_quiet_s: float | None = None  # longest stretch without progress that ended in progress (live)
+    collective_timeout_s: float | None = None  # the job's collective timeout, where its environment shows it
 
     @property
     def key(self) -> str:

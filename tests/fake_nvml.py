@@ -32,6 +32,8 @@ class FakeGpu:
     mem_used: int = 0
     temperature_c: int = 40
     power_mw: int = 70_000
+    power_limit_mw: int | None = 400_000  # None: not supported
+    gpm: dict[int, float] | None = None  # GPM metric id -> value between two samples; None: no GPM (pre-Hopper)
     sm_clock_mhz: int = 1410
     clock_event_reasons: int = 0
     ecc_uncorrected: int = 0
@@ -70,6 +72,11 @@ class FakeNvml:
             if name.startswith(("NVML_", "nvmlClocks", "nvmlEventType")) or name.startswith("NVMLError"):
                 setattr(self, name, getattr(real, name))
         self.NVMLError = real.NVMLError
+        self.c_nvmlGpmMetricsGet_t = real.c_nvmlGpmMetricsGet_t
+        self._gpm_samples: dict[int, tuple[int, int]] = {}  # sample address -> (device index, sample order)
+        self._gpm_keep: list[Any] = []
+        self.gpm_live = 0  # samples allocated and not yet freed
+        self._gpm_taken = 0
         self.NVMLLibraryMismatchError = real.NVMLLibraryMismatchError
 
     @classmethod
@@ -91,6 +98,9 @@ class FakeNvml:
                          for s in d.get("process_utilization", [])],
                 supported_events=d.get("supported_events", 0),
                 errors=dict(d.get("errors", {})),
+                # absent from recordings made before they were recorded: replayed as not supported
+                power_limit_mw=d.get("power_limit_mw"),
+                gpm={int(k): float(v) for k, v in d["gpm"].items()} if d.get("gpm") is not None else None,
             ))
         return cls(
             gpus, driver_version=data.get("driver_version"),
@@ -254,6 +264,55 @@ class FakeNvml:
             raise real.NVMLError_NotFound()
         return [real.c_nvmlProcessUtilizationSample_t(pid=p, timeStamp=t, smUtil=u, memUtil=0)
                 for p, t, u in fresh]
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int:
+        gpu = self._enter("nvmlDeviceGetEnforcedPowerLimit", handle)
+        if gpu.power_limit_mw is None:
+            raise real.NVMLError_NotSupported()
+        return gpu.power_limit_mw
+
+    # -- GPM -----------------------------------------------------------------------------
+
+    def nvmlGpmQueryDeviceSupport(self, handle: Any) -> Any:
+        gpu = self._enter("nvmlGpmQueryDeviceSupport", handle)
+        return real.c_nvmlGpmSupport_t(version=real.NVML_GPM_SUPPORT_VERSION,
+                                       isSupportedDevice=int(gpu.gpm is not None))
+
+    def nvmlGpmSampleAlloc(self) -> Any:
+        self._enter("nvmlGpmSampleAlloc")
+        body = real.struct_c_nvmlGpmSample_t()
+        self._gpm_keep.append(body)
+        self.gpm_live += 1
+        return real.c_nvmlGpmSample_t(body)
+
+    def nvmlGpmSampleGet(self, handle: Any, sample: Any) -> Any:
+        gpu = self._enter("nvmlGpmSampleGet", handle)
+        if gpu.gpm is None:
+            raise real.NVMLError_NotSupported()
+        self._gpm_taken += 1
+        self._gpm_samples[ctypes.addressof(sample.contents)] = (self._index(handle), self._gpm_taken)
+        return sample
+
+    def nvmlGpmMetricsGet(self, request: Any) -> Any:
+        self._enter("nvmlGpmMetricsGet")
+        assert request.version == real.NVML_GPM_METRICS_GET_VERSION
+        first = self._gpm_samples[ctypes.addressof(request.sample1.contents)]
+        second = self._gpm_samples[ctypes.addressof(request.sample2.contents)]
+        if first[0] != second[0] or first[1] >= second[1]:
+            raise real.NVMLError_InvalidArgument()  # two samples of one device, older first
+        values = self.gpus[first[0]].gpm or {}
+        for i in range(request.numMetrics):
+            metric = request.metrics[i]
+            if metric.metricId in values:
+                metric.value, metric.nvmlReturn = values[metric.metricId], real.NVML_SUCCESS
+            else:
+                metric.nvmlReturn = real.NVML_ERROR_NOT_SUPPORTED
+        return request
+
+    def nvmlGpmSampleFree(self, sample: Any) -> None:
+        self._enter("nvmlGpmSampleFree")
+        self._gpm_samples.pop(ctypes.addressof(sample.contents), None)
+        self.gpm_live -= 1
 
     # -- events --------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ import time
 
 SCENARIOS = (
     "healthy", "straggler", "mismatch", "uneven", "dataloader", "lock",
-    "segfault", "assert", "slowstep", "skipstep", "raise", "linger",
+    "segfault", "assert", "slowstep", "skipstep", "raise", "linger", "longstep",
 )
 STALL_STEP = 40  # skipstep: the culprit stalls when its own counter reaches this
 
@@ -79,6 +79,20 @@ def sync_metrics(loss, dist) -> None:
     import torch
     gathered = [torch.zeros_like(loss) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, loss.detach())
+
+
+def device_step(model, batch, seconds: float):
+    """longstep: the CPU stand-in for a long GPU step. The step's work runs on another thread, as
+    kernels run on a GPU's stream, and takes ``seconds`` without costing the host any CPU; the host
+    waits for its result in a torch Future, as a GPU rank waits at ``loss.item()``."""
+    import torch
+    done = torch.futures.Future()
+
+    def run() -> None:
+        time.sleep(seconds)
+        done.set_result(compute_step(model, batch))
+    threading.Thread(target=run, name="device", daemon=True).start()
+    return done
 
 
 class SlowDataset:
@@ -159,8 +173,11 @@ def train(scenario: str, step_s: float, stop_at: float, ddp: bool = False) -> No
                 step, skipped = step - 1, True  # one step not counted: one behind from here on, in lockstep
             if step == STALL_STEP:
                 time.sleep(3600)  # then stalls: the others go on to their next step and wait in all_reduce
-        loss = compute_step(model, batch)
-        if step_s:
+        if scenario == "longstep":
+            loss = device_step(model, batch, step_s).wait()
+        else:
+            loss = compute_step(model, batch)
+        if step_s and scenario != "longstep":
             time.sleep(step_s)
         if scenario == "slowstep" and rank == 0:
             time.sleep(1.0)  # slow but healthy: the others spend most of each step in all_reduce
@@ -184,7 +201,7 @@ def train(scenario: str, step_s: float, stop_at: float, ddp: bool = False) -> No
             sync_metrics(loss, dist)  # only this rank takes this code path
         if not ddp:
             sync_gradients(model, dist)
-        if step % 20 == 0 and rank == 0:
+        if (step % 20 == 0 or scenario == "longstep") and rank == 0:
             say(f"step {step} loss {loss.item():.4f}")
     dist.barrier()
     dist.destroy_process_group()

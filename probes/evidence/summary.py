@@ -13,7 +13,7 @@ from ..read import flightrec
 from ..judge.steps import step_label
 from ..judge.groups import group_what
 from ..read import ranklog
-from ..snapshot import Rank, Snapshot, compact_ranks, who
+from ..snapshot import GpuDevice, Rank, Snapshot, compact_ranks, who
 from ..wording import NA, how_ended, na, pct, size
 
 
@@ -106,7 +106,8 @@ def render(snapshot: Snapshot, evidence: list[RankEvidence], host_notes: list[st
         for gpu in host.gpus:
             out.append(f"  - GPU {gpu.index} {gpu.name or ''}: util {pct(gpu.util_pct)}, "
                        f"mem {size(gpu.mem_used_bytes)} / {size(gpu.mem_total_bytes)}"
-                       f"{', LOST' if gpu.lost else ''}{', throttle ' + ','.join(gpu.throttle) if gpu.throttle else ''}")
+                       f"{', LOST' if gpu.lost else ''}{', throttle ' + ','.join(gpu.throttle) if gpu.throttle else ''}"
+                       f"{_activity(gpu)}")
         for line in host.xid_events:
             out.append(f"  - Xid: {line}")
     if not snapshot.hosts:
@@ -201,4 +202,16 @@ def _culprit_logs(snapshot: Snapshot, evidence: list[RankEvidence], culprits: se
         tail = ranklog.telling_tail(shown, ranklog.reason_of(mine), 20)
         if tail:
             out += ["", f"### Log of culprit rank {ev.rank}", "", "```", *tail, "```"]
+    return out
+
+
+def _activity(gpu: GpuDevice) -> str:
+    """``, power 595 / 700 W, SM active 88%, tensor 61%, DRAM bw 43%`` (what NVML offered; never judged)."""
+    out = ""
+    if gpu.power_w is not None:
+        out += f", power {gpu.power_w:.0f}" + (f" / {gpu.power_limit_w:.0f}" if gpu.power_limit_w is not None else "") + " W"
+    for name, value in (("SM active", gpu.sm_active_pct), ("tensor", gpu.tensor_active_pct),
+                        ("DRAM bw", gpu.dram_bw_pct)):
+        if value is not None:
+            out += f", {name} {value:.0f}%"
     return out

@@ -128,7 +128,8 @@ def rank_state(ev: ObservedRank, progress: ProgressTracker, now: float, options:
         return ev.as_rank("unknown", None)
     threshold = options.stuck_after or progress.threshold(ev.pid, options.window, ev.step_period_s)
     stuck = idle >= threshold * SLACK
-    return ev.as_rank("stuck" if stuck else "running", round(idle, 1) if stuck else None)
+    rank = ev.as_rank("stuck" if stuck else "running", round(idle, 1) if stuck else None)
+    return replace(rank, longest_quiet_s=progress.longest_gap(ev.pid))  # its rhythm, for judge/gpuwait.py
 
 
 def _first_to_die(ranks: list[Rank]) -> list[Rank]:

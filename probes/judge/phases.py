@@ -31,8 +31,11 @@ NATIVE_GPU_WAIT: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(p),
     (r"cuStreamSynchronize|cudaStreamSynchronize", "stream synchronize"),
     (r"cuCtxSynchronize|cudaDeviceSynchronize|device_synchronize", "device synchronize"),
 ))
-# Python frames of a host waiting on its GPU: (path part, function names).
-PYTHON_GPU_WAIT = (("torch/cuda/", frozenset({"synchronize"})), ("torch/accelerator/", frozenset({"synchronize"})))
+# Python frames of a host waiting on its GPU: (path part, function names). A torch Future's wait()
+# is the host waiting for asynchronous work to finish: on GPU jobs, CUDA/NCCL work behind it; on
+# CPU, the stand-in for a long GPU step (tui/planted.py longstep).
+PYTHON_GPU_WAIT = (("torch/cuda/", frozenset({"synchronize"})), ("torch/accelerator/", frozenset({"synchronize"})),
+                   ("torch/futures/", frozenset({"wait"})))
 # Layers that only pass a call through: `where` skips them to land on the caller's line. Anchored on
 # the package directory, so a venv under /opt/torch/ does not make every frame plumbing.
 PLUMBING = re.compile(
@@ -104,7 +107,7 @@ def _phase_of(main: ThreadStack, source_line: SourceLine) -> tuple[Phase, str | 
         if is_exiting(frame):
             return "exiting", "shutdown"
         if any(part in path and func in names for part, names in PYTHON_GPU_WAIT):
-            return "gpu_wait", _native_gpu_op(main.frames) or func
+            return "gpu_wait", _native_gpu_op(main.frames) or ("Future.wait" if "torch/futures/" in path else func)
         if "torch/distributed/" in path and func in INIT_FUNCTIONS or "/rendezvous" in path:
             return "init", func
         if func in COLLECTIVE_OPS and ("torch/distributed/" in path or "deepspeed/comm/" in path):

@@ -100,6 +100,11 @@ class ProgressTracker:
         steps = STEP_FACTOR * step_period if step_period else 0.0
         return max(window, rhythm, steps)
 
+    def longest_gap(self, pid: int) -> float | None:
+        """The longest recent quiet stretch that ended in progress; None before any progress was seen."""
+        track = self._tracks.get(pid)
+        return max(track.gaps) if track is not None and track.gaps else None
+
     def rebaseline(self, pid: int, counters: ThreadCounters | None) -> None:
         """Forget counter changes someone else caused (an evidence dump's py-spy attaches)."""
         track = self._tracks.get(pid)

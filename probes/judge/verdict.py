@@ -7,6 +7,7 @@ from typing import Mapping, Sequence
 
 from . import exits
 from .exits import TEARDOWN_SIGNALS, raised_while_alive
+from .gpuwait import judge_gpu_wait, span
 from .groups import group_key
 from .steps import step_note
 from ..snapshot import PROBLEM_VERDICTS, CollectiveState, Job, Phase, Rank, Verdict, VerdictKind, age_text, who
@@ -250,19 +251,31 @@ def _from_stacks(ranks: Sequence[Rank], collectives: CollectiveState | None,
 def _mismatch_or_hang(waiting: list[Rank], collectives: CollectiveState | None,
                       familiar: Mapping[int, frozenset[str]], now: float | None) -> Verdict:
     groups = by_place(waiting)
+    secs = min((r.stuck_for_s or 0.0) for r in waiting)
+    subject = who(_numbers(waiting)) if len(waiting) == 1 else f"all {len(waiting)} ranks"
+    evidence = None
+    if all(r.phase == "gpu_wait" for r in waiting) and not any(_pending(r, collectives) for r in waiting):
+        # A long GPU step looks the same as a hang: call it one only with evidence (judge/gpuwait.py).
+        hang, evidence = judge_gpu_wait(waiting, secs)
+        if not hang:
+            where = waits(waiting, collectives, now) if len(groups) == 1 else \
+                f"wait on their GPUs ({each_at(waiting)})"
+            return Verdict("unknown", (), f"{subject} {where} for {span(secs)}; {evidence}")
+    tail = f"; {evidence}" if evidence else ""
     if len(groups) == 1:
-        secs = min((r.stuck_for_s or 0.0) for r in waiting)
-        subject = who(_numbers(waiting)) if len(waiting) == 1 else f"all {len(waiting)} ranks"
         text = f"{subject} {waits(waiting, collectives, now)} for {secs:.0f}s+"
-        if waiting[0].phase == "gpu_wait" and "behind" not in text:
-            text += " (no collective state: a GPU step longer than that would look the same)"
-        return Verdict("hang", (), text + ": no local culprit (a peer on another node, or the network)")
+        return Verdict("hang", (), f"{text}: no local culprit (a peer on another node, or the network){tail}")
     odd = _odd_group(groups, familiar)
     if odd is None:  # no majority and nothing else to go by: say so, blame nobody
-        return Verdict("mismatch", (), f"ranks disagree: {each_at(waiting)}")
+        return Verdict("mismatch", (), f"ranks disagree: {each_at(waiting)}{tail}")
     rest = [r for r in waiting if r not in odd]
     text = f"{each_at(odd)} while {who(_numbers(rest))} {waits(by_place(rest)[0], collectives, now)}"
-    return Verdict("mismatch", tuple(_numbers(odd)), text)
+    return Verdict("mismatch", tuple(_numbers(odd)), text + tail)
+
+
+def _pending(rank: Rank, collectives: CollectiveState | None) -> bool:
+    """A collective source shows this rank's pending collective."""
+    return collectives is not None and any(r.rank == rank.rank and r.pending_seq is not None for r in collectives.ranks)
 
 
 def _odd_group(groups: list[list[Rank]], familiar: Mapping[int, frozenset[str]]) -> list[Rank] | None:

@@ -1,8 +1,9 @@
 """Per-rank GPU facts from NVML: what each rank's GPU is doing, and GPU faults that kill jobs.
 
 ``GpuProbe.read`` is called once per snapshot tick, from any one thread at a time (a lock
-serialises calls). Cost per tick: about ten NVML calls per healthy device, none for a lost
-one, one non-blocking read of new kernel-log records and one short NVML event wait.
+serialises calls). Cost per tick: about ten NVML calls per healthy device (four more for GPM
+on Hopper and newer; the first tick waits 0.1 s once for its second GPM sample), none for a
+lost one, one non-blocking read of new kernel-log records and one short NVML event wait.
 NVML calls into a *failing* GPU can block for seconds before it is reported lost; for a hard
 bound, run ``read`` in a worker thread and wait on it with a timeout, reusing the previous
 reading meanwhile (the probe stays usable after such a slow call).
@@ -23,7 +24,7 @@ from .gpu_map import (
     DeviceId, expected_device, parse_visible_devices, pick_device, proc_in_initial_pid_ns,
     sharing,
 )
-from .gpu_nvml import NvmlSession
+from .gpu_nvml import GPM_FIRST_GAP_S, NvmlSession
 from .process import RankProcess
 from .xid import KmsgReader, NvmlXidListener, XidEvent, describe, normalize_bus
 from ..snapshot import GpuDevice, GpuProcess, HostInfo, RankGpu
@@ -85,6 +86,8 @@ class GpuProbe:
         if not session.start():
             return GpuReading(HostInfo(name=hostname), {}, (), (session.error or "NVML unavailable",))
         notes: list[str] = []
+        if session.gpm_prime():  # a first reading: GPM compares two samples
+            time.sleep(GPM_FIRST_GAP_S)
         devices = [session.read_device(i) for i in range(len(session.devices))]
         if not devices:
             notes.append("NVML: no NVIDIA GPU on this host")
@@ -199,6 +202,11 @@ class GpuProbe:
                 mem_used_bytes=mem,
                 mem_total_bytes=device.mem_total_bytes if device else None,
                 shared_with=shared.get(rp.rank, ()) if rp.rank is not None else (),
+                power_w=device.power_w if device else None,
+                power_limit_w=device.power_limit_w if device else None,
+                sm_active_pct=device.sm_active_pct if device else None,
+                tensor_active_pct=device.tensor_active_pct if device else None,
+                dram_bw_pct=device.dram_bw_pct if device else None,
             )
 
         if not job_devices:

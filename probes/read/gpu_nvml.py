@@ -28,6 +28,10 @@ THROTTLE_NAMES = (
     (0x100, "display-clock"),
 )
 UTIL_FRESH_S = 3.0  # reuse a process's last utilization sample for this long
+# GPM (Hopper and newer): device activity between two samples, by NVML metric id
+# (NVML_GPM_METRIC_SM_UTIL, _ANY_TENSOR_UTIL, _DRAM_BW_UTIL; ids are fixed in nvml.h).
+GPM_METRICS = (("sm_active_pct", 2), ("tensor_active_pct", 5), ("dram_bw_pct", 10))
+GPM_FIRST_GAP_S = 0.1  # a first reading takes its two samples this far apart
 _PROCESS_FUNCS = (
     "nvmlDeviceGetComputeRunningProcesses_v3",
     "nvmlDeviceGetComputeRunningProcesses_v2",
@@ -47,6 +51,7 @@ class _DeviceState:
     unsupported: set[str] = field(default_factory=set)
     last_seen_us: int = 0  # newest process-utilization sample timestamp seen
     util_cache: dict[int, tuple[float, float]] = field(default_factory=dict)  # pid -> (util, at)
+    gpm_sample: Any = None  # the previous GPM sample (an NVML allocation, freed when replaced)
 
 
 def throttle_names(mask: int | None) -> tuple[str, ...]:
@@ -127,6 +132,8 @@ class NvmlSession:
         return True
 
     def close(self) -> None:
+        for state in self.devices:
+            self._free_gpm(state)
         if self._started and self.error is None and self._nvml is not None:
             try:
                 self._nvml.nvmlShutdown()
@@ -148,6 +155,8 @@ class NvmlSession:
             memory = self._get(state, "memory", "nvmlDeviceGetMemoryInfo")
             temp = self._get(state, "temp", "nvmlDeviceGetTemperature", 0)  # NVML_TEMPERATURE_GPU
             power_mw = self._get(state, "power", "nvmlDeviceGetPowerUsage")
+            limit_mw = self._get(state, "power_limit", "nvmlDeviceGetEnforcedPowerLimit")
+            gpm = self._gpm(state)
             sm_clock = self._get(state, "sm_clock", "nvmlDeviceGetClockInfo", 1)  # NVML_CLOCK_SM
             reasons = self._throttle_mask(state)
             # uncorrected errors since the driver loaded (volatile counter)
@@ -164,6 +173,10 @@ class NvmlSession:
             mem_total_bytes=getattr(memory, "total", None) or state.static.get("mem_total"),
             temperature_c=_num(temp),
             power_w=None if power_mw is None else power_mw / 1000.0,
+            power_limit_w=None if limit_mw is None else limit_mw / 1000.0,
+            sm_active_pct=gpm.get("sm_active_pct"),
+            tensor_active_pct=gpm.get("tensor_active_pct"),
+            dram_bw_pct=gpm.get("dram_bw_pct"),
             sm_clock_mhz=sm_clock,
             throttle=throttle_names(reasons),
             ecc_errors=ecc,
@@ -182,6 +195,84 @@ class NvmlSession:
         cc = self._get(state, "cc", "nvmlDeviceGetCudaComputeCapability")
         state.static["cc"] = f"{cc[0]}.{cc[1]}" if cc else None
         state.static["done"] = True
+
+    # -- GPM ---------------------------------------------------------------------------------
+
+    def gpm_prime(self) -> bool:
+        """Take a first GPM sample on every device that has none, so the next read has two
+        samples to compare; True when one was taken (the caller waits :data:`GPM_FIRST_GAP_S`)."""
+        taken = False
+        for state in self.devices:
+            if state.gpm_sample is None and not state.lost and "*" not in state.unsupported:
+                try:
+                    state.gpm_sample = self._gpm_sample(state)
+                except _Lost:
+                    state.lost = True
+                taken = taken or state.gpm_sample is not None
+        return taken
+
+    def _gpm(self, state: _DeviceState) -> dict[str, float | None]:
+        """SM, tensor and DRAM activity since the previous sample; {} where GPM is not offered."""
+        sample = self._gpm_sample(state)
+        if sample is None:
+            return {}
+        previous, state.gpm_sample = state.gpm_sample, sample
+        if previous is None:
+            return {}
+        nv = self._nvml
+        try:
+            request = nv.c_nvmlGpmMetricsGet_t()
+            request.version = nv.NVML_GPM_METRICS_GET_VERSION
+            request.numMetrics = len(GPM_METRICS)
+            request.sample1, request.sample2 = previous, sample
+            for i, (_name, metric) in enumerate(GPM_METRICS):
+                request.metrics[i].metricId = metric
+            nv.nvmlGpmMetricsGet(request)
+        except Exception as exc:
+            if _is_lost(exc):
+                raise _Lost() from exc
+            if _unsupported(exc) or isinstance(exc, AttributeError):
+                state.unsupported.add("gpm")
+            return {}
+        finally:
+            self._free(previous)
+        return {name: (round(float(request.metrics[i].value), 1) if request.metrics[i].nvmlReturn == 0 else None)
+                for i, (name, _metric) in enumerate(GPM_METRICS)}
+
+    def _gpm_sample(self, state: _DeviceState) -> Any:
+        """A fresh GPM sample of the device; None where GPM is not offered (asked once)."""
+        if "gpm" in state.unsupported:
+            return None
+        nv = self._nvml
+        if "gpm_ok" not in state.static:
+            support = self._get(state, "gpm", "nvmlGpmQueryDeviceSupport")
+            state.static["gpm_ok"] = bool(getattr(support, "isSupportedDevice", 0))
+            if not state.static["gpm_ok"]:
+                state.unsupported.add("gpm")
+                return None
+        sample = None
+        try:
+            sample = nv.nvmlGpmSampleAlloc()
+            nv.nvmlGpmSampleGet(state.handle, sample)
+            return sample
+        except Exception as exc:
+            self._free(sample)
+            if _is_lost(exc):
+                raise _Lost() from exc
+            if _unsupported(exc) or isinstance(exc, AttributeError):
+                state.unsupported.add("gpm")
+            return None
+
+    def _free(self, sample: Any) -> None:
+        if sample is not None:
+            try:
+                self._nvml.nvmlGpmSampleFree(sample)
+            except Exception:
+                pass
+
+    def _free_gpm(self, state: _DeviceState) -> None:
+        sample, state.gpm_sample = state.gpm_sample, None
+        self._free(sample)
 
     def _throttle_mask(self, state: _DeviceState) -> int | None:
         mask = self._get(state, "clock_events", "nvmlDeviceGetCurrentClocksEventReasons")

@@ -15,6 +15,7 @@ JOB_ENV = (
     "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_RESTART_COUNT", "SLURM_JOB_ID", "SLURM_PROCID",
     "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE",
     "TRAINWATCH_RUN_DIR", "TRAINWATCH_HOOK", "NCCL_RAS_ADDR", "CUDA_DEVICE_ORDER",
+    "DEEPSPEED_TIMEOUT",  # the job's collective timeout (judge/gpuwait.py)
 )
 
 
@@ -65,3 +66,21 @@ def job_record(job: JobProcesses) -> Job:
         master_port=job.master_port, started_at=job.started_at, cmdline=tuple(redact_argv(list(job.cmdline))),
         job_id=job.job_id, waiting_rendezvous=job.waiting_rendezvous, run_dir=job.run_dir,
     )
+
+
+# Where a job's environment sets its collective timeout: variable, seconds per unit.
+# torch itself has none (init_process_group(timeout=), 10 min for NCCL by default, is code);
+# TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC bounds the watchdog thread's own stalls, not a collective.
+TIMEOUT_VARS: tuple[tuple[str, float], ...] = (("DEEPSPEED_TIMEOUT", 60.0),)
+
+
+def collective_timeout_s(env: dict[str, str]) -> float | None:
+    """The collective timeout a rank's environment sets, in seconds; None when it sets none."""
+    for name, unit in TIMEOUT_VARS:
+        try:
+            value = float(env.get(name, ""))
+        except ValueError:
+            continue
+        if value > 0:
+            return value * unit
+    return None

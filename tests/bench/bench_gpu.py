@@ -19,7 +19,7 @@ from trainwatch.probes.read.gpu import GpuProbe  # noqa: E402
 from trainwatch.probes.read.process import RankProcess  # noqa: E402
 
 
-def fake_job(n: int) -> tuple[FakeNvml, list[RankProcess]]:
+def fake_job(n: int, gpm: bool = False) -> tuple[FakeNvml, list[RankProcess]]:
     gpus, ranks = [], []
     for i in range(n):
         pid = 10_000 + i
@@ -27,6 +27,7 @@ def fake_job(n: int) -> tuple[FakeNvml, list[RankProcess]]:
             uuid=f"GPU-{i:08x}-0000-0000-0000-000000000000", bus_id=f"00000000:{i:02X}:00.0",
             util_gpu=100, processes=[(pid, 20 << 30), (pid + 5000, 300 << 20)],
             samples=[(pid, t, 99) for t in range(1, 6)],
+            gpm={2: 90.0, 5: 60.0, 10: 40.0} if gpm else None,  # Hopper: GPM samples and metrics each tick
         ))
         ranks.append(RankProcess(pid=pid, rank=i, local_rank=i % 8, children=(pid + 5000,),
                                  env={"RANK": str(i), "LOCAL_RANK": str(i % 8)}))
@@ -43,12 +44,14 @@ def measure(probe: GpuProbe, ranks: list[RankProcess], ticks: int) -> float:
 
 def main(ticks: int = 200) -> None:
     print(f"{'source':<12}{'GPUs':>6}{'ms/tick':>10}{'ms/GPU':>9}")
-    for n in (1, 8, 64):
-        fake, ranks = fake_job(n)
-        probe = GpuProbe(fake, kmsg_path="/dev/null", in_initial_pid_ns=True)
-        per_tick = measure(probe, ranks, ticks)
-        probe.close()
-        print(f"{'fake':<12}{n:>6}{per_tick * 1e3:>10.3f}{per_tick * 1e3 / n:>9.3f}")
+    for gpm in (False, True):
+        for n in (1, 8, 64):
+            fake, ranks = fake_job(n, gpm)
+            probe = GpuProbe(fake, kmsg_path="/dev/null", in_initial_pid_ns=True)
+            per_tick = measure(probe, ranks, ticks)
+            probe.close()
+            name = "fake+GPM" if gpm else "fake"
+            print(f"{name:<12}{n:>6}{per_tick * 1e3:>10.3f}{per_tick * 1e3 / n:>9.3f}")
     probe = GpuProbe(kmsg_path="/dev/null")
     first = probe.read([], "torchrun")
     if first.notes and first.notes[0].startswith("NVML unavailable"):

@@ -6,7 +6,7 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from ...probes import Frame, Rank, ThreadStack, compact_ranks
+from ...probes import Frame, Rank, RankGpu, ThreadStack, compact_ranks
 
 from ...probes import how_ended
 
@@ -81,7 +81,36 @@ def gpu_text(rank: Rank) -> Text | None:
     parts.append(f"mem {fmt.size(gpu.mem_used_bytes)} of {fmt.size(gpu.mem_total_bytes)}")
     if gpu.shared_with:
         parts.append(f"shared with {fmt.rank_noun(len(gpu.shared_with))} {compact_ranks(gpu.shared_with)}")
-    return Text(" · ".join(parts))
+    text = Text(" · ".join(parts))
+    activity = activity_text(gpu)
+    if activity:
+        text.append("\n" + activity)
+    return text
+
+
+def activity_text(gpu: RankGpu) -> str | None:
+    """``power 595 of 700 W · SM active 88% · tensor 61% · DRAM bw 43%``: shown, never judged."""
+    parts = []
+    if gpu.power_w is not None:
+        limit = f" of {gpu.power_limit_w:.0f}" if gpu.power_limit_w is not None else ""
+        parts.append(f"power {gpu.power_w:.0f}{limit} W")
+    gpm = (("SM active", gpu.sm_active_pct), ("tensor", gpu.tensor_active_pct), ("DRAM bw", gpu.dram_bw_pct))
+    if any(value is not None for _name, value in gpm):
+        parts += [f"{name} {fmt.pct(value)}" for name, value in gpm]
+    return " · ".join(parts) or None
+
+
+def log_activity_text(rank: Rank) -> str | None:
+    """``last output 19 min ago; it wrote every 10 s``, from the growth of the rank's log file."""
+    log = rank.log
+    if log is None or log.age_s is None:
+        return None
+    text = f"last output {fmt.duration(log.age_s)} ago"
+    if log.every_s is not None:
+        text += f"; it wrote every {fmt.duration(log.every_s)}"
+    elif log.bar_s is not None:
+        text += f"; its progress bar ran at {log.bar_s:.3g} s/it"
+    return text + ("" if log.own else " (shared with other processes)")
 
 
 def facts_text(rank: Rank) -> Text:
@@ -149,6 +178,9 @@ def detail_text(rank: Rank | None, now: float, native: bool = False,
     if rank.log_path:
         parts.append(Text(""))
         parts.append(Text.assemble(("log ", "bold"), (rank.log_path, "dim")))
+        growth = log_activity_text(rank)
+        if growth:
+            parts.append(Text("  " + growth, style="italic"))
         if log_tail is None:
             parts.append(Text("  (not readable)", style="dim"))
         for line in log_tail or ():
