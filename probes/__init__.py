@@ -28,6 +28,7 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("Remote", "DEFAULT_PARALLEL", "DEFAULT_TIMEOUT_S"), ".remote.remote"),
     **dict.fromkeys(("find_job_matching",), ".read.discover"),
     "find_pyspy": ".read.pyspy",
+    "run_agent": ".remote.node_agent",
     # evidence
     **dict.fromkeys(("write_evidence", "write_bundle"), ".evidence.bundle"),
     **dict.fromkeys(("Watcher", "WatchEvent", "EXIT_CLEAN", "EXIT_PROBLEM", "EXIT_CRASH"), ".evidence.watcher"),
@@ -35,7 +36,7 @@ _EXPORTS: dict[str, str] = {
     # words the views share with bundles
     "step_label": ".judge.steps",
     "group_what": ".judge.groups",
-    **dict.fromkeys(("NA", "na", "how_ended", "duration", "size", "pct"), ".wording"),
+    **dict.fromkeys(("NA", "na", "how_ended", "duration", "size", "pct", "log_activity"), ".wording"),
     # `trainwatch run`: the armed run directory
     "rundir": ".rundir",
     "signal_name": ".rundir",

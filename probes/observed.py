@@ -84,8 +84,7 @@ class ObservedRank:
 
     def as_rank(self, state: State, stuck_for_s: float | None) -> Rank:
         """The snapshot's rank record for this evidence in ``state``."""
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(Rank)
-                  if f.name not in ("state", "stuck_for_s")}
+        fields = {name: getattr(self, name) for name in _RANK_FIELDS}
         return Rank(state=state, stuck_for_s=stuck_for_s, **fields)
 
 
@@ -204,9 +203,13 @@ def combine_states(states: list[CollectiveState | None]) -> CollectiveState | No
 
 def observed_rank(rank: Rank) -> ObservedRank:
     """A judged rank (from a snapshot) read back as evidence: its state is what was reported."""
-    fields = {f.name: getattr(rank, f.name) for f in dataclasses.fields(ObservedRank)
-              if f.name not in ("seen", "sampled")}
+    fields = {name: getattr(rank, name) for name in _OBSERVED_FIELDS}
     return ObservedRank(seen=rank.state, **fields)
+
+
+# Field names looked up once: merged views turn thousands of ranks into evidence and back each poll.
+_RANK_FIELDS = tuple(f.name for f in dataclasses.fields(Rank) if f.name not in ("state", "stuck_for_s"))
+_OBSERVED_FIELDS = tuple(f.name for f in dataclasses.fields(ObservedRank) if f.name not in ("seen", "sampled"))
 
 
 def observed_snapshot(snapshot: Snapshot) -> ObservedJob:

@@ -3,7 +3,7 @@ plain ``snapshot`` table and ``summary.md`` alike (an unreadable value is always
 
 from __future__ import annotations
 
-from .snapshot import ExitInfo
+from .snapshot import ExitInfo, LogActivity, age_text
 
 NA = "n/a"
 
@@ -57,3 +57,17 @@ def how_ended(info: ExitInfo, alive: bool = False, short: bool = False) -> str:
     if info.code is not None:
         return f"exit {info.code}" if short else f"exit code {info.code}"
     return "exited" if short else "exit status not seen"
+
+
+def log_activity(log: LogActivity | None) -> str | None:
+    """``last output 19 min ago; it wrote every 10 s``, from the growth of a rank's log file
+    (None when no log file is known)."""
+    if log is None or log.age_s is None:
+        return None
+    text = f"last output {age_text(max(0.0, log.age_s))} ago"
+    if log.every_s is not None:
+        text += f"; it wrote every {age_text(log.every_s)}"
+    elif log.bar_s is not None:
+        rate = f"{log.bar_s:.3g} s/it" if log.bar_s >= 1 else f"{1 / log.bar_s:.3g} it/s"
+        text += f"; its progress bar ran at {rate}"
+    return text if log.own else text + " (a shared log)"

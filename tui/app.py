@@ -313,6 +313,9 @@ class TrainwatchApp(App[None]):
         self.query_one(DetailPane).show(rank, self.durations_now(), native, tail, fresh=fresh)
         if fresh and rank is not None and rank.rank is not None:
             self.query_one(GroupsPane).follow(rank.rank)
+            select = getattr(self.source, "select", None)  # other nodes send every thread of it from now on
+            if callable(select):
+                select(frozenset({rank.rank}))
 
     def _tick(self) -> None:
         if self._closed:

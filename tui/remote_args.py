@@ -40,8 +40,9 @@ def add_remote_arguments(parser: argparse.ArgumentParser) -> None:
                        help="command that runs trainwatch on the other nodes (default: trainwatch)")
     group.add_argument("--remote-timeout", type=positive_seconds, default=DEFAULT_TIMEOUT_S, metavar="S",
                        help=f"give up on a node after this many seconds (default: {DEFAULT_TIMEOUT_S:g})")
-    group.add_argument("--remote-parallel", type=count_between(1, 1024), default=DEFAULT_PARALLEL, metavar="N",
-                       help=f"ask at most this many nodes at once (default: {DEFAULT_PARALLEL})")
+    group.add_argument("--remote-parallel", type=count_between(1, 1024), default=None, metavar="N",
+                       help=f"ask at most this many nodes at once (default: {DEFAULT_PARALLEL}; live views "
+                            "start at most 128 node agents at once)")
 
 
 def wants_remote(args: argparse.Namespace) -> bool:
@@ -64,7 +65,7 @@ def node_spec(args: argparse.Namespace) -> NodeSpec:
                     k8s_container=getattr(args, "k8s_container", None),
                     ssh_options=ssh_options(getattr(args, "ssh_option", None) or []),
                     timeout=getattr(args, "remote_timeout", DEFAULT_TIMEOUT_S),
-                    parallel=getattr(args, "remote_parallel", DEFAULT_PARALLEL),
+                    parallel=getattr(args, "remote_parallel", None),
                     trainwatch=getattr(args, "remote_trainwatch", "trainwatch"))
 
 
@@ -74,10 +75,13 @@ def remotes_from_args(args: argparse.Namespace, job: Any) -> list[Remote]:
 
 
 def wrap_source(args: argparse.Namespace, local_source: Any, job: Any, *, wait_s: float | None = None,
-                window: float | None = None) -> Any:
+                window: float | None = None, stream_interval: float | None = None) -> Any:
     """``local_source`` alone, or a source over this node and the nodes named in ``args``
-    (see ``open_nodes``). Each node samples over ``window`` (default: ``args.window``)."""
+    (see ``open_nodes``). Each node samples over ``window`` (default: ``args.window``), with this
+    node's ``--samples`` and ``--stuck-after``. ``stream_interval`` (live views: attach, watch):
+    one streaming agent per node, started once, writing a line every that many seconds."""
     if window is None:
         window = getattr(args, "window", None)
     return open_nodes(local_source, node_spec(args), job, wait_s=wait_s, window=window,
-                      samples=getattr(args, "samples", None))
+                      samples=getattr(args, "samples", None), stuck_after=getattr(args, "stuck_after", None),
+                      stream_interval=stream_interval)

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..snapshot import LogActivity, Rank, age_text
+from ..wording import log_activity as log_text
 
 FLOOR_S = 120.0  # no healthy step keeps the host blocked on its GPU this long without a collective
 STEP_FACTOR = 3.0
@@ -47,22 +48,6 @@ def bound(ranks: Sequence[Rank]) -> tuple[float, str]:
 def span(seconds: float) -> str:
     """``9 s``, ``150 s``; from 10 minutes on as :func:`age_text` says it (``19 min``)."""
     return f"{seconds:.0f} s" if seconds < 600 else age_text(seconds)
-
-
-def log_text(log: LogActivity | None) -> str | None:
-    """``last output 19 min ago; it wrote every 10 s`` (None when no log file is known)."""
-    if log is None or log.age_s is None:
-        return None
-    text = f"last output {age_text(max(0.0, log.age_s))} ago"
-    if log.every_s is not None:
-        text += f"; it wrote every {age_text(log.every_s)}"
-    elif log.bar_s is not None:
-        text += f"; its progress bar ran at {_rate(log.bar_s)}"
-    return text if log.own else text + " (a shared log)"
-
-
-def _rate(seconds: float) -> str:
-    return f"{seconds:.3g} s/it" if seconds >= 1 else f"{1 / seconds:.3g} it/s"
 
 
 def silent(log: LogActivity | None) -> bool:

@@ -63,6 +63,12 @@ def each_at(ranks: Sequence[Rank], stuck: bool = False) -> str:
     return "; ".join(parts)
 
 
+def _without(ranks: Sequence[Rank], drop: Sequence[Rank]) -> list[Rank]:
+    """``ranks`` less the very objects in ``drop`` (by identity: equality would compare whole stacks)."""
+    gone = {id(r) for r in drop}
+    return [r for r in ranks if id(r) not in gone]
+
+
 def _numbers(ranks: Sequence[Rank]) -> list[int]:
     return sorted(r.rank for r in ranks if r.rank is not None)
 
@@ -108,7 +114,7 @@ def _crashed(ranks: Sequence[Rank]) -> Verdict | None:
         text = f"{who(numbers)} died: {exits.describe_exit(lead.exit) if lead.exit else 'exited'}"
         if lead.where:
             text += f" (last seen in {place(lead)})"
-    others = [r for r in dead if r not in culprits]
+    others = _without(dead, culprits)
     if others:
         text += f"; {who(_numbers(others))} then ended too"
     return Verdict("crashed", tuple(numbers), text)
@@ -189,16 +195,13 @@ def _from_ras(ranks: Sequence[Rank], state: CollectiveState | None,
 def _trailing(state: CollectiveState) -> bool:
     """True when every culprit's last enqueued collective trails another rank's in some group."""
     culprits = set(state.culprits)
-
-    def trails(rank: int) -> bool:
-        for row in state.ranks:
-            if row.rank == rank:
-                ahead = [o.last_enqueued or 0 for o in state.ranks if o.pg == row.pg and o.rank not in culprits]
-                if ahead and (row.last_enqueued or 0) < max(ahead):
-                    return True
-        return False
-
-    return bool(culprits) and all(trails(r) for r in culprits)
+    ahead: dict[str, int] = {}  # per process group, the furthest non-culprit
+    for row in state.ranks:
+        if row.rank not in culprits:
+            ahead[row.pg] = max(ahead.get(row.pg, 0), row.last_enqueued or 0)
+    trailing = {row.rank for row in state.ranks
+                if row.rank in culprits and row.pg in ahead and (row.last_enqueued or 0) < ahead[row.pg]}
+    return bool(culprits) and culprits <= trailing
 
 
 def behind(rank: int, collectives: CollectiveState | None, now: float) -> str | None:
@@ -231,7 +234,8 @@ def _from_stacks(ranks: Sequence[Rank], collectives: CollectiveState | None,
     waiting = [r for r in stuck if r.phase in PEER_WAITS]
     # A rank still moving between collectives is not the one holding the others up; any other
     # rank (stuck elsewhere, or running on, on the GPU too) is.
-    elsewhere = [r for r in live if r not in waiting and r.phase != "collective"]
+    waiting_ids = {id(r) for r in waiting}
+    elsewhere = [r for r in live if id(r) not in waiting_ids and r.phase != "collective"]
     if waiting and (elsewhere or missing):
         culprits = elsewhere + missing
         text = (f"{each_at(culprits)} while {who(_numbers(waiting))} "
@@ -243,7 +247,7 @@ def _from_stacks(ranks: Sequence[Rank], collectives: CollectiveState | None,
     text = each_at(culprits, stuck=True)
     if len(culprits) == len(live):
         return Verdict("hang", tuple(_numbers(culprits)), text)
-    others = [r for r in live if r not in culprits]
+    others = _without(live, culprits)
     text += f" while {who(_numbers(others))} {verb(others, 'runs', 'run')} on"
     return Verdict("straggler", tuple(_numbers(culprits)), text)
 
@@ -268,7 +272,7 @@ def _mismatch_or_hang(waiting: list[Rank], collectives: CollectiveState | None,
     odd = _odd_group(groups, familiar)
     if odd is None:  # no majority and nothing else to go by: say so, blame nobody
         return Verdict("mismatch", (), f"ranks disagree: {each_at(waiting)}{tail}")
-    rest = [r for r in waiting if r not in odd]
+    rest = _without(waiting, odd)
     text = f"{each_at(odd)} while {who(_numbers(rest))} {waits(by_place(rest)[0], collectives, now)}"
     return Verdict("mismatch", tuple(_numbers(odd)), text + tail)
 
@@ -284,12 +288,17 @@ def _odd_group(groups: list[list[Rank]], familiar: Mapping[int, frozenset[str]])
     if len(groups[0]) > len(groups[1]):
         return [r for group in groups[1:] for r in group]
     strange = []
+    visitors: dict[str, set[int]] = {}  # place -> the ranks that were seen there making progress
+    for group in groups:
+        for r in group:
+            for spot in familiar.get(r.rank, frozenset()) if r.rank is not None else ():
+                visitors.setdefault(spot, set()).add(id(group))
     for group in groups:
         spot = group[0].where
-        others = [r.rank for g in groups if g is not group for r in g if r.rank is not None]
-        if spot and others and not any(spot in familiar.get(n, frozenset()) for n in others):
+        others = any(r.rank is not None for g in groups if g is not group for r in g)
+        if spot and others and not visitors.get(spot, set()) - {id(group)}:
             strange.append(group)
-    visited = [g for g in groups if g not in strange]
+    visited = [g for g in groups if not any(g is s for s in strange)]
     if len(strange) == 1 and visited:
         return strange[0]
     return None

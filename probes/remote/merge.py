@@ -1,8 +1,10 @@
 """Merge the snapshots of every node of a job into one snapshot of the whole job.
 
-Ranks are concatenated (each keeps its node in ``Rank.host``), ranks of ``WORLD_SIZE`` seen on
-no reachable node are added as ``missing``, and groups and the verdict are computed again
-over the whole set, so a culprit on another node is named as if it were local.
+Ranks are concatenated (each keeps its node in ``Rank.host``), and groups and the verdict are
+computed again over the whole set, so a culprit on another node is named as if it were local.
+Ranks of ``WORLD_SIZE`` seen on no node are ``missing`` only when every node answered; while a
+node could not be read they are ``unknown`` (unread is not guilty), and the verdict names the
+nodes it could not read. Everything here is linear in ranks.
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ def merge_nodes(views: Sequence[NodeView], *, memory: JudgeMemory | None = None,
         own_host = _own_host(view)
         duplicate = False
         for rank in snap.ranks:
-            if rank.state == "missing" and rank.pid is None:
+            if rank.state == "missing" and rank.pid is None and rank.local_rank is None:
                 continue  # a node's own guess about ranks elsewhere; recomputed below
             identity = (own_host, rank.pid) if rank.pid is not None else None
             if identity in seen_pids:
@@ -99,7 +101,8 @@ def merge_nodes(views: Sequence[NodeView], *, memory: JudgeMemory | None = None,
             notes.append(f"node {view.name}: {view.note}")
 
     world = world_size or max((v.snapshot.job.world_size or 0 for _, v in good), default=0) or None
-    ranks = _sorted(ranks + _missing(ranks, world, [v.name for v in views if v.snapshot is None]))
+    unread = [v for v in views if v.snapshot is None]
+    ranks = _sorted(_drop_missing_seen_live(ranks) + _absent(ranks, world, unread))
     warnings.extend(_conflicts(ranks))
     job = dataclasses.replace(base.job, world_size=world,
                               nnodes=max(base.job.nnodes or 0, len(views)) or None)
@@ -112,6 +115,7 @@ def merge_nodes(views: Sequence[NodeView], *, memory: JudgeMemory | None = None,
     taken_at = max(v.snapshot.taken_at for _, v in good)
     evidence = ObservedJob(job=job, ranks=tuple(observed_rank(r) for r in ranks), collectives=collectives)
     judged = judge_job(evidence, memory if memory is not None else JudgeMemory(), taken_at)
+    judged = dataclasses.replace(judged, verdict=_naming_unread(judged.verdict, unread))
     return Snapshot(
         job=job, ranks=judged.ranks, groups=judged.groups, verdict=judged.verdict, hosts=tuple(hosts),
         collectives=collectives, warnings=tuple(_unique(warnings)), notes=tuple(_unique(notes)),
@@ -120,25 +124,51 @@ def merge_nodes(views: Sequence[NodeView], *, memory: JudgeMemory | None = None,
     )
 
 
-def _missing(ranks: Sequence[Rank], world: int | None, unreachable: list[str]) -> list[Rank]:
+def _absent(ranks: Sequence[Rank], world: int | None, unread: Sequence[NodeView]) -> list[Rank]:
+    """Ranks of the world seen on no node: ``missing`` when every node answered, else ``unknown``
+    (they may live on a node that could not be read), with that node and its error."""
     if not world:
         return []
     present = {r.rank for r in ranks}
-    where = (f"on no reachable node (unreachable: {', '.join(unreachable)})" if unreachable
-             else "on no node that was asked")
-    return [Rank(rank=n, state="missing", host="?", detail=f"rank {n} of {world} is {where}")
-            for n in range(world) if n not in present]
+    absent = [n for n in range(world) if n not in present]
+    if not unread:
+        return [Rank(rank=n, state="missing", host="?", detail=f"rank {n} of {world} is on no node that was asked")
+                for n in absent]
+    host = unread[0].name if len(unread) == 1 else "?"
+    why = "; ".join(f"{v.name}: {v.error or 'no answer'}" for v in unread[:3])
+    why += f"; {len(unread) - 3} more" if len(unread) > 3 else ""
+    detail = f"not read: on a node that could not be read ({why})"
+    return [Rank(rank=n, state="unknown", host=host, detail=detail) for n in absent]
+
+
+def _drop_missing_seen_live(ranks: list[Rank]) -> list[Rank]:
+    """A node's own ``missing`` rank that another node reports alive is not missing."""
+    alive = {r.rank for r in ranks if r.state != "missing"}
+    return [r for r in ranks if r.state != "missing" or r.rank not in alive]
+
+
+def _naming_unread(verdict: Verdict, unread: Sequence[NodeView]) -> Verdict:
+    """The verdict says which nodes it could not read (their ranks are never culprits)."""
+    if not unread:
+        return verdict
+    names = ", ".join(v.name for v in unread[:5]) + (f" and {len(unread) - 5} more" if len(unread) > 5 else "")
+    node = "node" if len(unread) == 1 else "nodes"
+    return dataclasses.replace(verdict, summary=f"{verdict.summary}; {node} not read: {names}")
 
 
 def _conflicts(ranks: Sequence[Rank]) -> list[str]:
     """Two live processes claiming one rank number means two jobs (or a restart) got mixed."""
+    claimed = Counter(r.rank for r in ranks if r.rank is not None and r.pid is not None)
+    twice = {n for n, count in claimed.items() if count > 1}
+    if not twice:
+        return []
     by_rank: dict[int, list[Rank]] = {}
     for r in ranks:
-        if r.rank is not None and r.pid is not None:
+        if r.rank in twice and r.pid is not None:
             by_rank.setdefault(r.rank, []).append(r)
     return [f"rank {n} is reported by more than one process: "
             + ", ".join(f"{r.host} pid {r.pid}" for r in claims)
-            for n, claims in sorted(by_rank.items()) if len(claims) > 1]
+            for n, claims in sorted(by_rank.items())]
 
 
 def _merge_collectives(states: list[CollectiveState | None]) -> CollectiveState | None:

@@ -62,6 +62,10 @@ class SshRemote:
     def shell_argv(self, script: str) -> list[str]:
         return [*self._base(), f"sh -c {shlex.quote(script)}"]
 
+    def stream_argv(self, trainwatch: str, args: list[str]) -> list[str]:
+        """A long-running command whose stdin stays connected (ssh forwards it by default)."""
+        return self.argv(trainwatch, args)
+
 
 @dataclass(frozen=True)
 class SlurmRemote:
@@ -80,6 +84,16 @@ class SlurmRemote:
 
     def shell_argv(self, script: str) -> list[str]:
         return [*self._base(), "sh", "-c", script]
+
+
+def slurm_step_argv(job_id: str, nodes: list[str], trainwatch: str, args: list[str], srun: str = "srun") -> list[str]:
+    """One step over ``nodes`` of job ``job_id``, one task per node, each output line labelled with
+    its task number (``3: ...``); stdin is broadcast to every task (srun's default, said explicitly).
+    ``--overlap`` shares the job's resources instead of waiting for them; a task that exits never
+    ends the others (``--kill-on-bad-exit=0``)."""
+    return [srun, "--overlap", f"--jobid={job_id}", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}",
+            "--ntasks-per-node=1", f"--nodelist={','.join(nodes)}", "--label", "--input=all",
+            "--kill-on-bad-exit=0", "--quiet", *shlex.split(trainwatch), *args]
 
 
 @dataclass(frozen=True)
@@ -104,6 +118,11 @@ class KubeRemote:
 
     def shell_argv(self, script: str) -> list[str]:
         return [*self._base(), "sh", "-c", script]
+
+    def stream_argv(self, trainwatch: str, args: list[str]) -> list[str]:
+        """``kubectl exec -i``: the agent's stdin stays open while the viewer runs (EOF stops it)."""
+        base = self._base()
+        return [base[0], base[1], "-i", *base[2:], *shlex.split(trainwatch), *args]
 
 
 @dataclass(frozen=True)

@@ -49,13 +49,13 @@ def attached_child(pid: int, seconds: float, interval: float) -> None:
                       "own_cpu": own.ru_utime + own.ru_stime, "children_cpu": kids.ru_utime + kids.ru_stime}))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--interval", type=float, default=2.0)
     parser.add_argument("--child", type=int, metavar="PID", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.child:
         attached_child(args.child, args.seconds, args.interval)
         return 0
@@ -79,6 +79,9 @@ def main() -> int:
         usage = json.loads(out.decode().strip().splitlines()[-1])
     finally:
         job.stop()
+    if usage["polls"] < 1 or alone <= 0:
+        print(f"no poll ({usage['polls']}) or no steps ({alone:.2f}/s)", file=sys.stderr)
+        return 1
     cpu = usage["own_cpu"] + usage["children_cpu"]
     print(f"job: {args.ranks} ranks, healthy; refresh every {args.interval:g}s; {usage['polls']} polls "
           f"in {usage['wall']:.0f}s")

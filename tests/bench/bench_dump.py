@@ -20,12 +20,12 @@ from trainwatch.probes.evidence.bundle import write_bundle  # noqa: E402
 from trainwatch.probes.live import open_source  # noqa: E402
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--nproc", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--scenario", default="straggler")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="trainwatch-bench-"))
     job = PlantedJob(work / "job", args.scenario, nproc=args.nproc, deadline=300).start()
     try:
@@ -36,12 +36,14 @@ def main() -> int:
         finally:
             source.close()
         print(f"{args.nproc}-rank {args.scenario} job, {len(snapshot.ranks)} ranks found")
+        assert len(snapshot.ranks) == args.nproc, snapshot.ranks
         for native in (False, True):
             times = []
             for _ in range(args.repeat):
                 started = time.perf_counter()
                 bundle = write_bundle(pids[0], snapshot, work / "out", native=native)
                 times.append(time.perf_counter() - started)
+                assert (Path(bundle) / "summary.md").is_file(), f"no summary.md in {bundle}"
                 shutil.rmtree(bundle)
             label = "with native stacks   " if native else "without native stacks"
             print(f"dump {label}: best {min(times):.2f}s, worst {max(times):.2f}s over {len(times)} runs")

@@ -50,11 +50,11 @@ def cli_start() -> float:
     return time.monotonic() - started
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--window", type=float, default=2.0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="tw-bench-first-"))
     print(f"CLI interpreter start and imports: {cli_start():.2f}s (paid once, before discovery)")
     for scenario in ("healthy", "straggler"):
@@ -66,6 +66,7 @@ def main() -> int:
             elapsed, verdict = asyncio.run(first_verdict(job.proc.pid, args.window))
         finally:
             job.stop()
+        assert verdict.startswith(scenario), f"{scenario} job judged {verdict}"
         target = args.window + 1.0
         print(f"{scenario} DDP job, {args.ranks} ranks: first verdict on screen after {elapsed:.2f}s "
               f"(target window + 1 s = {target:.1f}s: {'met' if elapsed <= target else 'MISSED'})")

@@ -1,6 +1,6 @@
 """Cost of one GPU probe tick, per device.
 
-    python tests/bench/bench_gpu.py [ticks]
+    python tests/bench/bench_gpu.py [--ticks 200]
 
 Uses the pynvml fake with 1, 8 and 64 devices (the probe's own overhead: mapping, warnings,
 struct handling), then the real NVML when a driver is present (the driver's cost dominates).
@@ -8,6 +8,7 @@ struct handling), then the real NVML when a driver is present (the driver's cost
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -42,13 +43,18 @@ def measure(probe: GpuProbe, ranks: list[RankProcess], ticks: int) -> float:
     return (time.perf_counter() - start) / ticks
 
 
-def main(ticks: int = 200) -> None:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--ticks", type=int, default=200)
+    ticks = parser.parse_args(argv).ticks
     print(f"{'source':<12}{'GPUs':>6}{'ms/tick':>10}{'ms/GPU':>9}")
     for gpm in (False, True):
         for n in (1, 8, 64):
             fake, ranks = fake_job(n, gpm)
             probe = GpuProbe(fake, kmsg_path="/dev/null", in_initial_pid_ns=True)
             per_tick = measure(probe, ranks, ticks)
+            mapped = probe.read(ranks, "torchrun").per_pid
+            assert sorted(mapped) == [r.pid for r in ranks], f"{n} fake GPUs: ranks mapped {sorted(mapped)}"
             probe.close()
             name = "fake+GPM" if gpm else "fake"
             print(f"{name:<12}{n:>6}{per_tick * 1e3:>10.3f}{per_tick * 1e3 / n:>9.3f}")
@@ -61,7 +67,8 @@ def main(ticks: int = 200) -> None:
         per_tick = measure(probe, [], max(10, ticks // 10))
         print(f"{'real NVML':<12}{n:>6}{per_tick * 1e3:>10.3f}{per_tick * 1e3 / max(n, 1):>9.3f}")
     probe.close()
+    return 0
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 200)
+    sys.exit(main())

@@ -40,12 +40,12 @@ def _last_step(log: Path) -> int:
     return int(steps[-1]) if steps else 0
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved runs of each; medians are shown")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     rates: dict[bool, list[float]] = {False: [], True: []}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.rounds):  # interleaved, so load from elsewhere hits both alike
@@ -53,6 +53,7 @@ def main() -> int:
                 workdir = Path(tmp) / f"{'armed' if armed_run else 'unarmed'}{i}"
                 rates[armed_run].append(step_rate(workdir, args.seconds, args.nproc, armed=armed_run))
     unarmed, armed = statistics.median(rates[False]), statistics.median(rates[True])
+    assert unarmed > 0 and armed > 0, f"a job made no steps (unarmed {unarmed}, armed {armed})"
     print(f"unarmed {unarmed:.1f} steps/s")
     print(f"armed   {armed:.1f} steps/s")
     print(f"ratio   {armed / unarmed:.3f}" if unarmed else "ratio   n/a (no steps)")

@@ -1,12 +1,14 @@
 """Benchmark: merge node snapshots and judge the whole job at 1,024 and 8,192 ranks.
 
 Stacks come from recorded py-spy dumps (tests/fixtures/pyspy), 8 ranks per node, one rank
-stuck elsewhere. Run: ``python tests/bench/bench_merge.py`` (prints the figures; exits 1 if
-merge + verdict at 1,024 ranks takes a second or more).
+stuck elsewhere, one node unreadable (its ranks must come back ``unknown``, never culprits).
+Run: ``python tests/bench/bench_merge.py [--sizes 1024,8192]`` (prints the figures; exits 1 if a
+correctness check fails). tests/bench/test_benches.py runs it at a small size.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -65,31 +67,29 @@ def bench(world: int) -> dict[str, float]:
     started = time.perf_counter()
     decoded = [Snapshot.from_json(t) for t in texts]
     decode_s = time.perf_counter() - started
-    # One node unreachable: its ranks come back missing.
+    # One node unreachable: its ranks come back unknown, never culprits.
     views = [NodeView(s.job.host, s, local=(i == 0)) for i, s in enumerate(decoded)]
     views[len(views) // 2] = NodeView(views[len(views) // 2].name, error="unreachable")
     started = time.perf_counter()
     merged = merge_nodes(views)
     merge_s = time.perf_counter() - started
     assert merged.verdict.culprits == (world - 1,), merged.verdict
-    assert sum(r.state == "missing" for r in merged.ranks) == PER_NODE
+    assert sum(r.state == "unknown" for r in merged.ranks) == PER_NODE
+    assert not any(r.state == "missing" for r in merged.ranks)
+    assert "not read: " in merged.verdict.summary, merged.verdict
     return {"ranks": world, "nodes": len(snaps), "json_kib": sum(map(len, texts)) / 1024,
             "decode_s": decode_s, "merge_verdict_s": merge_s, "groups": len(merged.groups)}
 
 
-def main() -> int:
-    ok = True
-    for world in (1024, 8192):
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="1024,8192", help="world sizes, comma-separated (multiples of 8)")
+    args = parser.parse_args(argv)
+    for world in (int(w) for w in args.sizes.split(",")):
         r = bench(world)
         print(f"{r['ranks']:>5} ranks on {r['nodes']:>4} nodes: merge+groups+verdict {r['merge_verdict_s'] * 1000:7.1f} ms"
               f" | decode node JSON {r['decode_s'] * 1000:7.1f} ms ({r['json_kib']:.0f} KiB) | {r['groups']} groups")
-        if world == 1024 and r["merge_verdict_s"] >= 1.0:
-            ok = False
-    return 0 if ok else 1
-
-
-def test_merge_is_fast_at_1024_ranks():
-    assert bench(1024)["merge_verdict_s"] < 1.0
+    return 0
 
 
 if __name__ == "__main__":

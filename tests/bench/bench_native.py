@@ -95,11 +95,12 @@ def attached_rate(job: PlantedJob, auto_native: bool, seconds: float) -> tuple[f
     return rate, 100 * cpu / wall
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=20.0)
-    args = parser.parse_args()
+    parser.add_argument("--polls", type=int, default=6)
+    args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="tw-bench-native-"))
 
     job = ddp_job(root / "straggler", "straggler", args.ranks, deadline=240)
@@ -108,12 +109,13 @@ def main() -> int:
         wait_for_text(job, "step 20", timeout=120)
         time.sleep(4)
         _, rss0 = children_cpu_and_rss()
-        on = polls(job.proc.pid, True, 6)
+        on = polls(job.proc.pid, True, args.polls)
         _, rss_on = children_cpu_and_rss()
-        off = polls(job.proc.pid, False, 6)
+        off = polls(job.proc.pid, False, args.polls)
     finally:
         job.stop()
-    print(f"straggler DDP job, {args.ranks} ranks, 6 polls each (2 s window on the first):")
+    print(f"straggler DDP job, {args.ranks} ranks, {args.polls} polls each (2 s window on the first):")
+    assert on["verdict"].kind == "straggler" and on["verdict"].culprits == (args.ranks - 1,), on["verdict"]
     for name, run in (("auto native on ", on), ("auto native off", off)):
         times = run["times"]
         print(f"  {name}: native samples per poll {run['natives']}, first poll {times[0]:.2f}s, "
@@ -137,6 +139,7 @@ def main() -> int:
     finally:
         job.stop()
     mean = {k: sum(v) / len(v) for k, v in rates.items()}
+    assert mean["alone"] > 0 and mean["on"] > 0, mean
     print(f"healthy DDP job, {args.ranks} ranks, 2 interleaved rounds of {args.seconds / 2:g}s:")
     print(f"  step rate alone {mean['alone']:.2f}/s; polled with auto native on {mean['on']:.2f}/s "
           f"(ratio {mean['on'] / mean['alone']:.2f}), off {mean['off']:.2f}/s (ratio {mean['off'] / mean['alone']:.2f})")

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
@@ -19,11 +20,11 @@ from real_jobs import PlantedJob  # noqa: E402
 from trainwatch.probes.read.pyspy import find_pyspy  # noqa: E402
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=5)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp, PlantedJob(Path(tmp), "mismatch", nproc=args.ranks, deadline=300) as job:
         pids = job.wait_for_ranks(timeout=180)
         pyspy = find_pyspy()
@@ -31,15 +32,17 @@ def main() -> None:
         loop, ours, inproc = [], [], []
         for _ in range(args.repeat):
             start = time.perf_counter()
-            LocalSource(job.pid, window=0, gpu=False).poll()
+            snap = LocalSource(job.pid, window=0, gpu=False).poll()
+            assert len(snap.ranks) == args.ranks, snap.ranks
             inproc.append(time.perf_counter() - start)
             start = time.perf_counter()
             for pid in pids:
                 subprocess.run([pyspy, "dump", "--pid", str(pid)], capture_output=True, timeout=30)
             loop.append(time.perf_counter() - start)
             start = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "trainwatch.tui.cli", "snapshot", str(job.pid), "--window", "0",
-                            "--json"], capture_output=True, timeout=60, check=True)
+            done = subprocess.run([sys.executable, "-m", "trainwatch.tui.cli", "snapshot", str(job.pid), "--window",
+                                   "0", "--json"], capture_output=True, timeout=60, check=True)
+            assert len(json.loads(done.stdout)["ranks"]) == args.ranks
             ours.append(time.perf_counter() - start)
         a, b, c = statistics.median(loop), statistics.median(ours), statistics.median(inproc)
         print(f"{len(pids)} ranks, median of {args.repeat}:")
@@ -48,7 +51,8 @@ def main() -> None:
         print(f"  trainwatch snapshot --window 0     {b * 1000:7.0f} ms  (whole CLI: start-up, discovery, sampling, analysis)")
         print(f"  ratio sampling pass / loop         {c / a:7.2f}")
         print(f"  ratio whole CLI / loop             {b / a:7.2f}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

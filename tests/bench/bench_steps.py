@@ -69,15 +69,17 @@ def line(label: str, plain: float, local: float) -> None:
           f"ratio {local / plain:4.2f}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=15)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp, \
             PlantedJob(Path(tmp), "healthy", nproc=args.ranks, deadline=300, step_s=0.2) as job:
         pids = job.wait_for_ranks(timeout=180)
         print(f"{len(pids)}-rank planted gloo job (shallow loop), median of {args.repeat} rounds:")
+        found = sample_all([(pid, False, None, False, None) for pid in pids], locals_for=frozenset(pids))
+        assert all(found[pid].threads for pid in pids), "a rank could not be sampled with --locals"
         line("one dump, per rank", *per_pid(pids, args.repeat))
         line(f"parallel pass over {len(pids)} ranks", *per_pass(pids, args.repeat))
     deep = subprocess.Popen([sys.executable, "-c", DEEP])
@@ -88,7 +90,8 @@ def main() -> None:
     finally:
         deep.kill()
         deep.wait()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

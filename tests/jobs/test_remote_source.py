@@ -107,7 +107,7 @@ def test_a_slow_node_without_any_answer_is_named(tmp_path):
         source.close()  # kills the sleeping call
     (host,) = [h for h in merged.hosts if h.error]
     assert host.name == "n1" and host.error.startswith("slow: no answer after 0.5s")
-    assert merged.rank(1).state == "missing"
+    assert merged.rank(1).state == "unknown" and merged.verdict.culprits == ()  # unread, not guilty
 
 
 def test_timeout_and_failures_are_named_per_node(tmp_path):
@@ -122,7 +122,8 @@ def test_timeout_and_failures_are_named_per_node(tmp_path):
     errors = {h.name: h.error for h in merged.hosts if h.error}
     assert errors["n1"] == "timeout: no answer in 1s"
     assert errors["n2"].startswith("answer is not a snapshot")
-    assert [r.rank for r in merged.ranks if r.state == "missing"] == [1, 2]
+    assert [r.rank for r in merged.ranks if r.state == "unknown"] == [1, 2]
+    assert merged.verdict.summary.endswith("nodes not read: n1, n2")
 
 
 def test_no_local_source_and_no_answer_is_an_error(tmp_path):

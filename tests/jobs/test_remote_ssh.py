@@ -13,8 +13,10 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from real_jobs import free_port
@@ -98,13 +100,14 @@ def test_unreachable_node_is_named_and_the_rest_shown(world, sshd, tmp_path):
     assert {r["rank"] for r in data["ranks"] if r["state"] != "missing"} == {0, 1}
 
 
-def test_node_without_trainwatch_is_named_and_its_ranks_missing(world, sshd):
+def test_node_without_trainwatch_is_named_and_its_ranks_unknown(world, sshd):
     done, data = snapshot_cli(world, sshd, "node-b", "/nonexistent/trainwatch")
     assert done.returncode == PARTIAL_EXIT, done.stderr
     (failed,) = [h for h in data["hosts"] if h["error"]]
     assert failed["name"] == "node-b" and "trainwatch not installed" in failed["error"]
     states = {r["rank"]: (r["state"], r["host"]) for r in data["ranks"]}
-    assert states[1] == ("missing", "?") and states[0][0] != "missing"
+    assert states[1] == ("unknown", "node-b") and states[0][0] not in ("missing", "unknown")
+    assert 1 not in data["verdict"]["culprits"] and data["verdict"]["summary"].endswith("node not read: node-b")
     assert any("node-b" in n for n in data["notes"])
 
 
@@ -133,3 +136,36 @@ def test_bundles_stream_back_over_ssh(sshd, tmp_path):
     assert any(n.startswith("dead: no bundle: unreachable") for n in notes), notes
     assert not (tmp_path / "bundle" / "hosts" / "dead").exists()
     assert os.listdir(tmp_path / "bundle" / "hosts") == ["node-b"]
+
+
+def test_live_agents_over_ssh_name_the_remote_culprit_and_leave_nothing(world, sshd, tmp_path):
+    """What attach and watch do: one persistent agent on node-b over real ssh, sharing its connection."""
+    from trainwatch.probes.live import LocalSource
+    from trainwatch.probes.remote.streams import StreamSource
+
+    local = LocalSource(world.pids[0], window=1.0, gpu=False)
+    remote = SshRemote("node-b", options=("-F", str(sshd.config)))
+    source = StreamSource(local, [remote], match=["--match", f"127.0.0.1:{world.port}"],
+                          trainwatch=pinned_trainwatch(tmp_path, world.pids[1]), interval=1.0, window=1.0,
+                          timeout=60, world_size=2)
+    try:
+        assert "ControlMaster=auto" in source.remotes[0].options  # the test's ssh config says nothing of it
+        merged = source.poll()
+        for _ in range(20):
+            if merged.verdict.kind == "straggler":
+                break
+            merged = source.poll()
+        assert {r.rank: r.host for r in merged.ranks}[1] == "node-b"
+        assert merged.verdict.kind == "straggler" and merged.verdict.culprits == (1,), merged.verdict
+        assert not any(h.error for h in merged.hosts)
+        agents = [p for p in psutil.process_iter(["cmdline"]) if "agent" in (p.info["cmdline"] or [])]
+        assert len(agents) == 1  # one agent, started once, for every poll
+        first_agent = agents[0].pid
+        merged = source.poll()
+        assert [p.pid for p in psutil.process_iter(["cmdline"]) if "agent" in (p.info["cmdline"] or [])] == [first_agent]
+    finally:
+        source.close()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and psutil.pid_exists(first_agent):
+        time.sleep(0.1)
+    assert not psutil.pid_exists(first_agent) or psutil.Process(first_agent).status() == psutil.STATUS_ZOMBIE

@@ -25,7 +25,7 @@ from real_jobs import PLANTED, free_port
 
 pytestmark = [pytest.mark.job, pytest.mark.slow]
 
-TRAINWATCH_PROC = r"trainwatch(\.tui\.cli| snapshot| watch| attach)"  # a trainwatch process, here or remote
+TRAINWATCH_PROC = r"trainwatch(\.tui\.cli| snapshot| watch| attach| agent)"  # a trainwatch process, here or remote
 RANKS = r"python\S* -u \S*train\.py --scenario"  # the ranks, not torchrun (whose command line names train.py too)
 TRAINWATCH = str(Path(sys.executable).parent / "trainwatch")
 # On the nodes (srun passes the caller's environment), trainwatch is found on PATH like any tool.

@@ -39,11 +39,15 @@ def test_mp_spawn_job(tmp_path):
     proc = subprocess.Popen([sys.executable, str(script), str(free_port())], cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        time.sleep(8)
-        out = subprocess.run([sys.executable, "-m", "trainwatch.tui.cli", "snapshot", str(proc.pid), "--json",
-                              "--window", "1.5"], capture_output=True, text=True, timeout=60)
-        assert out.returncode == 0, out.stderr
-        data = json.loads(out.stdout)
+        deadline = time.monotonic() + 45  # until both ranks reached their collectives (slow under load)
+        while True:
+            out = subprocess.run([sys.executable, "-m", "trainwatch.tui.cli", "snapshot", str(proc.pid), "--json",
+                                  "--window", "1.5"], capture_output=True, text=True, timeout=60)
+            assert out.returncode == 0, out.stderr
+            data = json.loads(out.stdout)
+            if data["verdict"]["kind"] == "mismatch" or time.monotonic() > deadline:
+                break
+            time.sleep(1)
         assert data["job"]["launcher"] == "mp.spawn" and data["job"]["world_size"] == 2
         assert [r["rank"] for r in data["ranks"]] == [0, 1]
         assert data["verdict"]["kind"] == "mismatch" and "all_gather" in data["verdict"]["summary"]

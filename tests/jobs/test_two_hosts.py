@@ -26,7 +26,7 @@ import two_hosts
 pytestmark = [pytest.mark.job, pytest.mark.slow]
 
 TRAINWATCH = str(Path(sys.executable).parent / "trainwatch")
-TRAINWATCH_PROC = r"trainwatch(\.tui\.cli| snapshot| watch| attach)"  # a trainwatch process, here or remote
+TRAINWATCH_PROC = r"trainwatch(\.tui\.cli| snapshot| watch| attach| agent)"  # a trainwatch process, here or remote
 RANKS = r"python\S* -u \S*train\.py --scenario"  # the ranks, not torchrun (whose command line names train.py too)
 MASTER_PORT = 29511  # its own network namespace: no other job listens there
 
@@ -120,6 +120,54 @@ def test_trainwatch_on_node1_names_the_straggler_on_node2_over_ssh(job, tmp_path
     # The job is untouched, and nothing of trainwatch's is left on either node.
     assert {n: pids(hosts, n, RANKS) for n in two_hosts.ADDRS} == ranks_before
     deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(pids(hosts, n, TRAINWATCH_PROC) for n in two_hosts.ADDRS):
+        time.sleep(0.2)
+    assert {n: pids(hosts, n, TRAINWATCH_PROC) for n in two_hosts.ADDRS} == {"node1": [], "node2": []}
+
+
+def test_watch_on_node1_streams_node2_through_one_ssh_agent_and_leaves_nothing(job, tmp_path):
+    """watch keeps one agent on node2 (started once, over ssh) and bundles the straggler it names."""
+    import os
+    import signal
+
+    hosts = job
+    ranks_before = {n: pids(hosts, n, RANKS) for n in two_hosts.ADDRS}
+    (launcher,) = pids(hosts, "node1", r"^\S*python\S* -m torch.distributed.run")
+    out = tmp_path / "watch"
+    cmd = hosts.on("node1", [TRAINWATCH, "watch", str(launcher), "--hosts", "node2", "--hang-after", "3",
+                             "--interval", "1", "--out", str(out), "--ssh-option", f"-F {hosts.ssh_config}",
+                             "--remote-trainwatch", remote_trainwatch(), "--remote-timeout", "40"])
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+    agents: set[int] = set()
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line.rstrip())
+            agents.update(pids(hosts, "node2", r"trainwatch\.tui\.cli agent"))
+            if " note: node2: bundle " in line or " note: node2: no bundle" in line:
+                break
+        assert any(" bundle " in line for line in lines), "\n".join(lines)
+    finally:
+        for sig, grace in ((signal.SIGINT, 15), (signal.SIGKILL, 5)):
+            try:
+                os.killpg(proc.pid, sig)
+                proc.wait(timeout=grace)
+                break
+            except ProcessLookupError:
+                break
+            except subprocess.TimeoutExpired:
+                continue
+    assert len(agents) == 1, agents  # one agent on node2, started once for every poll
+    (bundle,) = [p for p in out.iterdir() if p.is_dir()]
+    snap = json.loads((bundle / "snapshot.json").read_text())
+    assert snap["verdict"]["kind"] == "straggler" and snap["verdict"]["culprits"] == [3], snap["verdict"]
+    assert {r["rank"]: r["host"] for r in snap["ranks"]} == {0: "node1", 1: "node1", 2: "node2", 3: "node2"}
+    assert {n: pids(hosts, n, RANKS) for n in two_hosts.ADDRS} == ranks_before
+    deadline = time.monotonic() + 15
     while time.monotonic() < deadline and any(pids(hosts, n, TRAINWATCH_PROC) for n in two_hosts.ADDRS):
         time.sleep(0.2)
     assert {n: pids(hosts, n, TRAINWATCH_PROC) for n in two_hosts.ADDRS} == {"node1": [], "node2": []}

@@ -43,12 +43,14 @@ def test_two_nodes_one_job():
     assert merged.job.world_size == 4 and merged.job.host == "n1"
 
 
-def test_unreachable_node_leaves_missing_ranks():
+def test_ranks_of_an_unread_node_are_unknown_not_missing():
     a = node("n1", [rank(0, "n1", 100), rank(1, "n1", 101)])
     merged = merge([NodeView("n1", a, local=True), NodeView("n2", error="unreachable (Connection refused)")])
-    missing = [r for r in merged.ranks if r.state == "missing"]
-    assert [(r.rank, r.host, r.pid) for r in missing] == [(2, "?", None), (3, "?", None)]
-    assert "unreachable: n2" in missing[0].detail
+    unread = [r for r in merged.ranks if r.rank in (2, 3)]
+    assert [(r.rank, r.host, r.pid, r.state) for r in unread] == [(2, "n2", None, "unknown"), (3, "n2", None, "unknown")]
+    assert "n2: unreachable (Connection refused)" in unread[0].detail
+    assert not any(r.state == "missing" for r in merged.ranks)
+    assert merged.verdict.culprits == () and merged.verdict.summary.endswith("; node not read: n2")
     assert HostInfo(name="n2", error="unreachable (Connection refused)") in merged.hosts
     assert any("node n2: unreachable" in n for n in merged.notes)
 
@@ -68,6 +70,22 @@ def test_this_node_listed_again_is_not_counted_twice():
     merged = merge([NodeView("n1", a, local=True), NodeView("n1.cluster", a)])
     assert [r.rank for r in merged.ranks] == [0, 1]
     assert any("already seen" in n for n in merged.notes)
+
+
+def test_unread_ranks_are_never_culprits_but_a_straggler_elsewhere_is():
+    a = node("n1", [rank(0, "n1", 100), rank(1, "n1", 101, phase="compute")], world=6)
+    b = node("n2", [rank(2, "n2", 200), rank(3, "n2", 201)], world=6)
+    merged = merge([NodeView("n1", a, local=True), NodeView("n2", b), NodeView("n3", error="timeout")])
+    assert merged.verdict.kind == "straggler" and merged.verdict.culprits == (1,), merged.verdict
+    assert "missing" not in merged.verdict.summary and "ranks 4-5" not in merged.verdict.summary
+    assert merged.verdict.summary.endswith("node not read: n3")
+
+
+def test_when_every_node_answered_absent_ranks_are_missing():
+    a = node("n1", [rank(0, "n1", 100), rank(1, "n1", 101)], world=3)
+    merged = merge([NodeView("n1", a, local=True)])
+    assert [(r.rank, r.state) for r in merged.ranks] == [(0, "stuck"), (1, "stuck"), (2, "missing")]
+    assert merged.verdict.culprits == (2,)
 
 
 def test_placeholder_missing_ranks_of_a_node_are_replaced():

@@ -74,6 +74,22 @@ def test_wrap_source_builds_a_multinode_source():
         source.close()
 
 
+def test_every_judgement_option_reaches_the_nodes():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("pid", type=int, nargs="?")
+    parser.add_argument("--window", type=float, default=3.0)
+    parser.add_argument("--samples", type=int, default=3)
+    parser.add_argument("--stuck-after", type=float, default=None)
+    add_remote_arguments(parser)
+    args = parser.parse_args(["1", "--hosts", "w1", "--window", "2", "--samples", "5", "--stuck-after", "45"])
+    source = wrap_source(args, None, job())
+    try:
+        assert source.args == ["snapshot", "--json", "--match", "10.0.0.1:29500", "--window", "2",
+                               "--samples", "5", "--stuck-after", "45"]
+    finally:
+        source.close()
+
+
 def test_job_without_identity_is_refused():
     args = parse("1", "--hosts", "w1")
     bare = JobProcesses(launcher="python", root_pid=1, host="h")

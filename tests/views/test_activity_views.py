@@ -18,7 +18,7 @@ def test_detail_pane_shows_power_gpm_and_log_growth():
                    log=LogActivity(age_s=1140.0, every_s=10.0, longest_s=12.0))
     text = detail_text(rank, NOW)[0].plain
     assert "power 595 of 700 W · SM active 88% · tensor 61% · DRAM bw 43%" in text
-    assert "last output 19m00s ago; it wrote every 10s" in text
+    assert "last output 19 min ago; it wrote every 10 s" in text  # the verdict's words
 
 
 def test_detail_pane_without_gpm_or_rhythm_says_only_what_is_known():
@@ -26,7 +26,7 @@ def test_detail_pane_without_gpm_or_rhythm_says_only_what_is_known():
                    log=LogActivity(age_s=5.0, own=False))
     text = detail_text(rank, NOW)[0].plain
     assert "power 70 W" in text and "SM active" not in text and "it wrote every" not in text
-    assert "last output 5s ago (shared with other processes)" in text
+    assert "last output 5 s ago (a shared log)" in text
 
 
 def test_summary_lists_power_and_gpm_per_gpu():

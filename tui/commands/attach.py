@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     # Bad PIDs fail here, before the screen.
     source = open_source(args.pid, window=args.window, stuck_after=args.stuck_after)
     try:
-        source = wrap_remote(args, source, wait_s=interval)  # a slow node never delays a refresh
+        source = wrap_remote(args, source, wait_s=interval, stream_interval=interval)  # one agent per node
         from ..app import TrainwatchApp
         app = TrainwatchApp(source, interval=interval, title=f"trainwatch {args.pid}", dump_dir=out)
         app.run()

@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     out: Path | None = None
     made: Path | None = None
     try:
-        source = wrap_remote(args, local, wait_s=args.interval)
+        source = wrap_remote(args, local, stream_interval=args.interval)  # one agent per node
         out = args.out or (run_dir / "watch" if run_dir else Path.cwd() / f"trainwatch-watch-{args.pid}")
         made = _first_missing(out)
         try:

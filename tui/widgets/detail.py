@@ -8,7 +8,7 @@ from textual.widgets import Static
 
 from ...probes import Frame, Rank, RankGpu, ThreadStack, compact_ranks
 
-from ...probes import how_ended
+from ...probes import how_ended, log_activity
 
 from . import format as fmt
 from .lines import phase_text, state_text
@@ -100,19 +100,6 @@ def activity_text(gpu: RankGpu) -> str | None:
     return " · ".join(parts) or None
 
 
-def log_activity_text(rank: Rank) -> str | None:
-    """``last output 19 min ago; it wrote every 10 s``, from the growth of the rank's log file."""
-    log = rank.log
-    if log is None or log.age_s is None:
-        return None
-    text = f"last output {fmt.duration(log.age_s)} ago"
-    if log.every_s is not None:
-        text += f"; it wrote every {fmt.duration(log.every_s)}"
-    elif log.bar_s is not None:
-        text += f"; its progress bar ran at {log.bar_s:.3g} s/it"
-    return text + ("" if log.own else " (shared with other processes)")
-
-
 def facts_text(rank: Rank) -> Text:
     """``stuck 42s · sleep · all_reduce · CPU 3% · RSS 512M · step 1200 (0.41s/step)``."""
     text = Text.assemble(state_text(rank), " · ", phase_text(rank.phase))
@@ -178,7 +165,7 @@ def detail_text(rank: Rank | None, now: float, native: bool = False,
     if rank.log_path:
         parts.append(Text(""))
         parts.append(Text.assemble(("log ", "bold"), (rank.log_path, "dim")))
-        growth = log_activity_text(rank)
+        growth = log_activity(rank.log)
         if growth:
             parts.append(Text("  " + growth, style="italic"))
         if log_tail is None:

@@ -1,0 +1,562 @@
+"""Live views of a job on many nodes: one streaming agent per node, started once, read as it writes.
+
+``StreamSource`` starts ``trainwatch agent`` on the other nodes: ONE ``srun`` step for all nodes
+of a SLURM job (lines labelled with the task number), one ssh per host, one ``kubectl exec -i``
+per pod. One thread reads every stream (epoll) and decodes the compact lines as they come; a
+supervisor thread starts agents (at most ``parallel`` connecting at once), restarts one that
+dies (with back-off) and names its nodes meanwhile. ``poll()`` merges the latest answer of
+every node with this node's own snapshot and judges the whole job once. ``close()`` kills every
+agent's process group; the agents also stop by themselves when their stdin closes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import json
+import os
+import re
+import resource
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..errors import TrainwatchError
+from ..judge.judgement import JudgeMemory
+from ..snapshot import Snapshot, SnapshotError
+from .merge import NodeView, merge_nodes
+from .remote import (
+    DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, Remote, Result, Runner, SlurmRemote, SshRemote,
+    classify_failure, collect_remote_bundles, slurm_step_argv,
+)
+from .wire import NodeAnswer, decode_node
+
+LABEL = re.compile(rb"^\s*(\d+): ?(.*)$", re.S)
+# srun forwards a task's output in pieces of at most this many bytes, each labelled as a line of its own.
+SRUN_PIECE = 1024
+SRUN_TASK = re.compile(r"task (\d+): (.+)$")
+RESTART_MIN_S, RESTART_MAX_S = 2.0, 30.0
+STREAM_START_PARALLEL = 128  # agents connecting at once (a start is short; the agent then stays)
+REUSE_S = 300.0  # an answer older than this is no longer shown
+_STDERR_KEEP = 4000
+
+
+def agent_args(match: list[str], window: float | None, interval: float, extra: Sequence[str] = ()) -> list[str]:
+    """Arguments of ``trainwatch agent`` on every node."""
+    args = ["agent", *match, "--interval", f"{interval:g}"]
+    if window is not None:
+        args += ["--window", f"{window:g}"]
+    return args + list(extra)
+
+
+@dataclass
+class Launch:
+    """One command that runs agents: one node (ssh, kubectl) or many (one srun step, labelled)."""
+
+    argv: list[str]
+    names: list[str]  # the nodes, in task order for a labelled launch
+    remote: Remote  # for naming failures
+    labelled: bool = False
+
+
+def plan_launches(remotes: Sequence[Remote], trainwatch: str, args: list[str]) -> list[Launch]:
+    """SLURM nodes of one job share one step; every other node gets its own agent."""
+    launches: list[Launch] = []
+    slurm: dict[tuple[str, str], list[SlurmRemote]] = {}
+    for remote in remotes:
+        if isinstance(remote, SlurmRemote):
+            slurm.setdefault((remote.job_id, remote.srun), []).append(remote)
+        else:
+            stream = getattr(remote, "stream_argv", None) or remote.argv
+            launches.append(Launch(stream(trainwatch, args), [remote.name], remote))
+    for (job_id, srun), nodes in slurm.items():
+        names = [n.name for n in nodes]
+        launches.append(Launch(slurm_step_argv(job_id, names, trainwatch, args, srun), names, nodes[0], labelled=True))
+    return launches
+
+
+def ssh_reuse_options(remote: SshRemote, control_dir: Path, timeout: float = 5.0) -> tuple[str, ...]:
+    """Connection sharing for ``remote`` (later one-shot calls, dumps, ride the agent's connection),
+    unless the user's own ssh config or options already say anything about it."""
+    joined = " ".join(remote.options).lower()
+    if "control" in joined:
+        return ()
+    try:
+        mine = _ssh_g([remote.ssh, *remote.options, "-G", remote.destination or remote.name], timeout)
+        bare = _ssh_g([remote.ssh, "-F", "/dev/null", "-G", remote.destination or remote.name], timeout)
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    keys = ("controlmaster", "controlpath", "controlpersist")
+    if mine is None or bare is None or any(mine.get(k) != bare.get(k) for k in keys):
+        return ()  # the user chose (or we cannot tell): leave it alone
+    return ("-o", "ControlMaster=auto", "-o", f"ControlPath={control_dir}/%C", "-o", "ControlPersist=no")
+
+
+def _ssh_g(argv: list[str], timeout: float) -> dict[str, str] | None:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+                          check=False)
+    if done.returncode != 0:
+        return None
+    return dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
+
+
+class AgentPipes(Protocol):
+    """A started launch: its pipes and process (a real Popen, or a stand-in in benchmarks)."""
+
+    stdin: Any
+    stdout: Any
+    stderr: Any
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+
+def popen_agent(launch: Launch) -> subprocess.Popen:
+    """Start a launch in its own session, so close() can kill its whole group."""
+    return subprocess.Popen(launch.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True, bufsize=0)
+
+
+@dataclass
+class NodeState:
+    """What the viewer knows of one node."""
+
+    name: str
+    answer: NodeAnswer | None = None  # the latest snapshot
+    answered_at: float | None = None  # monotonic
+    error: str | None = None  # why the node has no (fresh) answer
+    error_at: float | None = None
+    bytes: int = 0
+    lines: int = 0
+
+
+@dataclass
+class Running:
+    """A launch while its process runs."""
+
+    launch: Launch
+    index: int
+    proc: Any
+    started: float
+    buffers: dict[int, bytearray] = field(default_factory=dict)
+    stderr: bytearray = field(default_factory=bytearray)
+    heard: set[str] = field(default_factory=set)  # nodes that wrote at least one line
+    pieces: dict[int, bytes] = field(default_factory=dict)  # per srun task, a long line's pieces so far
+    open_fds: int = 2
+    exited_at: float | None = None
+
+
+class StreamSource:
+    """Polls this node (``local_source``, may be None) and reads the other nodes' agents; one merged Snapshot."""
+
+    def __init__(self, local_source: Any, remotes: Sequence[Remote], *, match: list[str],
+                 trainwatch: str = "trainwatch", timeout: float = DEFAULT_TIMEOUT_S, interval: float = 2.0,
+                 window: float | None = None, wait_s: float | None = None, parallel: int = DEFAULT_PARALLEL,
+                 world_size: int | None = None, extra_args: Sequence[str] = (),
+                 spawn: Any = None, reuse_ssh: bool = True, full_stacks: bool = False) -> None:
+        self.local = local_source
+        self.match = list(match)
+        self.trainwatch = trainwatch
+        self.timeout = timeout
+        self.interval = interval
+        self.window = window if window is not None else getattr(local_source, "window", 2.0)
+        # The first poll waits for every node's first answer (their window, a start, the network).
+        self.first_wait_s = wait_s if wait_s is not None else self.window + timeout
+        self.parallel = max(1, parallel)
+        self.world_size = world_size
+        self.memory = JudgeMemory()  # the merged view's own judgement across polls (since, tie-breaks)
+        self.args = agent_args(self.match, window, interval, extra_args)
+        self._control_dir = Path(tempfile.mkdtemp(prefix="tw-ssh-"))
+        self.remotes = [self._with_reuse(r) if reuse_ssh and isinstance(r, SshRemote) else r for r in remotes]
+        self.launches = plan_launches(self.remotes, trainwatch, self.args)
+        self.nodes = {r.name: NodeState(r.name) for r in self.remotes}
+        self.runner = Runner()
+        self._spawn = spawn or popen_agent
+        self._lock = threading.Lock()
+        self._answered = threading.Condition(self._lock)
+        self._running: dict[int, Running] = {}  # launch index -> running process
+        self._next_start: list[float] = [0.0] * len(self.launches)
+        self._restarts: list[int] = [0] * len(self.launches)
+        self._by_fd: dict[int, tuple[int, str]] = {}  # fd -> (launch index, "out"/"err")
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe()
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._closed = threading.Event()
+        self._request = b""
+        self._culprits: frozenset[int] = frozenset()
+        self._selected: frozenset[int] = frozenset()
+        self._native: frozenset[int] = frozenset()
+        self.full_stacks = full_stacks  # every thread of every rank (one-shot snapshots), not only culprits
+        self._polls = 0
+        self._local_takes_native = _accepts(local_source, "native_for")
+        _raise_fd_limit(3 * len(self.launches) + 64)
+        self._reader = threading.Thread(target=self._read_loop, name="tw-agent-reader", daemon=True)
+        self._supervisor = threading.Thread(target=self._supervise, name="tw-agent-supervisor", daemon=True)
+        self._reader.start()
+        self._supervisor.start()
+
+    def __getattr__(self, name: str) -> Any:
+        """Anything else (job, window, pid...) is the local source's."""
+        local = self.__dict__.get("local")
+        if local is None:
+            raise AttributeError(name)
+        return getattr(local, name)
+
+    def _with_reuse(self, remote: SshRemote) -> SshRemote:
+        extra = ssh_reuse_options(remote, self._control_dir)
+        return dataclasses.replace(remote, options=remote.options + extra) if extra else remote
+
+    # -- the agents ----------------------------------------------------------------------------
+    def _supervise(self) -> None:
+        while not self._closed.wait(0.1):
+            now = time.monotonic()
+            with self._lock:
+                connecting = sum(1 for run in self._running.values() if not run.heard)
+                for index, launch in enumerate(self.launches):
+                    run = self._running.get(index)
+                    if run is not None:
+                        if run.proc.poll() is not None:
+                            run.exited_at = run.exited_at or now
+                            # its output is read to the end first, unless a child it left holds the pipes
+                            if run.open_fds == 0 or now - run.exited_at > 5.0:
+                                self._ended(index, run, now)
+                        elif now - run.started > self.timeout:
+                            self._never_answered(run, now)
+                    elif now >= self._next_start[index] and connecting < self.parallel:
+                        self._start(index, launch, now)
+                        connecting += 1
+
+    def _start(self, index: int, launch: Launch, now: float) -> None:
+        try:
+            proc = self._spawn(launch)
+        except OSError as exc:
+            self._fail(launch.names, f"cannot run {launch.argv[0]}: {exc.strerror or exc}", now)
+            self._backoff(index, now)
+            return
+        run = Running(launch, index, proc, now)
+        self._running[index] = run
+        for stream, kind in ((proc.stdout, "out"), (proc.stderr, "err")):
+            fd = stream.fileno()
+            os.set_blocking(fd, False)
+            self._by_fd[fd] = (index, kind)
+            run.buffers[fd] = bytearray()
+            self._selector.register(fd, selectors.EVENT_READ, None)
+        if self._request:
+            self._send(run, self._request)
+        os.write(self._wake_w, b"x")
+
+    def _ended(self, index: int, run: Running, now: float) -> None:
+        """The agent's process is gone: name its nodes, and start it again after a back-off."""
+        del self._running[index]
+        for fd in [fd for fd, (i, _) in self._by_fd.items() if i == index]:
+            self._drop_fd(fd)
+        code = run.proc.poll()
+        result = Result(code, stderr=run.stderr.decode(errors="replace")[-_STDERR_KEEP:])
+        reason = classify_failure(run.launch.remote, result, self.timeout)
+        delay = self._backoff(index, now)
+        self._fail(run.launch.names, f"agent stopped: {reason} (starting it again in {delay:.0f}s)", now)
+        for stream in (run.proc.stdin, run.proc.stdout, run.proc.stderr):
+            with contextlib.suppress(OSError, AttributeError, ValueError):
+                stream.close()
+
+    def _backoff(self, index: int, now: float) -> float:
+        delay = min(RESTART_MAX_S, RESTART_MIN_S * 2 ** self._restarts[index])
+        self._restarts[index] += 1
+        self._next_start[index] = now + delay
+        return delay
+
+    def _never_answered(self, run: Running, now: float) -> None:
+        for name in run.launch.names:
+            state = self.nodes[name]
+            if name not in run.heard and state.error is None:
+                state.error, state.error_at = f"timeout: no answer in {self.timeout:g}s", now
+        self._answered.notify_all()
+
+    def _fail(self, names: list[str], error: str, now: float) -> None:
+        for name in names:
+            state = self.nodes[name]
+            state.error, state.error_at = error, now
+        self._answered.notify_all()
+
+    def _read_loop(self) -> None:
+        while not self._closed.is_set():
+            try:
+                events = self._selector.select(timeout=0.5)
+            except (OSError, ValueError):
+                return
+            for key, _ in events:
+                if key.fd == self._wake_r:
+                    with contextlib.suppress(OSError):
+                        os.read(self._wake_r, 4096)
+                    continue
+                try:
+                    self._read_fd(key.fd)
+                except Exception:  # noqa: BLE001 - one bad stream must not stop reading the others
+                    with self._lock:
+                        self._drop_fd(key.fd)
+
+    def _read_fd(self, fd: int) -> None:
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        with self._lock:
+            index, kind = self._by_fd.get(fd, (None, ""))
+            run = self._running.get(index) if index is not None else None
+            if run is None:
+                self._drop_fd(fd)
+                return
+            if not chunk:
+                self._drop_fd(fd)
+                run.open_fds -= 1
+                return
+            if kind == "err":
+                self._stderr(run, chunk)
+                return
+            buffer = run.buffers.get(fd)
+            if buffer is None:  # the fd number now belongs to another launch's other pipe
+                self._drop_fd(fd)
+                return
+            buffer += chunk
+            if b"\n" not in chunk:
+                return
+            *lines, rest = bytes(buffer).split(b"\n")
+            run.buffers[fd] = bytearray(rest)
+        for line in lines:  # decoded outside the lock: the UI's poll never waits on it
+            self._line(run, line)
+
+    def _drop_fd(self, fd: int) -> None:
+        self._by_fd.pop(fd, None)
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self._selector.unregister(fd)
+
+    def _stderr(self, run: Running, chunk: bytes) -> None:
+        run.stderr += chunk
+        del run.stderr[:-_STDERR_KEEP]
+        if run.launch.labelled:  # srun names a task that failed: "srun: error: n2: task 1: Exited with exit code 4"
+            for line in chunk.decode(errors="replace").splitlines():
+                match = SRUN_TASK.search(line)
+                if match and int(match.group(1)) < len(run.launch.names):
+                    name = run.launch.names[int(match.group(1))]
+                    self.nodes[name].error, self.nodes[name].error_at = match.group(2), time.monotonic()
+
+    def _line(self, run: Running, line: bytes) -> None:
+        task_name = run.launch.names[0]
+        if run.launch.labelled:
+            match = LABEL.match(line)
+            if not match:
+                return
+            task = int(match.group(1))
+            if task >= len(run.launch.names):
+                return
+            piece = match.group(2)
+            line = run.pieces.pop(task, b"") + piece
+            if len(piece) == SRUN_PIECE:  # cut by srun: the line goes on in this task's next piece
+                run.pieces[task] = line
+                return
+            task_name = run.launch.names[task]
+        if not line.strip():
+            return
+        data: Any = None
+        try:
+            data = json.loads(line)
+            answer = None if isinstance(data, dict) and data.get("hello") else decode_node(data)
+        except (ValueError, SnapshotError) as exc:
+            answer = NodeAnswer(task_name, 0, error=f"answer is not a node answer: {exc}")
+        node = data.get("node") if isinstance(data, dict) else None
+        # srun's task order follows the cluster's node order: the agent's own node name wins.
+        name = node if run.launch.labelled and node in self.nodes else task_name
+        now = time.monotonic()
+        with self._lock:
+            state = self.nodes[name]
+            run.heard.add(name)
+            state.bytes += len(line)
+            state.lines += 1
+            if answer is not None and answer.snapshot is not None:
+                state.answer, state.answered_at, state.error = answer, now, None
+                self._restarts[run.index] = 0
+            elif answer is not None:
+                state.error, state.error_at = _node_error(answer), now
+            self._answered.notify_all()
+
+    def _send(self, run: Running, data: bytes) -> None:
+        stdin = getattr(run.proc, "stdin", None)
+        if stdin is None:
+            return
+        try:
+            os.set_blocking(stdin.fileno(), False)
+            os.write(stdin.fileno(), data)
+        except (OSError, ValueError):
+            pass  # a full or closed pipe: the agent is busy or gone; the supervisor will see
+
+    def request(self, full: frozenset[int], native: frozenset[int]) -> None:
+        """Ask every agent for every thread of ``full`` and native frames of ``native`` (broadcast)."""
+        wanted: Any = "all" if self.full_stacks else sorted(full)
+        data = (json.dumps({"full": wanted, "native": sorted(native)}) + "\n").encode()
+        with self._lock:
+            if data == self._request:
+                return
+            self._request = data
+            for run in self._running.values():
+                self._send(run, data)
+
+    def select(self, ranks: frozenset[int]) -> None:
+        """The ranks a view shows in detail: their full stacks come from the next lines on."""
+        self._selected = frozenset(ranks)
+        self.request(self._culprits | self._selected | self._native, self._native)
+
+    # -- polling ---------------------------------------------------------------------------------
+    def poll(self, native_for: frozenset[int] = frozenset()) -> Snapshot:
+        started = time.monotonic()
+        self._native = frozenset(native_for)
+        self.request(self._culprits | self._selected | native_for, native_for)
+        views = [self._poll_local(native_for)] if self.local is not None else []
+        if self._polls == 0:
+            self._wait_first(started + self.first_wait_s)
+        self._polls += 1
+        now = time.monotonic()
+        with self._lock:
+            views += [self._view(state, now) for state in self.nodes.values()]
+        if not any(v.snapshot is not None for v in views):
+            reasons = "; ".join(f"{v.name}: {v.error}" for v in views[:5])
+            raise TrainwatchError(f"no node of the job could be read ({reasons})")
+        merged = merge_nodes(views, memory=self.memory, world_size=self.world_size)
+        self._culprits = frozenset(merged.verdict.culprits)
+        return merged
+
+    def _wait_first(self, deadline: float) -> None:
+        with self._lock:
+            while not all(s.answer is not None or s.error is not None for s in self.nodes.values()):
+                left = deadline - time.monotonic()
+                if left <= 0 or self._closed.is_set():
+                    return
+                self._answered.wait(min(left, 0.5))
+
+    def _view(self, state: NodeState, now: float) -> NodeView:
+        answer = state.answer
+        age = now - state.answered_at if state.answered_at is not None else None
+        stale_after = max(3 * self.interval, self.window + 2 * self.interval)
+        error_newer = state.error is not None and (state.answered_at is None or (state.error_at or 0) >= state.answered_at)
+        if answer is not None and age is not None and age <= REUSE_S:
+            if error_newer:
+                return NodeView(state.name, answer.snapshot, stale_s=age, note=state.error)
+            return NodeView(state.name, answer.snapshot, stale_s=age if age > stale_after else None)
+        if state.error:
+            return NodeView(state.name, error=state.error)
+        return NodeView(state.name, error="starting: no answer yet")
+
+    def _poll_local(self, native_for: frozenset[int]) -> NodeView:
+        name = socket.gethostname()
+        try:
+            snap = self.local.poll(native_for=native_for) if self._local_takes_native else self.local.poll()
+        except TrainwatchError as exc:
+            return NodeView(name=name, error=exc.message, local=True)
+        return NodeView(name=snap.job.host or name, snapshot=snap, local=True)
+
+    def stats(self) -> dict[str, float]:
+        """Bytes and lines received per node so far (benchmarks)."""
+        with self._lock:
+            states = list(self.nodes.values())
+        lines = sum(s.lines for s in states)
+        return {"nodes": len(states), "lines": lines, "bytes": sum(s.bytes for s in states),
+                "answered": sum(1 for s in states if s.answer is not None)}
+
+    def paused_judgement(self) -> AbstractContextManager[None]:
+        if self.local is None:
+            return contextlib.nullcontext()
+        return self.local.paused_judgement()
+
+    def collect_bundles(self, bundle_dir: Path, timeout: float | None = None) -> list[str]:
+        """Every other node's evidence bundle, by one-shot calls (over the agents' ssh connections)."""
+        return collect_remote_bundles(self.remotes, Path(bundle_dir), timeout or self.timeout,
+                                      trainwatch=self.trainwatch, match=self.match,
+                                      parallel=self.parallel, runner=self.runner)
+
+    def close(self) -> None:
+        """Stop every agent (stdin closed, then its process group killed), the threads, the local source."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self.runner.close()
+        with self._lock:
+            runs = list(self._running.values())
+            self._running.clear()
+        for run in runs:
+            with contextlib.suppress(OSError, AttributeError, ValueError):
+                run.proc.stdin.close()
+        kill_groups([run.proc for run in runs])
+        for run in runs:
+            for stream in (run.proc.stdout, run.proc.stderr):
+                with contextlib.suppress(OSError, AttributeError, ValueError):
+                    stream.close()
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"x")
+        self._reader.join(timeout=2)
+        self._supervisor.join(timeout=2)
+        with contextlib.suppress(OSError):
+            self._selector.close()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+        shutil.rmtree(self._control_dir, ignore_errors=True)
+        close = getattr(self.local, "close", None)
+        if callable(close):
+            close()
+
+
+def kill_groups(procs: list[Any], grace: float = 1.0) -> None:
+    """TERM every process group at once (srun cancels its step on TERM), KILL what is left after ``grace``."""
+    real = [p for p in procs if isinstance(p, subprocess.Popen)]
+    for proc in real:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for proc in real:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    for proc in real:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)  # stragglers left in the group, and a leader that lingered
+    for proc in real:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+    for proc in procs:
+        if not isinstance(proc, subprocess.Popen):
+            with contextlib.suppress(Exception):
+                proc.kill()
+
+
+def _node_error(answer: NodeAnswer) -> str:
+    if answer.code in (3, 4):
+        return f"no job found there ({answer.error})"
+    return answer.error or "error"
+
+
+def _raise_fd_limit(needed: int) -> None:
+    """Three pipes per agent: a thousand ssh agents need more than the usual soft limit of 1,024."""
+    with contextlib.suppress(ValueError, OSError):
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and soft < needed:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(needed, hard), hard))
+
+
+def _accepts(obj: Any, keyword: str) -> bool:
+    poll = getattr(obj, "poll", None)
+    if poll is None:
+        return False
+    try:
+        return keyword in inspect.signature(poll).parameters
+    except (TypeError, ValueError):
+        return False

@@ -1,0 +1,74 @@
+"""The node wire format: distinct stacks once, small rank records, full stacks only where asked."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainwatch.probes.remote.wire import WIRE_VERSION, decode_line, encode_line, error_line
+from trainwatch.probes.snapshot import (
+    ExitInfo, Frame, HostInfo, Job, Rank, RankGpu, Snapshot, SnapshotError, ThreadStack, Verdict,
+)
+
+DEEP = tuple(Frame(f"layer{i}", "/w/.venv/lib/python3.11/site-packages/torch/nn/module.py", 100 + i) for i in range(60))
+WAIT = (ThreadStack("MainThread", 7, (Frame("all_reduce", "/w/c10d.py", 9),) + DEEP, is_main=True),
+        ThreadStack("pin_memory", 8, (Frame("wait", "/usr/lib/python3.11/threading.py", 320),)))
+LATE = (ThreadStack("MainThread", 7, (Frame("compute_step", "/w/train.py", 37, native=False),), is_main=True),
+        ThreadStack("pin_memory", 8, (Frame("wait", "/usr/lib/python3.11/threading.py", 320),)))
+
+
+def node_snapshot() -> Snapshot:
+    ranks = [Rank(rank=n, pid=100 + n, host="n1", local_rank=n, state="stuck", phase="collective", op="all_reduce",
+                  where="c10d.py:9 all_reduce", stuck_for_s=12.5, cpu_pct=0.5, rss_bytes=1 << 30, threads=WAIT,
+                  gpu=RankGpu(index=n, util_pct=0.0), step=1204, step_period_s=0.8) for n in range(7)]
+    ranks.append(Rank(rank=7, pid=107, host="n1", local_rank=7, state="stuck", phase="compute",
+                      where="train.py:37 compute_step", threads=LATE, step=1203, children=(300, 301)))
+    ranks.append(Rank(rank=8, pid=None, host="n1", state="exited", exit=ExitInfo(signal="SIGKILL")))
+    job = Job(launcher="torchrun", pid=99, host="n1", world_size=9, master_addr="a", master_port=1)
+    return Snapshot(job=job, ranks=tuple(ranks), verdict=Verdict("straggler", (7,), "rank 7 ..."),
+                    hosts=(HostInfo(name="n1", driver_version="550"),), warnings=("w",), notes=("n",),
+                    taken_at=1000.0, window_s=2.0)
+
+
+def test_round_trip_keeps_every_rank_record_and_shares_one_stack_per_distinct_stack():
+    snap = node_snapshot()
+    answer = decode_line(encode_line(snap, "n1", full_for=frozenset({3}), seq=5))
+    got = answer.snapshot
+    assert answer.node == "n1" and answer.seq == 5 and answer.error is None
+    assert got.job == snap.job and got.hosts == snap.hosts and got.warnings == ("w",) and got.notes == ("n",)
+    assert got.taken_at == 1000.0 and got.window_s == 2.0 and got.verdict.culprits == (7,)
+    for mine, theirs in zip(snap.ranks, got.ranks, strict=True):
+        assert (mine.rank, mine.pid, mine.state, mine.phase, mine.op, mine.where, mine.step, mine.gpu, mine.exit,
+                mine.children, mine.host) == (theirs.rank, theirs.pid, theirs.state, theirs.phase, theirs.op,
+                                              theirs.where, theirs.step, theirs.gpu, theirs.exit, theirs.children,
+                                              theirs.host)
+    # The node's culprit and the rank asked for come with every thread; the others with the main
+    # thread of their group's stack, one object shared by the group.
+    assert got.rank(7).threads == LATE and got.rank(3).threads == WAIT
+    assert [(t.name, t.frames, t.is_main) for t in got.rank(0).threads] == [("MainThread", WAIT[0].frames, True)]
+    assert got.rank(0).threads is got.rank(6).threads
+    assert got.rank(8).threads == ()
+
+
+def test_the_wire_is_a_fraction_of_the_public_snapshot_json():
+    snap = node_snapshot()
+    wire = encode_line(snap, "n1")
+    data = json.loads(wire)
+    assert len(data["stacks"]) == 2 and data["stacks"][0]["ranks"] == [0, 1, 2, 3, 4, 5, 6]
+    assert len(wire) * 4 < len(snap.to_json(indent=None))
+
+
+def test_error_lines_and_other_versions():
+    answer = decode_line(error_line("n2", "no job with master a:1 on n2", 4, seq=3))
+    assert (answer.node, answer.error, answer.code, answer.snapshot) == ("n2", "no job with master a:1 on n2", 4, None)
+    newer = json.loads(encode_line(node_snapshot(), "n1"))
+    newer["v"] = WIRE_VERSION + 1
+    with pytest.raises(SnapshotError, match="install the same trainwatch on every node"):
+        decode_line(json.dumps(newer))
+    with pytest.raises(SnapshotError):
+        decode_line(b"not json")
+    damaged = json.loads(encode_line(node_snapshot(), "n1"))
+    damaged["ranks"][0]["pid"] = "x"
+    with pytest.raises(SnapshotError, match="damaged node answer"):
+        decode_line(json.dumps(damaged))
