@@ -139,8 +139,8 @@ def test_without_ras_the_same_ranks_name_no_culprit():
     """What trainwatch says without RAS: ranks blocked on their GPUs, no culprit (and, with no
     collective evidence, not yet a hang: a long GPU step looks the same)."""
     verdict = judge(local_ranks(), None, None)
-    assert verdict.kind in ("unknown", "hang") and verdict.culprits == ()
-    assert "no collective state" in verdict.summary
+    assert verdict.kind == "unknown" and verdict.culprits == ()
+    assert "no collective state yet: not called a hang before 120 s" in verdict.summary
 
 
 def test_a_running_job_is_not_judged_by_ras():
