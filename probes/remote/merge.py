@@ -18,7 +18,7 @@ from ..judge import ras as ras_judge
 from ..read.flightrec import analyze_rows
 from ..judge.judgement import JudgeMemory, judge_job
 from ..observed import ObservedJob, combine_states, observed_rank
-from ..snapshot import CollectiveState, HostInfo, Rank, RasState, Snapshot, who
+from ..snapshot import CollectiveState, HostInfo, Rank, RasState, Snapshot, Verdict, who
 
 
 @dataclass(frozen=True)
