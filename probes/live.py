@@ -18,8 +18,8 @@ from .judge.judgement import JudgeMemory, JudgeOptions, judge_job
 from .judge.native import PARALLEL as NATIVE_PARALLEL, NativeCache, resolve_natively
 from .judge.phases import Classification, classify, is_stdlib, is_user, main_thread, stack_signature, where_frame
 from .judge.steps import StepReader, slow_step_warnings
-from .observed import ObservedJob, ObservedRank
-from .read import procfs
+from .observed import ObservedJob, ObservedRank, ObservedRas
+from .read import procfs, ras
 from .read.collective_feed import CollectiveFeed
 from .read.discover import describe_job, expected_local_ranks, find_job
 from .read.exits import ExitLedger
@@ -69,6 +69,7 @@ class LocalSource:
         self._feed = CollectiveFeed(lambda: self.job)  # fetches while the first window is sampled
         self._logs = LogGrowthWatch()
         self._growth: dict[str, LogGrowth] = {}  # path -> its growth at the last look
+        self._ras_read: dict[float, tuple[ObservedRas, str | None]] = {}  # RAS replies read, by when asked
 
     def close(self) -> None:
         self._feed.close()
@@ -193,7 +194,10 @@ class LocalSource:
         evidence: list[ObservedRank] = []
         alive_pids = set()
         self._exits.note_job(job)
+        if self._collective_wait:
+            self._feed.refresh()  # a second take after the window: RAS judges across two
         collectives = self._feed.wait(self._collective_wait) if self._collective_wait else self._feed.state()
+        ras_seen = self._ras_evidence(job, notes)
         for proc in job.ranks:
             self._seen.setdefault(proc.pid, proc)
             zombie = procfs.zombie_exit(proc.pid)
@@ -211,7 +215,7 @@ class LocalSource:
         gpu_host, evidence = self._add_gpu(job, evidence, warnings, notes)
         self._restarts(evidence, notes)
         unsampled = self._pyspy_missing.message if self._pyspy_missing is not None else None
-        judged = judge_job(ObservedJob(job_record(job), tuple(evidence), collectives, unsampled),
+        judged = judge_job(ObservedJob(job_record(job), tuple(evidence), collectives, unsampled, ras_seen),
                            self.memory, now, JudgeOptions(window=self.window, stuck_after=self.stuck_after))
         ranks = [self._with_worker(rank) for rank in judged.ranks]
         if not self._collective_wait:  # the next fetch, knowing whether a stuck episode (pipe dumps) is on
@@ -235,6 +239,24 @@ class LocalSource:
             window_s=self.window,
             source="live",
         )
+
+    def _ras_evidence(self, job: JobProcesses, notes: list[str]) -> tuple[ObservedRas, ...]:
+        """NCCL RAS's recent replies as evidence: this job's reports; another job's (or an unreadable
+        one) as none, with a note that lasts until the next reply. A refused connection (no RAS)
+        says nothing."""
+        seen = []
+        for reply, at in self._feed.ras_recent():
+            if at not in self._ras_read:
+                pids = {p.pid for p in job.ranks}
+                whose = ras.ownership(reply.report, pids) if reply.report is not None else None
+                note = whose or (f"NCCL RAS: {reply.note}" if reply.raw and reply.note else None)
+                names = tuple(ras.local_names().items()) if reply.report is not None and not whose else ()
+                self._ras_read = {a: v for a, v in self._ras_read.items() if a > at - 60.0}
+                self._ras_read[at] = (ObservedRas(reply.origin, at, None if whose else reply.report, names), note)
+            seen.append(self._ras_read[at])
+        if seen and seen[-1][1]:
+            notes.append(seen[-1][1])
+        return tuple(observed for observed, _ in seen)
 
     def _rank_evidence(self, proc: RankProcess, sample: StackSample | None, now: float,
                        notes: list[str]) -> ObservedRank:

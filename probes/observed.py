@@ -11,7 +11,8 @@ Adding a collective-state source: one reader module in ``read/`` and one field o
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .errors import TrainwatchError
 from .snapshot import (CollectiveState, ExitInfo, Job, LogActivity, Phase, Rank, RankCollective, RankGpu, Snapshot,
@@ -87,6 +88,77 @@ class ObservedRank:
         return Rank(state=state, stuck_for_s=stuck_for_s, **fields)
 
 
+
+# -- NCCL RAS (read/ras.py asks, read/ras_report.py parses, judge/ras.py judges) -----------------------
+ANY_OP = "collective"  # NCCL < 2.26 counts every collective together
+
+
+class RasReportRank(NamedTuple):
+    """One rank of one communicator as RAS saw it (a tuple: big jobs have thousands)."""
+
+    rank: int  # rank within the communicator
+    host: str = ""  # the rank's node as RAS prints it (its IP address)
+    pid: int | None = None
+    cuda_dev: int | None = None
+    nvml_dev: int | None = None
+    counts: tuple[tuple[str, int], ...] = ()  # (operation, collectives launched), ops RAS reported
+    status: str = "ok"  # ok, missing (reachable, not a member), unreachable, dead
+    error: str | None = None  # an initialization or asynchronous NCCL error
+
+
+class CountGroup(NamedTuple):
+    """Text format: ``26 ranks have launched up to operation 6650`` (for one operation type)."""
+
+    op: str
+    count: int
+    ranks: int
+
+
+@dataclass(frozen=True)
+class RasComm:
+    hash: str  # hex without 0x, as NCCL logs it
+    size: int | None = None  # ranks in the communicator
+    ranks: tuple[RasReportRank, ...] = ()  # JSON: every rank; text: the ranks it names
+    groups: tuple[CountGroup, ...] = ()  # text only
+    complete: bool = False  # ranks lists every rank with its counts (JSON)
+    problems: tuple[str, ...] = ()  # text: MISMATCH, INCOMPLETE, ERROR
+
+
+@dataclass(frozen=True)
+class RasProcess:
+    pid: int | None
+    host: str
+    gpus: str = ""
+
+
+@dataclass(frozen=True)
+class RasReport:
+    format: str  # "json" or "text"
+    nccl_version: str | None = None
+    comms: tuple[RasComm, ...] = ()
+    dead: tuple[RasProcess, ...] = ()  # text DEAD section
+    unreachable: tuple[RasProcess, ...] = ()  # text INCOMPLETE section (job processes)
+    timeouts: int = 0
+    healthy_groups: int = 0  # text: communicator groups whose table row says OK
+    notes: tuple[str, ...] = field(default=())
+
+    def pids(self) -> set[int]:
+        """Every process ID the report names."""
+        found = {r.pid for c in self.comms for r in c.ranks if r.pid is not None}
+        return found | {p.pid for p in (*self.dead, *self.unreachable) if p.pid is not None}
+
+
+@dataclass(frozen=True)
+class ObservedRas:
+    """One NCCL RAS reply of this job (another job's is not one): when it was asked, and the
+    node names its host addresses stand for where known (this node's)."""
+
+    origin: str  # host:port asked
+    at: float  # unix time it was asked
+    report: RasReport | None = None  # None: the job's RAS gave nothing usable this time
+    names: tuple[tuple[str, str], ...] = ()  # (address, node name)
+
+
 @dataclass(frozen=True)
 class ObservedJob:
     """Everything read about one job in one poll: the ranks, and every collective-state source.
@@ -94,12 +166,16 @@ class ObservedJob:
     Each collective-state source is one field holding a ``CollectiveState`` (the judge combines
     them all, see :meth:`collective_state`). ``collectives``: the Flight Recorder's view (hook,
     dump files, pipe, debug server; read back from a snapshot: every source's, combined).
+    ``ras``: NCCL RAS's recent replies, oldest first: judging them takes memory across polls, so
+    they are raw evidence, not a ``CollectiveState`` (``judge/ras.py``; the judged state joins the
+    collective state as ``CollectiveState.ras``); empty: no RAS evidence this poll.
     ``unsampled``: why no rank could be sampled at all (py-spy missing), or None."""
 
     job: Job
     ranks: tuple[ObservedRank, ...] = ()
     collectives: CollectiveState | None = None
     unsampled: str | None = None
+    ras: tuple[ObservedRas, ...] = ()
 
     def collective_state(self) -> CollectiveState | None:
         """Every collective-state source of this poll as one state (:func:`combine_states`)."""
@@ -109,7 +185,8 @@ class ObservedJob:
 
 def combine_states(states: list[CollectiveState | None]) -> CollectiveState | None:
     """Several collective states as one: each (rank, process group) row from the first state that
-    has it, the first divergence found, every culprit, the sources joined with ``+``."""
+    has it, the first divergence found, every culprit, the sources joined with ``+``, the first
+    NCCL RAS state."""
     present = [s for s in states if s is not None]
     if len(present) <= 1:
         return present[0] if present else None
@@ -120,7 +197,8 @@ def combine_states(states: list[CollectiveState | None]) -> CollectiveState | No
     return CollectiveState(source="+".join(dict.fromkeys(s.source for s in present)),
                            ranks=tuple(sorted(rows.values(), key=lambda r: (r.rank, r.pg))),
                            divergence=next((s.divergence for s in present if s.divergence), None),
-                           culprits=tuple(sorted({c for s in present for c in s.culprits})))
+                           culprits=tuple(sorted({c for s in present for c in s.culprits})),
+                           ras=next((s.ras for s in present if s.ras is not None), None))
 
 
 def observed_rank(rank: Rank) -> ObservedRank:

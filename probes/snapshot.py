@@ -215,11 +215,52 @@ class RankCollective:
 
 
 @dataclass(frozen=True)
+class OpCount:
+    op: str  # NCCL's name: AllReduce, AllGather, ... ("collective" from NCCL < 2.26: one count for all)
+    count: int  # collectives of that type the rank has launched
+
+
+@dataclass(frozen=True)
+class RasRank:
+    """One rank of one communicator as NCCL RAS reported it (any node)."""
+
+    comm: str  # the communicator's hash, as NCCL logs it
+    comm_rank: int
+    rank: int | None = None  # global rank (its rank in the job-wide communicator), when known
+    host: str = ""  # the rank's node as RAS names it (its IP address)
+    pid: int | None = None
+    gpu: int | None = None  # CUDA device
+    nvml_gpu: int | None = None
+    counts: tuple[OpCount, ...] = ()
+    status: str = "ok"  # ok, missing (reachable, not a member), unreachable, dead
+    moving: bool | None = None  # its counts advanced since the previous poll (None: no previous poll)
+
+
+@dataclass(frozen=True)
+class RasState:
+    """What NCCL RAS said about the whole job, judged across two polls (probes/judge/ras.py)."""
+
+    origin: str  # host:port asked
+    format: str = "text"  # json or text
+    nccl_version: str | None = None
+    taken_at: float | None = None
+    comms: tuple[str, ...] = ()  # communicator hashes; "communicator N" is the N-th
+    ranks: tuple[RasRank, ...] = ()  # every rank when small; else the notable ones (culprits, local, not ok)
+    kind: str | None = None  # behind, mismatch, unreachable, dead; None: nothing wrong (yet)
+    finding: str | None = None  # the kind in words, culprits with host and PID
+    culprits: tuple[int, ...] = ()  # global ranks
+    advancing: bool = False  # some communicator's counts advanced since the previous poll
+    still_s: float | None = None  # how long the counts have not moved
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class CollectiveState:
-    source: str  # where the traces came from: "hook", "flight-recorder-file", "pipe", ...
+    source: str  # where the traces came from: "hook", "flight-recorder-file", "pipe", "ras", ...
     ranks: tuple[RankCollective, ...] = ()
     divergence: str | None = None  # first point where ranks disagree, in words
     culprits: tuple[int, ...] = ()
+    ras: RasState | None = None  # NCCL RAS's view of every rank, when the job's RAS answered
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ Layout of ``trainwatch-<host>-<pid>-<UTC time>/``::
     ranks/<rank>/      stacks.txt, stacks-native.txt, hook-stacks.txt, faulthandler.txt,
                        flight-recorder/*, proc.txt, fds.txt, env.txt, nccl-settings.txt,
                        log-tail.txt (as the live view reads it), log-raw.txt, notes.txt
-    host/              gpu.txt, xid.txt, process-tree.txt, ras-status.txt, debug-server.txt
+    host/              gpu.txt, xid.txt, process-tree.txt, ras.txt, ras.json, ras-summary.txt,
+                       debug-server.txt
 
 Written owner-only into ``<name>.partial/`` and renamed when complete (a tarball goes
 through a temp file and ``os.replace``), so the final name never holds half a bundle.
@@ -36,9 +37,9 @@ from ..redact import Redactor
 from .summary import render
 from ..read import flightrec
 from ..judge.judgement import JudgeMemory, judge_job
-from ..read import hookclient, nccl_state
+from ..read import hookclient, nccl_state, ras
 from ..read.discover import find_job
-from ..observed import observed_snapshot
+from ..observed import ObservedRas, observed_snapshot
 from ..snapshot import UNJUDGED_VERDICTS, CollectiveState, Snapshot
 from ..source import Source
 
@@ -150,44 +151,68 @@ def _host_files(snapshot: Snapshot) -> tuple[dict[str, str], list[str]]:
     return files, notes
 
 
-def _ras(evidence: list[RankEvidence]) -> tuple[dict[str, str], list[str], list[str]]:
-    """NCCL RAS once per address the ranks name (default localhost:28028)."""
-    files, notes, worked = {}, [], []
-    addresses = {nccl_state.ras_address(ev.env or {}) for ev in evidence} or {("localhost", nccl_state.RAS_DEFAULT_PORT)}
+def _ras(evidence: list[RankEvidence]) -> tuple[dict[str, str], list[str], list[str], ObservedRas | None]:
+    """NCCL RAS once per address the ranks name (default localhost:28028): the text report a person
+    reads (host/ras.txt), the JSON one where the service has it (host/ras.json), and this job's
+    report as evidence for the judge."""
+    files, notes, worked, seen = {}, [], [], None
+    envs = [ev.env or {} for ev in evidence]
+    if envs and all(ras.disabled(env) for env in envs):
+        return files, ["NCCL RAS: off in this job (NCCL_RAS_ENABLE=0)"], worked, None
+    pids = {ev.pid for ev in evidence if ev.pid is not None}
+    addresses = {ras.address(env) for env in envs} or {("localhost", ras.DEFAULT_PORT)}
     for host, port in sorted(addresses):
-        found = nccl_state.ras_status(host, port)
-        if found.data is None:
-            notes.append(f"NCCL RAS: {found.note}")
+        text = ras.query(host, port, want_json=False)
+        if text.raw is None:
+            notes.append(f"NCCL RAS: {text.note}")
             continue
-        text = found.data.decode(errors="replace")
-        files["host/ras-status.txt"] = text
-        files["host/ras-summary.txt"] = "\n".join(nccl_state.summarize_ras(text)) + "\n"
+        files["host/ras.txt"] = text.raw.decode(errors="replace")
+        files["host/ras-summary.txt"] = "\n".join(nccl_state.summarize_ras(files["host/ras.txt"])) + "\n"
         worked.append(f"{host}:{port}")
-    return files, notes, worked
+        at = time.time()
+        reply = ras.query(host, port, want_json=True)
+        if reply.format == "json" and reply.raw:
+            files["host/ras.json"] = reply.raw.decode(errors="replace")
+        report = reply.report or text.report
+        whose = ras.ownership(report, pids) if report is not None else None
+        if whose:
+            notes.append(whose)
+        elif report is not None and seen is None:
+            seen = ObservedRas(reply.origin, at, report, tuple(ras.local_names().items()))
+        notes += [f"NCCL RAS: {r.note}" for r in (text, reply) if r.note]
+    return files, notes, worked, seen
 
 
 def _with_collectives(snapshot: Snapshot, evidence: list[RankEvidence], redactor: Redactor,
-                      extra_notes: list[str], familiar: Mapping[int, frozenset[str]] | None = None) -> Snapshot:
+                      extra_notes: list[str], familiar: Mapping[int, frozenset[str]] | None = None,
+                      ras_seen: ObservedRas | None = None) -> Snapshot:
     traces = {ev.rank: ev.trace for ev in evidence if ev.rank is not None and ev.trace is not None}
     sources = sorted({ev.trace_source for ev in evidence if ev.trace is not None and ev.trace_source})
     state = flightrec.analyze(traces, source="+".join(sources) or "flight-recorder") if traces else None
+    if state is not None and snapshot.collectives is not None and snapshot.collectives.ras is not None:
+        state = dataclasses.replace(state, ras=snapshot.collectives.ras)  # judged across the live view's polls
+    if snapshot.collectives is not None and snapshot.collectives.ras is not None:
+        ras_seen = None  # the live view's RAS state beats the bundle's single look
     job = dataclasses.replace(snapshot.job, cmdline=redactor.cmdline(snapshot.job.cmdline))
     notes = tuple(dict.fromkeys([*snapshot.notes, *extra_notes]))
     taken = dataclasses.replace(snapshot, job=job, notes=notes)
-    return rejudged(taken, state, familiar) if state is not None and state != snapshot.collectives else taken
+    if (state is None or state == snapshot.collectives) and ras_seen is None:
+        return taken
+    return rejudged(taken, state or snapshot.collectives, familiar, ras_seen)
 
 
-def rejudged(snapshot: Snapshot, collectives: CollectiveState,
-             familiar: Mapping[int, frozenset[str]] | None = None) -> Snapshot:
-    """The snapshot with the bundle's own collective state, judged again by the one judge, so the
-    summary's verdict and its Collective state section tell one story. A verdict that finds
-    nothing (healthy, unknown) does not replace the sampled one. ``familiar``: where the source
-    saw each rank while running (its judge's memory), for tie-breaks."""
-    judged = judge_job(dataclasses.replace(observed_snapshot(snapshot), collectives=collectives),
+def rejudged(snapshot: Snapshot, collectives: CollectiveState | None,
+             familiar: Mapping[int, frozenset[str]] | None = None, ras_seen: ObservedRas | None = None) -> Snapshot:
+    """The snapshot with the bundle's own collective state (and NCCL RAS reply), judged again by
+    the one judge, so the summary's verdict and its Collective state section tell one story. A
+    verdict that finds nothing (healthy, unknown) does not replace the sampled one. ``familiar``:
+    where the source saw each rank while running (its judge's memory), for tie-breaks."""
+    ras = (ras_seen,) if ras_seen is not None else ()
+    judged = judge_job(dataclasses.replace(observed_snapshot(snapshot), collectives=collectives, ras=ras),
                        JudgeMemory.after(snapshot, familiar), snapshot.taken_at)
     if judged.verdict.kind in UNJUDGED_VERDICTS:
-        return dataclasses.replace(snapshot, collectives=collectives)
-    return dataclasses.replace(snapshot, collectives=collectives, verdict=judged.verdict, groups=judged.groups)
+        return dataclasses.replace(snapshot, collectives=judged.collectives)
+    return dataclasses.replace(snapshot, collectives=judged.collectives, verdict=judged.verdict, groups=judged.groups)
 
 
 def _manifest(source_pid: int, reason: str | None, redacted: bool, evidence: list[RankEvidence],
@@ -258,7 +283,7 @@ def write_bundle(source_pid: int, snapshot: Snapshot, out_dir: Path, *, tar: boo
             ev.note(f"faulthandler traces: {ev.faulthandler}")
         if ev.trace is None and ev.rank is not None:
             ev.note("no Flight Recorder trace obtainable")
-    ras_files, ras_notes, ras_worked = _ras(evidence)
+    ras_files, ras_notes, ras_worked, ras_seen = _ras(evidence)
     notes += ras_notes
     host_files, host_notes = _host_files(snapshot)
     notes += host_notes
@@ -271,7 +296,7 @@ def write_bundle(source_pid: int, snapshot: Snapshot, out_dir: Path, *, tar: boo
             sources.setdefault(ev.trace_source, []).append(ev.label)
     if ras_worked:
         sources["ras"] = ras_worked
-    bundle_snapshot = _with_collectives(snapshot, evidence, redactor, [], familiar)
+    bundle_snapshot = _with_collectives(snapshot, evidence, redactor, [], familiar, ras_seen)
     try:
         writer = _Writer(partial, redactor)
         writer.write("bundle.json", _manifest(source_pid, reason, redact, evidence, sources))

@@ -8,6 +8,7 @@ from importlib import metadata
 
 from .bundle_rank import RankEvidence
 from ..judge import exits
+from ..judge import ras as ras_judge
 from ..read import flightrec
 from ..judge.steps import step_label
 from ..judge.groups import group_what
@@ -44,8 +45,10 @@ def render(snapshot: Snapshot, evidence: list[RankEvidence], host_notes: list[st
 
     out += ["", "## Collective state", ""]
     state = snapshot.collectives
-    if state is None:
+    if state is None or (not state.ranks and state.ras is None):
         out.append("No collective state: no Flight Recorder trace was obtainable (see below).")
+    elif not state.ranks:
+        out.append("No Flight Recorder trace was obtainable (see below); NCCL RAS answered.")
     else:
         if state.divergence:
             out.append(f"**First disagreement**: {state.divergence}")
@@ -53,6 +56,13 @@ def render(snapshot: Snapshot, evidence: list[RankEvidence], host_notes: list[st
         else:
             out.append("The ranks' collectives agree.")
         out += ["", f"Source: {state.source}", "", "```", *flightrec.describe(state, now=time.time()), "```"]
+    if state is not None and state.ras is not None:
+        out += ["", "### NCCL RAS (every rank of the job, from this node)", ""]
+        if state.ras.finding:
+            out.append(f"**Finding**: {state.ras.finding}")
+            if state.ras.culprits:
+                out.append(f"Culprit rank(s) by NCCL RAS: {compact_ranks(state.ras.culprits)}")
+        out += ["", "```", *ras_judge.describe(state.ras), "```"]
     if sources:
         out += ["", "Sources that worked:"]
         out += [f"- {name}: {', '.join(where)}" for name, where in sorted(sources.items())]

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field, replace
 from .exits import first_to_die
 from .groups import group_ranks
 from .progress import CompletedCollectives, ProgressTracker
+from .ras import RasTracker, progress_pids
 from .verdict import judge
 from ..observed import ObservedJob, ObservedRank
-from ..snapshot import UNJUDGED_VERDICTS, CollectiveState, Group, Rank, Snapshot, Verdict
+from ..snapshot import UNJUDGED_VERDICTS, CollectiveState, Group, RasState, Rank, Snapshot, Verdict
 
 # Rounding for "enough": a window of samples taken on a schedule ends a little early.
 SLACK = 0.95
@@ -31,6 +32,9 @@ class JudgeMemory:
 
     progress: ProgressTracker = field(default_factory=ProgressTracker)
     completed: CompletedCollectives = field(default_factory=CompletedCollectives)
+    ras: RasTracker = field(default_factory=RasTracker)  # NCCL RAS counts of the previous reply
+    ras_state: RasState | None = None
+    ras_at: float = 0.0  # when the last RAS reply judged was asked for
     familiar: dict[int, frozenset[str]] = field(default_factory=dict)
     verdict: Verdict | None = None
 
@@ -58,7 +62,7 @@ class Judgement:
     ranks: tuple[Rank, ...]
     groups: tuple[Group, ...]
     verdict: Verdict
-    collectives: CollectiveState | None = None
+    collectives: CollectiveState | None = None  # the evidence's, with NCCL RAS's judged state
 
 
 def judge_job(evidence: ObservedJob, memory: JudgeMemory, now: float,
@@ -70,6 +74,7 @@ def judge_job(evidence: ObservedJob, memory: JudgeMemory, now: float,
     for ev in evidence.ranks:
         if ev.rank in moved and ev.pid is not None:
             memory.progress.mark_progress(ev.pid, now)
+    collectives = _with_ras(evidence, memory, now, collectives)
     ranks = _first_to_die([rank_state(ev, memory.progress, now, options) for ev in evidence.ranks])
     for rank in ranks:  # where each rank goes while it makes progress: breaks ties between waiting ranks
         if rank.state == "running" and rank.where and rank.rank is not None:
@@ -84,6 +89,31 @@ def judge_job(evidence: ObservedJob, memory: JudgeMemory, now: float,
     memory.verdict = verdict
     return Judgement(ranks=tuple(ranks), groups=group_ranks(ranks, verdict.culprits), verdict=verdict,
                      collectives=collectives)
+
+
+def _with_ras(evidence: ObservedJob, memory: JudgeMemory, now: float,
+              collectives: CollectiveState | None) -> CollectiveState | None:
+    """NCCL RAS's new replies, each judged against the one before; counts that advanced are
+    progress for the local ranks that launched them, like completed collectives. A reply without
+    a report (nothing usable, another job's) ends the state. Evidence without replies (bundles,
+    other nodes' snapshots) keeps the RAS state it carries."""
+    if not evidence.ras:
+        return collectives
+    pids = {ev.pid for ev in evidence.ranks if ev.pid is not None}
+    for seen in sorted(evidence.ras, key=lambda s: s.at):
+        if seen.at <= memory.ras_at:
+            continue
+        memory.ras_at = seen.at
+        if seen.report is None:
+            memory.ras_state = None
+            continue
+        memory.ras_state = memory.ras.observe(seen.report, seen.at, seen.origin, local_pids=pids,
+                                              names=dict(seen.names))
+        for pid in progress_pids(memory.ras_state, pids):
+            memory.progress.mark_progress(pid, now)
+    if memory.ras_state is None:
+        return collectives
+    return replace(collectives or CollectiveState(source="ras"), ras=memory.ras_state)
 
 
 def rank_state(ev: ObservedRank, progress: ProgressTracker, now: float, options: JudgeOptions) -> Rank:

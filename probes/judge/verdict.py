@@ -10,7 +10,7 @@ from .exits import TEARDOWN_SIGNALS, raised_while_alive
 from .gpuwait import judge_gpu_wait, span
 from .groups import group_key
 from .steps import step_note
-from ..snapshot import PROBLEM_VERDICTS, CollectiveState, Job, Phase, Rank, Verdict, age_text, who
+from ..snapshot import PROBLEM_VERDICTS, CollectiveState, Job, Phase, Rank, Verdict, VerdictKind, age_text, who
 
 
 def verb(ranks: Sequence, singular: str, plural: str) -> str:
@@ -87,8 +87,9 @@ def judge(ranks: Sequence[Rank], job: Job | None = None,
     ties between ranks that wait in different places (a place nobody else ever visited is the odd one).
     ``now``: the time the ranks were observed, for the age of pending collectives.
     """
-    verdict = (_crashed(ranks) or _rendezvous(ranks, job) or _from_collectives(ranks, collectives, familiar or {}, now)
-               or _from_stacks(ranks, collectives, familiar or {}, now))
+    familiar = familiar or {}
+    verdict = (_crashed(ranks) or _rendezvous(ranks, job) or _from_collectives(ranks, collectives, familiar, now)
+               or _from_ras(ranks, collectives, familiar, now) or _from_stacks(ranks, collectives, familiar, now))
     # Which ranks are at another step; not said of a healthy job (ranks read a few ms apart straddle steps).
     note = step_note(ranks) if verdict.kind in PROBLEM_VERDICTS else None
     return replace(verdict, summary=f"{verdict.summary}; {note}") if note else verdict
@@ -161,6 +162,34 @@ def _from_collectives(ranks: Sequence[Rank], state: CollectiveState | None,
     if stacks.kind == "straggler" and set(stacks.culprits) == set(state.culprits):
         return stacks
     return Verdict("straggler", tuple(state.culprits), text)
+
+
+# A RAS finding (probes/judge/ras.py) as a verdict kind: ranks behind hold the others up; ranks
+# RAS cannot reach leave every other rank hung.
+RAS_VERDICTS: dict[str, VerdictKind] = {"behind": "straggler", "mismatch": "mismatch", "unreachable": "hang",
+                                        "dead": "hang"}
+
+
+def _from_ras(ranks: Sequence[Rank], state: CollectiveState | None,
+              familiar: Mapping[int, frozenset[str]], now: float | None) -> Verdict | None:
+    """NCCL RAS's finding, trusted after the Flight Recorder and before the stacks: it sees every
+    rank on every node. Only while some local rank is stuck (RAS counts launches, and a healthy
+    job is one collective apart all the time); when the stacks blame the same ranks, their
+    wording (where the culprits are) is kept."""
+    ras = state.ras if state is not None else None
+    if ras is None or ras.kind not in RAS_VERDICTS or not ras.finding:
+        return None
+    stuck = [r for r in ranks if r.state == "stuck"]
+    if not stuck:
+        return None
+    stacks = _from_stacks(ranks, state, familiar, now)
+    if stacks.kind == RAS_VERDICTS[ras.kind] and stacks.culprits and set(stacks.culprits) == set(ras.culprits):
+        return stacks
+    text = f"{ras.finding} (NCCL RAS)"
+    waiting = [r for r in stuck if r.phase in PEER_WAITS and r.rank not in ras.culprits]
+    for group in by_place(waiting):
+        text += f"; local {who(_numbers(group))} {waits(group, state, now)}"
+    return Verdict(RAS_VERDICTS[ras.kind], tuple(ras.culprits), text)
 
 
 def _trailing(state: CollectiveState) -> bool:

@@ -6,7 +6,9 @@ Sources per rank; the trace that counts is chosen by ``flightrec.fresher`` (as i
 * the armed hook's ``fr_trace`` over its control socket (bounded, ~13 ms for 550 NCCL entries);
 * Flight Recorder dumps already on disk (:func:`nccl_state.fr_files_on_disk`), newer than the job;
 * the NCCL debug-info pipe, for a rank the hook cannot answer for: triggered at most once per
-  stuck episode, its file then awaited for up to ``PIPE_WAIT_S`` in a thread of its own.
+  stuck episode, its file then awaited for up to ``PIPE_WAIT_S`` in a thread of its own;
+* NCCL RAS (:mod:`.ras`): the job's whole view, at most every ``RAS_INTERVAL_S``; kept raw
+  (:meth:`CollectiveFeed.ras_recent`) for the live source to judge across polls.
 
 Nothing here ever blocks a poll: :meth:`CollectiveFeed.latest` returns what the last fetch
 found and starts the next one. One-shot callers (``snapshot``) start the feed, do their own
@@ -23,13 +25,14 @@ from pathlib import Path
 from typing import Callable
 
 from . import flightrec
-from . import hookclient, nccl_state, procfacts
+from . import hookclient, nccl_state, procfacts, ras
 from .process import JobProcesses, RankProcess
 from ..snapshot import CollectiveState
 
 HOOK_TIMEOUT_S = 2.0
 MIN_INTERVAL_S = 1.0  # at most one fetch per second, however often the view polls
 PIPE_WAIT_S = nccl_state.PIPE_WAIT_S
+RAS_INTERVAL_S = 2.0  # RAS gathers from every process of the job: not more often than this
 
 
 class CollectiveFeed:
@@ -56,6 +59,8 @@ class CollectiveFeed:
         self._awaiting: set[int] = set()  # ranks whose pipe dump is being awaited
         self._seen_files: dict[str, tuple[float, int]] = {}  # path -> (mtime, size) already read
         self._envs: dict[int, dict[str, str]] = {}
+        self._ras: tuple[tuple[ras.RasReply, float], ...] = ()  # recent replies and when asked, oldest first
+        self._ras_started = float("-inf")
         self.refresh()
 
     # -- the interface -------------------------------------------------------------------
@@ -102,6 +107,12 @@ class CollectiveFeed:
         with self._lock:
             return self._state
 
+    def ras_recent(self) -> tuple[tuple[ras.RasReply, float], ...]:
+        """NCCL RAS's last two replies, oldest first, each with the unix time it was asked for (a
+        one-shot caller's first look and its second)."""
+        with self._lock:
+            return self._ras
+
     def close(self) -> None:
         """Stop: no new fetch, pipe waits end at their next check. Returns at once."""
         self._closed.set()
@@ -121,9 +132,23 @@ class CollectiveFeed:
         for thread in threads:
             thread.start()
         deadline = time.monotonic() + self._hook_timeout + 1.0
+        self._fetch_ras(ranks)  # meanwhile, in this thread
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         self._analyse()
+
+    def _fetch_ras(self, ranks: list[RankProcess]) -> None:
+        """One bounded RAS query at the address the ranks name, unless one ran recently or RAS is off."""
+        if not ranks or time.monotonic() - self._ras_started < RAS_INTERVAL_S:
+            return
+        self._ras_started = time.monotonic()
+        env = self._env(ranks[0])
+        if ras.disabled(env):
+            return
+        at = time.time()
+        reply = ras.query(*ras.address(env))
+        with self._lock:
+            self._ras = (*self._ras, (reply, at))[-2:]
 
     def _fetch_rank(self, proc: RankProcess, sock: Path | None, since: float) -> None:
         rank = proc.rank

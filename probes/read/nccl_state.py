@@ -10,7 +10,7 @@ Sources, in the order the bundle tries them:
    ``PIPE_WAIT_S`` for the file (the dump symbolizes C++ stacks first: 5.7 s on an H100);
 3. ``torch.distributed.debug`` worker servers, found under ``debug_server/rank<N>`` in the
    job's TCPStore (read in a subprocess, only when this interpreter has torch);
-4. NCCL RAS (NCCL >= 2.24) on ``NCCL_RAS_ADDR`` (default ``localhost:28028``): ``STATUS``;
+4. NCCL RAS (NCCL >= 2.24) on ``NCCL_RAS_ADDR`` (default ``localhost:28028``): see :mod:`.ras`;
 5. the trainwatch hook of armed ranks (see :mod:`trainwatch.probes.read.hookclient`);
 6. the ``NCCL_*`` / ``TORCH_NCCL_*`` / ``TORCH_FR_*`` / ``CUDA_*`` settings and the
    ``NCCL_DEBUG_FILE`` logs.
@@ -25,7 +25,6 @@ import errno
 import importlib.util
 import json
 import os
-import socket
 import stat
 import subprocess
 import sys
@@ -37,9 +36,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from . import ras
+
 DEFAULT_FR_NAME = "comm_lib_trace_rank_"
-RAS_DEFAULT_PORT = 28028
-RAS_CLIENT_PROTOCOL = 2
+RAS_DEFAULT_PORT = ras.DEFAULT_PORT
 SETTING_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_FR_", "CUDA_", "TORCH_DISTRIBUTED_DEBUG", "TORCH_CPP_LOG")
 MAX_FILE_BYTES = 64 * 1024 * 1024
 LOG_TAIL_BYTES = 1024 * 1024
@@ -203,57 +203,27 @@ def fetch_debug_handler(url: str, handler: str, timeout: float = 5.0) -> Found:
 
 def ras_address(env: dict[str, str]) -> tuple[str, int]:
     """``NCCL_RAS_ADDR`` (``host:port``), default ``localhost:28028``."""
-    value = env.get("NCCL_RAS_ADDR") or ""
-    host, _, port = value.rpartition(":") if ":" in value else (value, "", "")
-    try:
-        return (host.strip("[]") or "localhost"), int(port) if port else RAS_DEFAULT_PORT
-    except ValueError:
-        return host or "localhost", RAS_DEFAULT_PORT
+    return ras.address(env)
 
 
-def ras_status(host: str, port: int, timeout: float = 3.0, limit: int = 4 * 1024 * 1024) -> Found:
-    """NCCL RAS: handshake, then ``STATUS``; the raw reply, or why not (bounded everywhere)."""
-    origin = f"{host}:{port}"
-    try:
-        with socket.create_connection((host, port), timeout=timeout) as conn:
-            conn.settimeout(timeout)
-            conn.sendall(f"CLIENT PROTOCOL {RAS_CLIENT_PROTOCOL}\n".encode())
-            hello = _read_line(conn)
-            if not hello.upper().startswith("SERVER PROTOCOL"):
-                return Found("ras", origin=origin, note=f"{origin} is not NCCL RAS (answered {hello[:60]!r})")
-            conn.sendall(b"STATUS\n")
-            chunks, size = [], 0
-            deadline = time.monotonic() + timeout * 3
-            while size < limit and time.monotonic() < deadline:
-                data = conn.recv(65536)
-                if not data:
-                    break
-                chunks.append(data)
-                size += len(data)
-    except socket.timeout:
-        return Found("ras", origin=origin, note=f"NCCL RAS at {origin} did not answer within {timeout:g}s")
-    except OSError as exc:
-        return Found("ras", origin=origin,
-                     note=f"no NCCL RAS at {origin} ({exc.strerror or exc}; needs NCCL >= 2.24 with RAS enabled)")
-    return Found("ras", b"".join(chunks), origin)
+def ras_status(host: str, port: int, timeout: float = 3.0, want_json: bool = False) -> Found:
+    """NCCL RAS's report (text, or JSON where the service has it) through :func:`ras.query`;
+    the raw bytes, or why not (bounded everywhere)."""
+    reply = ras.query(host, port, timeout=timeout, want_json=want_json)
+    return Found("ras", reply.raw or None, reply.origin, note=reply.note)
 
 
-def _read_line(conn: socket.socket, limit: int = 4096) -> str:
-    data = b""
-    while not data.endswith(b"\n") and len(data) < limit:
-        chunk = conn.recv(1)
-        if not chunk:
-            break
-        data += chunk
-    return data.decode(errors="replace").strip()
-
-
-def summarize_ras(text: str, limit: int = 20) -> list[str]:
-    """The lines of a RAS STATUS report worth reading first: errors, warnings, missing ranks."""
+def summarize_ras(text: str, limit: int = 40) -> list[str]:
+    """The lines of a RAS text report worth reading first: its Errors and Warnings sections (what
+    NCCL found wrong, with the processes it names); a report without them, its notable lines."""
+    lines = [line.rstrip() for line in text.splitlines() if line.strip() and not set(line.strip()) <= {"="}]
+    start = next((i for i, line in enumerate(lines) if line.strip() == "Errors"), None)
+    if start is not None:
+        problems = [line for line in lines[start:] if line.strip() not in ("Errors", "Warnings")]
+        return (problems or ["no errors or warnings"])[:limit]
     keys = ("error", "warn", "missing", "unresponsive", "dead", "mismatch", "not ", "timeout")
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    notable = [line for line in lines if any(k in line.lower() for k in keys)]
-    return (notable or lines)[:limit]
+    notable = [line.strip() for line in lines if any(k in line.lower() for k in keys)]
+    return (notable or [line.strip() for line in lines])[:limit]
 
 
 def settings(env: dict[str, str]) -> dict[str, str]:

@@ -31,7 +31,31 @@ from ..snapshot import Snapshot
 KILL_GRACE_S = 2.5
 
 
-class MultiNodeSource:
+class NodeEvidence:
+    """What every multi-node source does alike: pause the local probe's judgement while evidence is
+    taken (other nodes judge their own progress), and fetch the other nodes' bundles one-shot."""
+
+    local: Any
+    remotes: Sequence[Any]
+    timeout: float
+    trainwatch: Any
+    match: Any
+    parallel: Any
+    runner: Any
+
+    def paused_judgement(self) -> AbstractContextManager[None]:
+        if self.local is None:
+            return contextlib.nullcontext()
+        return self.local.paused_judgement()
+
+    def collect_bundles(self, bundle_dir: Path, timeout: float | None = None) -> list[str]:
+        """Fetch every other node's evidence bundle into ``<bundle_dir>/hosts/<node>/``."""
+        return collect_remote_bundles(self.remotes, Path(bundle_dir), timeout or self.timeout,
+                                      trainwatch=self.trainwatch, match=self.match,
+                                      parallel=self.parallel, runner=self.runner)
+
+
+class MultiNodeSource(NodeEvidence):
     """Polls this node (``local_source``, may be None) and ``remotes``; returns one merged Snapshot."""
 
     def __init__(self, local_source: Any, remotes: Sequence[Remote], *, match: list[str],
@@ -121,18 +145,6 @@ class MultiNodeSource:
         if latest is not None and latest.error:
             return NodeView(name=name, error=f"{latest.error} (asking again)")
         return NodeView(name=name, error=f"slow: no answer after {self.wait_s:g}s (still waiting, up to {self.timeout:g}s)")
-
-    def paused_judgement(self) -> AbstractContextManager[None]:
-        """The local probe's pause (other nodes judge their own progress); nothing without one."""
-        if self.local is None:
-            return contextlib.nullcontext()
-        return self.local.paused_judgement()
-
-    def collect_bundles(self, bundle_dir: Path, timeout: float | None = None) -> list[str]:
-        """Fetch every other node's evidence bundle into ``<bundle_dir>/hosts/<node>/``."""
-        return collect_remote_bundles(self.remotes, Path(bundle_dir), timeout or self.timeout,
-                                      trainwatch=self.trainwatch, match=self.match,
-                                      parallel=self.parallel, runner=self.runner)
 
     def close(self) -> None:
         """Kill every remote call still running and stop the workers; closes the local source too."""

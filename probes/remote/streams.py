@@ -27,7 +27,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -36,9 +35,10 @@ from ..errors import TrainwatchError
 from ..judge.judgement import JudgeMemory
 from ..snapshot import Snapshot, SnapshotError
 from .merge import NodeView, merge_nodes
+from .multinode import NodeEvidence
 from .remote import (
     DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, Remote, Result, Runner, SlurmRemote, SshRemote,
-    classify_failure, collect_remote_bundles, slurm_step_argv,
+    classify_failure, slurm_step_argv,
 )
 from .wire import NodeAnswer, decode_node
 
@@ -157,7 +157,7 @@ class Running:
     exited_at: float | None = None
 
 
-class StreamSource:
+class StreamSource(NodeEvidence):
     """Polls this node (``local_source``, may be None) and reads the other nodes' agents; one merged Snapshot."""
 
     def __init__(self, local_source: Any, remotes: Sequence[Remote], *, match: list[str],
@@ -473,17 +473,6 @@ class StreamSource:
         lines = sum(s.lines for s in states)
         return {"nodes": len(states), "lines": lines, "bytes": sum(s.bytes for s in states),
                 "answered": sum(1 for s in states if s.answer is not None)}
-
-    def paused_judgement(self) -> AbstractContextManager[None]:
-        if self.local is None:
-            return contextlib.nullcontext()
-        return self.local.paused_judgement()
-
-    def collect_bundles(self, bundle_dir: Path, timeout: float | None = None) -> list[str]:
-        """Every other node's evidence bundle, by one-shot calls (over the agents' ssh connections)."""
-        return collect_remote_bundles(self.remotes, Path(bundle_dir), timeout or self.timeout,
-                                      trainwatch=self.trainwatch, match=self.match,
-                                      parallel=self.parallel, runner=self.runner)
 
     def close(self) -> None:
         """Stop every agent (stdin closed, then its process group killed), the threads, the local source."""

@@ -28,10 +28,13 @@ JOBS = {
     "bench_attach": ["--ranks", "2", "--seconds", "8", "--interval", "1"],
     "bench_native": ["--ranks", "2", "--seconds", "4", "--polls", "3"],
 }
+# Benchmarks with a test file of their own (stronger checks on what they return).
+OWN_TEST = {"bench_ras": "test_bench_ras.py"}
 
 
 def test_every_benchmark_is_run_here():
-    assert sorted(p.stem for p in HERE.glob("bench_*.py")) == sorted([*PURE, *JOBS])
+    assert sorted(p.stem for p in HERE.glob("bench_*.py")) == sorted([*PURE, *JOBS, *OWN_TEST])
+    assert all((HERE / test).exists() for test in OWN_TEST.values())
 
 
 @pytest.mark.parametrize("name", sorted(PURE))

@@ -6,6 +6,7 @@ import threading
 import time
 
 
+from ras_server import FIXTURES, RasServer, takes
 from trainwatch.probes.read import nccl_state
 
 
@@ -66,45 +67,15 @@ def test_pipe_dump_collects_the_file(tmp_path):
     assert got and found.data is not None and found.source == "pipe", found.note
 
 
-class _RasServer:
-    """A minimal NCCL RAS: handshake, then a canned STATUS report."""
-
-    REPORT = b"NCCL version 2.24.3\nJob summary\n  Nodes 1 Processes 3\nErrors\n  Rank 2 unresponsive\n"
-
-    def __init__(self, answer_status=True):
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen()
-        self.port = self.sock.getsockname()[1]
-        self.lines = []
-        self.answer_status = answer_status
-        self.thread = threading.Thread(target=self.serve, daemon=True)
-        self.thread.start()
-
-    def serve(self):
-        conn, _ = self.sock.accept()
-        with conn, conn.makefile("rb") as reader:
-            self.lines.append(reader.readline())
-            conn.sendall(b"SERVER PROTOCOL 2\n")
-            self.lines.append(reader.readline())
-            if self.answer_status:
-                conn.sendall(self.REPORT)
-            else:
-                time.sleep(3)  # deliberate: a server that stays silent past the client's timeout
-
-    def close(self):
-        self.sock.close()
-
-
 def test_ras_status_against_a_local_server():
-    server = _RasServer()
-    try:
+    """The raw text report, for bundles, through the RAS client (a stand-in server on loopback)."""
+    with RasServer(takes("dead")) as server:
         found = nccl_state.ras_status("127.0.0.1", server.port, timeout=2)
-    finally:
-        server.close()
-    assert found.data == _RasServer.REPORT
-    assert server.lines == [b"CLIENT PROTOCOL 2\n", b"STATUS\n"]
-    assert "Rank 2 unresponsive" in nccl_state.summarize_ras(found.data.decode())
+    assert found.data == (FIXTURES / "synthetic-dead-a.txt").read_bytes()
+    assert server.commands[0] == "CLIENT PROTOCOL 2" and server.commands[-1] == "VERBOSE STATUS"
+    assert "SET FORMAT json" not in server.commands  # the text report is what a person reads
+    summary = nccl_state.summarize_ras(found.data.decode())
+    assert any("Process 5202 on node 10.0.0.12" in line for line in summary), summary
 
 
 def test_ras_absent_or_silent_is_a_note():
@@ -113,14 +84,11 @@ def test_ras_absent_or_silent_is_a_note():
         port = probe.getsockname()[1]
     found = nccl_state.ras_status("127.0.0.1", port, timeout=1)
     assert found.data is None and "no NCCL RAS" in found.note
-    server = _RasServer(answer_status=False)
     started = time.monotonic()
-    try:
+    with RasServer(takes("healthy"), silent=True) as server:
         found = nccl_state.ras_status("127.0.0.1", server.port, timeout=0.5)
-    finally:
-        server.close()
     assert time.monotonic() - started < 5  # bounded even when the server never answers
-    assert found.data == b"" or "did not answer" in (found.note or "")
+    assert found.data is None and "did not answer" in found.note
 
 
 def test_ras_address_parsing():

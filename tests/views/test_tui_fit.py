@@ -88,3 +88,19 @@ async def test_a_bundle_shows_its_times_as_at_the_dump():
         assert "at dump: for 34s" in text and "dumped 2m30s ago" in text, text
         assert "up 10m04s at dump" in text  # started 754 s before the clock, dumped 150 s before it
         assert "3m04s" not in text  # not the verdict's age measured against the time of reading
+
+
+def test_at_80_columns_a_long_op_stays_whole_and_the_phase_folds_into_it():
+    plan = {c.key: c.width for c in plan_columns(80, 4, True, op_width=len("all_reduce (DDP gradients)"))}
+    assert "phase" not in plan and plan["what"] == 26 and plan["where"] >= 24
+    short = [c.key for c in plan_columns(80, 4, True, op_width=len("all_reduce"))]
+    assert short == ["rank", "state", "phase", "op", "where"]  # a short op: nothing folds
+
+
+async def test_at_80x24_the_ddp_op_is_read_in_full_next_to_its_frame():
+    app, _ = make_app(ddp_straggler())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.polls == 1)
+        rows = [line for line in screen_text(app).splitlines() if "stuck 34s" in line and "all_reduce" in line]
+        assert len(rows) == 3 and all("all_reduce (DDP gradients)" in row for row in rows), rows
+        assert all("train.py:68 compute_step" in row for row in rows), rows

@@ -22,8 +22,8 @@ CURSOR_STYLE = "reverse"
 
 
 def groups_text(snapshot: Snapshot | None, cursor: int | None = None, width: int | None = None) -> Text:
-    """The groups (the one at ``cursor`` highlighted), the collectives' divergence, then notes;
-    ``width``: the cells a line has (a group's frame is never wrapped in the middle)."""
+    """The groups (the one at ``cursor`` highlighted), the collectives' divergence and NCCL RAS's
+    finding, then notes; ``width``: the cells a line has (a group's frame is never wrapped in the middle)."""
     if snapshot is None:
         return Text("no sample yet", style="dim")
     culprits = set(snapshot.verdict.culprits)
@@ -38,6 +38,8 @@ def groups_text(snapshot: Snapshot | None, cursor: int | None = None, width: int
     collectives = snapshot.collectives
     if collectives is not None and collectives.divergence:
         lines.append(Text.assemble(("collectives: ", "bold magenta"), collectives.divergence))
+    if collectives is not None and collectives.ras is not None and collectives.ras.finding:
+        lines.append(Text.assemble(("NCCL RAS: ", "bold magenta"), collectives.ras.finding))
     for note in snapshot.notes:
         lines.append(Text(f"note: {note}", style="dim"))
     return Text("\n").join(lines)

@@ -25,7 +25,7 @@ from ...probes import Rank
 
 from . import format as fmt
 from .history import History
-from .lines import phase_text, state_text
+from .lines import phase_style, phase_text, state_text
 
 SPARK_LEN = 6
 STEP_SPARK_LEN = 4  # the step's recent periods, scaled to the slowest shown
@@ -58,10 +58,22 @@ OPTIONAL = (  # in the order they are given room, and shown
 
 def plan_columns(width: int, rank_width: int, with_step: bool, op_width: int = OP_MIN) -> tuple[ColumnSpec, ...]:
     """The columns that fit in ``width`` cells: the op gets what its cells need first (``where``
-    keeping ``WHERE_FLOOR``), then the optional columns, and ``where`` takes what is left."""
-    core = (ColumnSpec("rank", "rank", rank_width), *CORE)
+    keeping ``WHERE_FLOOR``), then the optional columns, and ``where`` takes what is left. Where the
+    op would be cut, the phase column folds into it: ``what`` shows the op (or the phase when there
+    is none) in the phase's colour, so ``all_reduce (DDP gradients)`` stays whole at 80 columns."""
+    plan = _plan(width, rank_width, with_step, op_width, CORE, "op")
+    if _width(plan, "op") < op_width:
+        folded = _plan(width, rank_width, with_step, op_width, CORE[:1], "what")
+        if _width(folded, "what") > _width(plan, "op"):
+            return folded
+    return plan
+
+
+def _plan(width: int, rank_width: int, with_step: bool, op_width: int, core_columns: tuple[ColumnSpec, ...],
+          op_key: str) -> tuple[ColumnSpec, ...]:
+    core = (ColumnSpec("rank", "rank", rank_width), *core_columns)
     room = width - SCROLLBAR - sum(c.width + PADDING for c in core) - PADDING
-    op = ColumnSpec("op", "op", max(OP_MIN, min(op_width, OP_MAX, room - PADDING - WHERE_FLOOR)))
+    op = ColumnSpec(op_key, "op", max(OP_MIN, min(op_width, OP_MAX, room - PADDING - WHERE_FLOOR)))
     fixed = (*core, op)
     room -= op.width + PADDING
     extra = []
@@ -73,6 +85,10 @@ def plan_columns(width: int, rank_width: int, with_step: bool, op_width: int = O
             room -= column.width + PADDING
     where = ColumnSpec("where", "where", max(12, min(room, WHERE_MAX)))
     return (*fixed, where, *extra)
+
+
+def _width(plan: tuple[ColumnSpec, ...], key: str) -> int:
+    return next(c.width for c in plan if c.key == key)
 
 
 @dataclass(frozen=True)
@@ -129,6 +145,7 @@ def row_cells(rank: Rank, culprit: bool, history: History) -> dict[str, object]:
         "state": state_text(rank),
         "phase": phase_text(rank.phase),
         "op": Text(rank.op or ""),
+        "what": Text(rank.op, style=phase_style(rank.phase)) if rank.op else phase_text(rank.phase),
         "where": Text(rank.where or ""),
         "cpu": cpu,
         "step": step_cell(rank, history),
