@@ -14,6 +14,8 @@ from pathlib import Path
 
 import psutil
 
+from trainwatch.probes.errors import TrainwatchError
+from trainwatch.probes.read.pyspy import dump_stacks
 from trainwatch.tui.planted import stop_job_tree
 
 PLANTED = Path(__file__).resolve().parents[1] / "tui" / "planted.py"
@@ -32,6 +34,42 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def wait_until(check, timeout: float, what: str, interval: float = 0.2):
+    """Poll ``check()`` until it returns something truthy and return that: a wait on a condition,
+    never a fixed sleep. Past ``timeout`` seconds, fail naming ``what`` was awaited."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
+
+
+def rank_stuck_at(script: Path, marker: str, code: Path | None = None) -> bool:
+    """Whether a rank running ``script`` (any PID namespace, e.g. a test node's) is on the one line
+    of ``code`` (default: ``script``, a copy of tui/planted.py; else a file ``script`` runs) containing
+    ``marker``: its innermost frame in either file, as py-spy sees it. Readiness for a planted fault, e.g. the straggler's
+    ``# stuck in its own work``."""
+    code = Path(code or script)
+    lines = [n for n, text in enumerate(code.read_text().splitlines(), start=1) if marker in text]
+    assert len(lines) == 1, f"{marker!r} in {code}: lines {lines}"
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if str(script) not in cmd or "torch.distributed.run" in cmd:  # a rank, not its launcher
+            continue
+        try:
+            threads = dump_stacks(proc.info["pid"], timeout=10)
+        except TrainwatchError:
+            continue
+        for thread in threads:
+            ours = [f for f in thread.frames if Path(f.file).name in (Path(script).name, code.name)]
+            if ours and ours[0].line == lines[0]:
+                return True
+    return False
 
 
 def kill_tree(pid: int) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from real_jobs import PlantedJob
+from real_jobs import PLANTED, PlantedJob, rank_stuck_at, wait_until
 from trainwatch.probes.errors import BadBundle, OutputError
 from trainwatch.probes.evidence.bundle import write_bundle
 from trainwatch.probes.evidence.bundle_rank import FAULTHANDLER_NOT_ARMED, RankEvidence, RankPlan, _faulthandler
@@ -75,17 +75,26 @@ def _start(tmp: Path, scenario: str, nproc: int = 2, armed: bool = False, **kwar
     return job.start()
 
 
-def _wait(job: PlantedJob, nproc: int) -> list[int]:
+STRAGGLER = ("# stuck in its own work",)  # the culprit's planted sleep
+MISMATCH = ("dist.all_gather(gathered", "dist.all_reduce(param.grad)")  # the culprit's and the others' collective
+
+
+def _wait(job: PlantedJob, nproc: int, planted: tuple[str, ...] = ()) -> list[int]:
+    """The ranks' PIDs once every rank started and, for each of ``planted`` (lines of
+    tui/planted.py), a rank is stuck on it: the planted fault is in place."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         text = job.log.read_text(errors="replace") if job.log.exists() else ""
         pids = _ranks(job)
         if text.count("scenario ") >= nproc and len(pids) == nproc:
-            time.sleep(1.5)  # a few steps, then the planted fault
-            return pids
+            break
         assert job.alive(), text[-3000:]
         time.sleep(0.2)
-    raise TimeoutError(job.log.read_text(errors="replace")[-3000:])
+    else:
+        raise TimeoutError(job.log.read_text(errors="replace")[-3000:])
+    for line in planted:
+        wait_until(lambda: rank_stuck_at(job.script, line, code=PLANTED), 60, f"a rank stuck on {line!r}")
+    return pids
 
 
 def _snapshot(pid: int):
@@ -111,8 +120,7 @@ def _all_bytes(path: Path) -> bytes:
 def test_mismatch_bundle_has_every_flight_recorder_trace_and_names_the_culprit(tmp_path):
     job = _start(tmp_path, "mismatch", nproc=3, armed=True)
     try:
-        pids = _wait(job, 3)
-        time.sleep(1.0)
+        pids = _wait(job, 3, MISMATCH)
         out = subprocess.run([sys.executable, "-m", "trainwatch.tui.cli", "dump", str(pids[0]), "--out",
                               str(tmp_path / "out"), "--no-native", "--window", "0.5"],
                              capture_output=True, text=True, timeout=120)
@@ -139,8 +147,7 @@ def test_bundle_verdict_is_judged_again_with_its_collective_state(tmp_path):
 
     job = _start(tmp_path, "mismatch", nproc=3, armed=True)
     try:
-        pids = _wait(job, 3)
-        time.sleep(1.0)
+        pids = _wait(job, 3, MISMATCH)
         sampled = _snapshot(pids[0])
         wrong = Verdict("straggler", (0, 1), "ranks 0-1 are in compute while rank 2 waits in all_gather")
         given = dataclasses.replace(sampled, verdict=wrong, collectives=None)
@@ -164,7 +171,7 @@ def test_bundle_verdict_is_judged_again_with_its_collective_state(tmp_path):
 def test_straggler_bundle_has_faulthandler_traces_of_all_threads(tmp_path):
     job = _start(tmp_path, "straggler", nproc=2, armed=True)
     try:
-        pids = _wait(job, 2)
+        pids = _wait(job, 2, STRAGGLER)
         bundle = write_bundle(pids[0], _snapshot(pids[0]), tmp_path / "out", native=False)
         for rank in (0, 1):
             text = (bundle / "ranks" / str(rank) / "faulthandler.txt").read_text()
@@ -190,7 +197,7 @@ def canary_job(tmp_path_factory):
     job.cmd += ["--token", CMDLINE_CANARY]
     job.start()
     try:
-        pids = _wait(job, 2)
+        pids = _wait(job, 2, STRAGGLER)
         yield job, pids, tmp
     finally:
         _stop(job)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from real_jobs import rank_stuck_at, wait_until
 from trainwatch.probes import hook, rundir
 from trainwatch.probes.judge.progress import CompletedCollectives
 from trainwatch.probes.read import flightrec
@@ -99,7 +100,8 @@ def test_hook_answers_while_rank_is_blocked_in_gloo(planted, tmp_path):
     env, _ = rundir.armed_env(run_dir, {})
     env.pop("PYTHONPATH")
     job = planted("mismatch", nproc=2, deadline=40, extra_env={**env, "PYTHONPATH": str(rundir.HOOK_DIR)})
-    time.sleep(2.0)  # the culprit is now blocked in all_gather, the other rank in all_reduce
+    for line, who in (("dist.all_gather(gathered", "the culprit"), ("dist.all_reduce(param.grad)", "the other rank")):
+        wait_until(lambda: rank_stuck_at(job.script, line), 60, f"{who} blocked on {line!r}")
     ranks = hookclient.armed_ranks(run_dir)
     assert sorted(ranks) == [0, 1]
     for rank, sock in ranks.items():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from real_jobs import rank_stuck_at, wait_until
 from trainwatch.probes.live import LocalSource
 from trainwatch.probes.read.pyspy import dump_stacks
 
@@ -16,10 +17,11 @@ def stuck_for(source: LocalSource, rank: int) -> float:
 
 def test_stuck_time_grows_and_a_dump_during_the_hang_is_not_progress(planted):
     job = planted("straggler", nproc=2)
+    wait_until(lambda: rank_stuck_at(job.script, "# stuck in its own work"), 60, "rank 1 in its planted sleep")
     source = LocalSource(job.pid, window=1.0, gpu=False)
     try:
         first = stuck_for(source, 0)
-        time.sleep(1.5)
+        time.sleep(1.5)  # deliberate: the hang must last longer between the two polls
         second = stuck_for(source, 0)
         assert second >= first + 1.0  # the same hang, judged across polls
         # An evidence dump samples every rank (py-spy attaches wake their threads) ...

@@ -7,9 +7,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
-from real_jobs import PLANTED, TORCHRUN, free_port
+from real_jobs import PLANTED, TORCHRUN, free_port, wait_until
 
 
 def test_launcher_waiting_for_a_missing_node(tmp_path):
@@ -19,11 +18,16 @@ def test_launcher_waiting_for_a_missing_node(tmp_path):
            "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script), "--deadline", "30"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True, env={**os.environ, "TORCHELASTIC_MAX_CALLTIME": "30"})
-    try:
-        time.sleep(4)
+
+    def in_rendezvous() -> dict | None:
         out = subprocess.run([sys.executable, "-m", "trainwatch.tui.cli", "snapshot", str(proc.pid), "--json",
                               "--window", "1"], capture_output=True, text=True, timeout=60)
-        data = json.loads(out.stdout)
+        data = json.loads(out.stdout) if out.stdout.strip() else None  # none while the launcher starts
+        return data if data and data["verdict"]["kind"] == "rendezvous" else None
+
+    try:
+        # Until the launcher is in its rendezvous (slow to start under load; it gives up after 30 s).
+        data = wait_until(in_rendezvous, 25, "the launcher to wait in rendezvous", interval=0.5)
         assert data["verdict"]["kind"] == "rendezvous", data["verdict"]
         assert "waiting in rendezvous" in data["verdict"]["summary"]
         assert data["job"]["waiting_rendezvous"] is True and data["job"]["world_size"] == 4

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from real_jobs import PLANTED, free_port
+from real_jobs import PLANTED, free_port, rank_stuck_at, wait_until
 
 pytestmark = [pytest.mark.job, pytest.mark.slow]
 
@@ -64,7 +64,8 @@ class SlurmJob:
         while time.monotonic() < deadline:
             text = self.log.read_text(errors="replace") if self.log.exists() else ""
             if text.count("scenario straggler") >= 2 and self.rank_pids()["tw2"]:
-                time.sleep(2.0)  # rank 1 reaches its sleep at step 3, a fraction of a second in
+                wait_until(lambda: rank_stuck_at(self.workdir / "train.py", "# stuck in its own work"),
+                           max(1.0, deadline - time.monotonic()), "rank 1 to reach its planted sleep")
                 return
             state = self.cluster.job_state(self.id)
             assert state in ("PENDING", "CONFIGURING", "RUNNING"), f"job {self.id} is {state}:\n{text[-3000:]}"

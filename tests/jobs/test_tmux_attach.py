@@ -81,7 +81,7 @@ def test_attach_shows_straggler_and_quits_without_touching_the_job(planted, tmux
             break
         time.sleep(0.2)
     assert not tmux.alive(), f"q did not quit:\n{tmux.screen()}"
-    time.sleep(0.5)
+    time.sleep(0.5)  # deliberate: time for any harm done on quitting to show
     assert job.alive(), "quitting trainwatch must not affect the job"
     ranks = [p for p in psutil.Process(job.pid).children() if p.status() != psutil.STATUS_ZOMBIE]
     assert len(ranks) == 3

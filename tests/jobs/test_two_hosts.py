@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from real_jobs import PLANTED, TORCHRUN, kill_tree
+from real_jobs import PLANTED, TORCHRUN, kill_tree, rank_stuck_at, wait_until
 from sshd import remote_trainwatch
 import two_hosts
 
@@ -68,7 +68,7 @@ def job(hosts, tmp_path):
             assert time.monotonic() < deadline, "ranks did not start:\n" + "\n".join(
                 p.read_text(errors="replace")[-1500:] for p in logs.values())
             time.sleep(0.3)
-        time.sleep(2.0)  # rank 3 reaches its sleep at step 3, a fraction of a second in
+        wait_until(lambda: rank_stuck_at(script, "# stuck in its own work"), 60, "rank 3 to reach its planted sleep")
         yield hosts
     finally:
         for proc in procs:
@@ -198,7 +198,8 @@ def slurm_job(hosts, slurm_cluster, tmp_path):
             assert time.monotonic() < deadline, f"job {job_id} did not start its ranks:\n" + (
                 log.read_text(errors="replace")[-3000:] if log.exists() else "(no output)")
             time.sleep(0.3)
-        time.sleep(2.0)  # rank 3 reaches its sleep at step 3
+        wait_until(lambda: rank_stuck_at(workdir / "train.py", "# stuck in its own work"), 60,
+                   "rank 3 to reach its planted sleep")
         yield job_id
     finally:
         subprocess.run(hosts.on("node1", ["scancel", job_id]), capture_output=True, timeout=20)
