@@ -308,11 +308,8 @@ def describe_job(root: psutil.Process, launcher: str) -> JobProcesses:
     world = _int(first.get("WORLD_SIZE")) or (len(ranks) if launcher in ("python", "mp.spawn") else None)
     if world is None and local_world and layout.get("nnodes"):
         world = local_world * layout["nnodes"]
-    if launcher in LAUNCHERS and not known and ranks and local_world == len(ranks) and layout.get("nnodes", 1) == 1:
-        # Every rank already gone (environ unreadable): torchrun starts local ranks in order.
-        by_start = sorted(ranks, key=lambda r: (r.create_time, r.pid))
-        ranks = [replace(r, rank=i, local_rank=i) for i, r in enumerate(by_start)]
-        notes.append("rank numbers of exited processes inferred from their start order")
+    if launcher in LAUNCHERS and len(known) < len(ranks) and local_world == len(ranks):
+        ranks = _numbered_by_start(ranks, known, single_node=layout.get("nnodes", 1) == 1, notes=notes)
     return JobProcesses(
         launcher=launcher,
         root_pid=root.pid,
@@ -332,6 +329,22 @@ def describe_job(root: psutil.Process, launcher: str) -> JobProcesses:
         waiting_rendezvous=launcher in LAUNCHERS and not ranks,
         notes=tuple(notes),
     )
+
+
+def _numbered_by_start(ranks: list[RankProcess], known: list[RankProcess], single_node: bool,
+                       notes: list[str]) -> list[RankProcess]:
+    """Ranks already gone (a zombie's environment is unreadable) get their numbers from the start
+    order: torchrun starts local ranks 0..n-1 in turn. Only where the ranks still readable agree
+    with that order, and the node's first global rank is known (or the job has one node)."""
+    by_start = sorted(ranks, key=lambda r: (r.create_time, r.pid))
+    if any(r.local_rank != i for i, r in enumerate(by_start) if r.env):
+        return ranks
+    anchor = next((r for r in known if r.rank is not None and r.local_rank is not None), None)
+    if anchor is None and not single_node:
+        return ranks
+    base = anchor.rank - anchor.local_rank if anchor is not None else 0
+    notes.append("rank numbers of exited processes inferred from their start order")
+    return [r if r.env else replace(r, rank=base + i, local_rank=i) for i, r in enumerate(by_start)]
 
 
 def children_map() -> dict[int, list[int]]:
