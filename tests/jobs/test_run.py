@@ -146,9 +146,10 @@ def test_crash_catcher_ignores_clean_exits(tmp_path):
 def test_an_armed_job_prints_no_torch_warning(tmp_path):
     """Each renamed torch setting is set under the one name the job's torch reads: no rank warns."""
     script = tmp_path / "allreduce.py"
-    script.write_text("import torch, torch.distributed as dist\n"
+    script.write_text("import sys, torch, torch.distributed as dist\n"
                       "dist.init_process_group('gloo')\n"
-                      "t = torch.ones(1); dist.all_reduce(t); print('sum', t.item(), flush=True)\n"
+                      # one write per line: two ranks share the terminal, and print() writes in pieces
+                      "t = torch.ones(1); dist.all_reduce(t); sys.stdout.write(f'sum {t.item()}\\n'); sys.stdout.flush()\n"
                       "dist.destroy_process_group()\n")
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                 "--master-port", str(free_port()), str(script)]
