@@ -82,7 +82,7 @@ class MultiNodeSource(NodeEvidence):
         self._inflight: dict[int, Future[NodeResult]] = {}
         self._latest: dict[int, NodeResult] = {}
         self._good: dict[int, NodeResult] = {}
-        self._local_takes_native = _accepts(local_source, "native_for")
+        self._local_takes_native = poll_accepts(local_source, "native_for")
 
     def __getattr__(self, name: str) -> Any:
         """Anything else (job, window, pid...) is the local source's."""
@@ -155,7 +155,8 @@ class MultiNodeSource(NodeEvidence):
             close()
 
 
-def _accepts(obj: Any, keyword: str) -> bool:
+def poll_accepts(obj: Any, keyword: str) -> bool:
+    """Whether ``obj.poll`` takes ``keyword`` (local sources of older shapes do not)."""
     poll = getattr(obj, "poll", None)
     if poll is None:
         return False

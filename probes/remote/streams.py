@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import json
 import os
 import re
@@ -35,7 +34,7 @@ from ..errors import TrainwatchError
 from ..judge.judgement import JudgeMemory
 from ..snapshot import Snapshot, SnapshotError
 from .merge import NodeView, merge_nodes
-from .multinode import NodeEvidence
+from .multinode import NodeEvidence, poll_accepts
 from .remote import (
     DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, Remote, Result, Runner, SlurmRemote, SshRemote,
     classify_failure, slurm_step_argv,
@@ -199,7 +198,7 @@ class StreamSource(NodeEvidence):
         self._native: frozenset[int] = frozenset()
         self.full_stacks = full_stacks  # every thread of every rank (one-shot snapshots), not only culprits
         self._polls = 0
-        self._local_takes_native = _accepts(local_source, "native_for")
+        self._local_takes_native = poll_accepts(local_source, "native_for")
         _raise_fd_limit(3 * len(self.launches) + 64)
         self._reader = threading.Thread(target=self._read_loop, name="tw-agent-reader", daemon=True)
         self._supervisor = threading.Thread(target=self._supervise, name="tw-agent-supervisor", daemon=True)
@@ -539,13 +538,3 @@ def _raise_fd_limit(needed: int) -> None:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft != resource.RLIM_INFINITY and soft < needed:
             resource.setrlimit(resource.RLIMIT_NOFILE, (min(needed, hard), hard))
-
-
-def _accepts(obj: Any, keyword: str) -> bool:
-    poll = getattr(obj, "poll", None)
-    if poll is None:
-        return False
-    try:
-        return keyword in inspect.signature(poll).parameters
-    except (TypeError, ValueError):
-        return False

@@ -113,8 +113,7 @@ def test_segfaulted_rank_is_crashed_with_its_signal(tmp_path):
     # A slow launcher monitor keeps the dead rank as a zombie long enough to read its status.
     with PlantedJob(tmp_path, "segfault", nproc=3, monitor_interval=30) as job:
         job.wait_for_ranks()
-        wait_until(lambda: any(p.status() == psutil.STATUS_ZOMBIE for p in psutil.Process(job.pid).children()),
-                   30, "the segfaulted rank to be a zombie under its launcher")
+        wait_for_zombie(job)
         rc, data, err = snapshot(job.pid, "--window", "1")
         assert data is not None, err
         assert data["verdict"]["kind"] == "crashed", data["verdict"]
@@ -156,8 +155,13 @@ def test_attach_by_rank_pid_finds_the_whole_job(planted):
 def test_missing_rank_is_reported(tmp_path):
     with PlantedJob(tmp_path, "segfault", nproc=3, monitor_interval=30) as job:
         job.wait_for_ranks()
-        wait_until(lambda: any(p.status() == psutil.STATUS_ZOMBIE for p in psutil.Process(job.pid).children()),
-                   30, "the segfaulted rank to be a zombie under its launcher")
+        wait_for_zombie(job)
         # Reap nothing ourselves: the launcher keeps the zombie; the rank is reported, not lost.
         rc, data, err = snapshot(job.pid, "--window", "0")
         assert sorted(by_rank(data)) == [0, 1, 2]
+
+
+def wait_for_zombie(job: PlantedJob) -> None:
+    """Until the segfaulted rank is a zombie its launcher has not reaped (monitor_interval keeps it)."""
+    wait_until(lambda: any(p.status() == psutil.STATUS_ZOMBIE for p in psutil.Process(job.pid).children()),
+               30, "the segfaulted rank to be a zombie under its launcher")
