@@ -4,8 +4,10 @@
 ``judge/judgement.py`` turns them into ranks' states, groups and the verdict. Both sides import
 this module and neither imports the other.
 
-Adding a collective-state source: one reader module in ``read/`` and one field of
-:class:`ObservedJob` (its ``CollectiveState``-like record); the judge reads the field.
+Adding a collective-state source: one module in ``read/sources/`` (its ``Source.field`` names
+the field) and one field of :class:`ObservedJob`. A field holding a ``CollectiveState`` is
+combined with the others for the judge (:meth:`ObservedJob.collective_state`); raw evidence that
+must be judged across polls (NCCL RAS) adds one judge module too.
 """
 
 from __future__ import annotations
@@ -163,12 +165,13 @@ class ObservedRas:
 class ObservedJob:
     """Everything read about one job in one poll: the ranks, and every collective-state source.
 
-    Each collective-state source is one field holding a ``CollectiveState`` (the judge combines
-    them all, see :meth:`collective_state`). ``collectives``: the Flight Recorder's view (hook,
+    Each collective-state source fills one field (``read/sources/<module>.py``); a field holding
+    a ``CollectiveState`` joins the others for the judge (:meth:`collective_state`, earlier
+    fields first). ``collectives``: the Flight Recorder's view (``flight_recorder.py``: hook,
     dump files, pipe, debug server; read back from a snapshot: every source's, combined).
-    ``ras``: NCCL RAS's recent replies, oldest first: judging them takes memory across polls, so
-    they are raw evidence, not a ``CollectiveState`` (``judge/ras.py``; the judged state joins the
-    collective state as ``CollectiveState.ras``); empty: no RAS evidence this poll.
+    ``ras``: NCCL RAS's recent replies, oldest first (``nccl_ras.py``): judging them takes memory
+    across polls, so they are raw evidence, not a ``CollectiveState`` (``judge/ras.py``; the
+    judged state joins the collective state as ``CollectiveState.ras``); empty: none this poll.
     ``unsampled``: why no rank could be sampled at all (py-spy missing), or None."""
 
     job: Job

@@ -35,17 +35,21 @@ from ..errors import OutputError, TrainwatchError
 from .bundle_rank import RankEvidence, RankPlan, bounded, collect_rank
 from ..redact import Redactor
 from .summary import render
-from ..read import flightrec
 from ..judge.judgement import JudgeMemory, judge_job
-from ..read import hookclient, nccl_state, ras
+from ..read import hookclient, nccl_state
+from ..read.collective_feed import CollectiveFeed
 from ..read.discover import find_job
-from ..observed import ObservedRas, observed_snapshot
+from ..read.nccl_state import PIPE_WAIT_S
+from ..read.process import JobProcesses, RankProcess
+from ..read.sources import FeedOptions
+from ..observed import observed_snapshot
 from ..snapshot import UNJUDGED_VERDICTS, CollectiveState, Snapshot
 from ..source import Source
 
 BUNDLE_FORMAT = "trainwatch-bundle"
 BUNDLE_VERSION = 1
 MAX_WORKERS = 8
+COLLECTIVE_WAIT_S = PIPE_WAIT_S + 10.0  # after the ranks' own evidence: a pipe dump may still come
 
 
 def bundle_name(host: str, pid: int, when: float | None = None) -> str:
@@ -151,65 +155,48 @@ def _host_files(snapshot: Snapshot) -> tuple[dict[str, str], list[str]]:
     return files, notes
 
 
-def _ras(evidence: list[RankEvidence]) -> tuple[dict[str, str], list[str], list[str], ObservedRas | None]:
-    """NCCL RAS once per address the ranks name (default localhost:28028): the text report a person
-    reads (host/ras.txt), the JSON one where the service has it (host/ras.json), and this job's
-    report as evidence for the judge."""
-    files, notes, worked, seen = {}, [], [], None
-    envs = [ev.env or {} for ev in evidence]
-    if envs and all(ras.disabled(env) for env in envs):
-        return files, ["NCCL RAS: off in this job (NCCL_RAS_ENABLE=0)"], worked, None
-    pids = {ev.pid for ev in evidence if ev.pid is not None}
-    addresses = {ras.address(env) for env in envs} or {("localhost", ras.DEFAULT_PORT)}
-    for host, port in sorted(addresses):
-        text = ras.query(host, port, want_json=False)
-        if text.raw is None:
-            notes.append(f"NCCL RAS: {text.note}")
-            continue
-        files["host/ras.txt"] = text.raw.decode(errors="replace")
-        files["host/ras-summary.txt"] = "\n".join(nccl_state.summarize_ras(files["host/ras.txt"])) + "\n"
-        worked.append(f"{host}:{port}")
-        at = time.time()
-        reply = ras.query(host, port, want_json=True)
-        if reply.format == "json" and reply.raw:
-            files["host/ras.json"] = reply.raw.decode(errors="replace")
-        report = reply.report or text.report
-        whose = ras.ownership(report, pids) if report is not None else None
-        if whose:
-            notes.append(whose)
-        elif report is not None and seen is None:
-            seen = ObservedRas(reply.origin, at, report, tuple(ras.local_names().items()))
-        notes += [f"NCCL RAS: {r.note}" for r in (text, reply) if r.note]
-    return files, notes, worked, seen
+def _snapshot_job(snapshot: Snapshot) -> JobProcesses:
+    """The snapshot's ranks as a job to read collective state of (discovery failed at dump time)."""
+    ranks = tuple(RankProcess(pid=r.pid, rank=r.rank, local_rank=r.local_rank, log_path=r.log_path)
+                  for r in snapshot.ranks if r.pid)
+    return JobProcesses(launcher=snapshot.job.launcher, root_pid=snapshot.job.pid, host=snapshot.job.host,
+                        ranks=ranks, run_dir=snapshot.job.run_dir, started_at=snapshot.job.started_at)
 
 
-def _with_collectives(snapshot: Snapshot, evidence: list[RankEvidence], redactor: Redactor,
-                      extra_notes: list[str], familiar: Mapping[int, frozenset[str]] | None = None,
-                      ras_seen: ObservedRas | None = None) -> Snapshot:
-    traces = {ev.rank: ev.trace for ev in evidence if ev.rank is not None and ev.trace is not None}
-    sources = sorted({ev.trace_source for ev in evidence if ev.trace is not None and ev.trace_source})
-    state = flightrec.analyze(traces, source="+".join(sources) or "flight-recorder") if traces else None
-    if state is not None and snapshot.collectives is not None and snapshot.collectives.ras is not None:
-        state = dataclasses.replace(state, ras=snapshot.collectives.ras)  # judged across the live view's polls
-    if snapshot.collectives is not None and snapshot.collectives.ras is not None:
-        ras_seen = None  # the live view's RAS state beats the bundle's single look
+def _collective_evidence(job: JobProcesses, debug_urls: dict[int, str]) -> CollectiveFeed:
+    """Every collective-state source, asked once for everything (the debug-info pipes, NCCL RAS's
+    text and JSON reports, the debug servers), keeping the raw evidence; read meanwhile."""
+    return CollectiveFeed(job, options=FeedOptions(bundle=True, debug_urls=debug_urls), min_interval=0.0)
+
+
+def _with_collectives(snapshot: Snapshot, fields: Mapping[str, object], redactor: Redactor,
+                      familiar: Mapping[int, frozenset[str]] | None = None) -> Snapshot:
+    """The snapshot as the bundle shows it: the command line redacted and, where the bundle read
+    collective state of its own, judged again with it (:func:`rejudged`)."""
     job = dataclasses.replace(snapshot.job, cmdline=redactor.cmdline(snapshot.job.cmdline))
-    notes = tuple(dict.fromkeys([*snapshot.notes, *extra_notes]))
-    taken = dataclasses.replace(snapshot, job=job, notes=notes)
-    if (state is None or state == snapshot.collectives) and ras_seen is None:
+    taken = dataclasses.replace(snapshot, job=job)
+    fields = {name: value for name, value in fields.items() if value}
+    if snapshot.collectives is not None and snapshot.collectives.ras is not None:
+        fields.pop("ras", None)  # the live view's RAS state, judged across its polls, beats one look
+    if not fields:
         return taken
-    return rejudged(taken, state or snapshot.collectives, familiar, ras_seen)
+    return rejudged(taken, fields, familiar)
 
 
-def rejudged(snapshot: Snapshot, collectives: CollectiveState | None,
-             familiar: Mapping[int, frozenset[str]] | None = None, ras_seen: ObservedRas | None = None) -> Snapshot:
-    """The snapshot with the bundle's own collective state (and NCCL RAS reply), judged again by
-    the one judge, so the summary's verdict and its Collective state section tell one story. A
-    verdict that finds nothing (healthy, unknown) does not replace the sampled one. ``familiar``:
-    where the source saw each rank while running (its judge's memory), for tie-breaks."""
-    ras = (ras_seen,) if ras_seen is not None else ()
-    judged = judge_job(dataclasses.replace(observed_snapshot(snapshot), collectives=collectives, ras=ras),
-                       JudgeMemory.after(snapshot, familiar), snapshot.taken_at)
+def rejudged(snapshot: Snapshot, fields: Mapping[str, object],
+             familiar: Mapping[int, frozenset[str]] | None = None) -> Snapshot:
+    """The snapshot with the bundle's own collective evidence (``ObservedJob`` fields, each
+    source's reading) judged again by the one judge, so the summary's verdict and its Collective
+    state section tell one story. A source the bundle read replaces the snapshot's reading of it;
+    the live view's NCCL RAS state is kept. A verdict that finds nothing
+    (healthy, unknown) does not replace the sampled one. ``familiar``: where the source saw each
+    rank while running (its judge's memory), for tie-breaks."""
+    fields = dict(fields)
+    mine, live_ras = fields.get("collectives"), snapshot.collectives.ras if snapshot.collectives else None
+    if isinstance(mine, CollectiveState) and mine.ras is None and live_ras is not None:
+        fields["collectives"] = dataclasses.replace(mine, ras=live_ras)
+    observed = dataclasses.replace(observed_snapshot(snapshot), **fields)
+    judged = judge_job(observed, JudgeMemory.after(snapshot, familiar), snapshot.taken_at)
     if judged.verdict.kind in UNJUDGED_VERDICTS:
         return dataclasses.replace(snapshot, collectives=judged.collectives)
     return dataclasses.replace(snapshot, collectives=judged.collectives, verdict=judged.verdict, groups=judged.groups)
@@ -277,26 +264,26 @@ def write_bundle(source_pid: int, snapshot: Snapshot, out_dir: Path, *, tar: boo
         debug_urls, why = result if result else ({}, why)
         if why:
             notes.append(f"torch.distributed.debug: {why}")
-    evidence = _collect_all(_plans(job, snapshot, native, fault_signal, debug_urls), native)
+    feed = _collective_evidence(job or _snapshot_job(snapshot), debug_urls)
+    try:
+        evidence = _collect_all(_plans(job, snapshot, native, fault_signal, debug_urls), native)
+        feed.wait(COLLECTIVE_WAIT_S)
+        collective = feed.evidence()
+    finally:
+        feed.close()
     for ev in evidence:
         if ev.faulthandler and ev.faulthandler != "collected":
             ev.note(f"faulthandler traces: {ev.faulthandler}")
-        if ev.trace is None and ev.rank is not None:
-            ev.note("no Flight Recorder trace obtainable")
-    ras_files, ras_notes, ras_worked, ras_seen = _ras(evidence)
-    notes += ras_notes
+        for note in (collective.rank_notes or {}).get(ev.rank, ()) if ev.rank is not None else ():
+            ev.note(note)
+    notes += collective.notes
     host_files, host_notes = _host_files(snapshot)
     notes += host_notes
 
     redactor = Redactor.from_envs([ev.env or {} for ev in evidence],
                                   [ev.cmdline for ev in evidence] + [snapshot.job.cmdline], enabled=redact)
-    sources: dict[str, list[str]] = {}
-    for ev in evidence:
-        if ev.trace_source:
-            sources.setdefault(ev.trace_source, []).append(ev.label)
-    if ras_worked:
-        sources["ras"] = ras_worked
-    bundle_snapshot = _with_collectives(snapshot, evidence, redactor, [], familiar, ras_seen)
+    sources = {name: list(where) for name, where in (collective.worked or {}).items()}
+    bundle_snapshot = _with_collectives(snapshot, collective.fields, redactor, familiar)
     try:
         writer = _Writer(partial, redactor)
         writer.write("bundle.json", _manifest(source_pid, reason, redact, evidence, sources))
@@ -308,7 +295,7 @@ def write_bundle(source_pid: int, snapshot: Snapshot, out_dir: Path, *, tar: boo
             writer.write(f"{base}/env.txt", _env_text(ev.env, redactor))
             writer.write(f"{base}/cmdline.txt", " ".join(redactor.cmdline(ev.cmdline)) + "\n")
             writer.write(f"{base}/notes.txt", "\n".join(ev.notes or ["nothing missing"]) + "\n")
-        for rel, content in {**host_files, **ras_files}.items():
+        for rel, content in {**host_files, **(collective.files or {})}.items():
             writer.write(rel, content)
         root = job.root_pid if job else source_pid
         writer.write("host/process-tree.txt", _process_tree(root, redactor))

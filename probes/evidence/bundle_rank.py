@@ -5,7 +5,6 @@ The bundle writes (and redacts) the files later, once every rank's environment i
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -15,9 +14,7 @@ from typing import Any, Callable
 
 from .. import rundir
 from ..errors import TrainwatchError
-from ..read import flightrec
 from ..read import hookclient, nccl_state, procfacts, procfs, pyspy, ranklog
-from ..read.collective_feed import found_trace, from_hook
 from ..snapshot import ThreadStack
 
 FAULTHANDLER_NOT_ARMED = "faulthandler not armed: start the job with `trainwatch run` to get these"
@@ -35,9 +32,6 @@ class RankEvidence:
     worked: list[str] = field(default_factory=list)  # sources that gave something
     env: dict[str, str] | None = None
     cmdline: tuple[str, ...] = ()
-    trace: dict | None = None  # the Flight Recorder trace that counts (flightrec.fresher)
-    trace_source: str | None = None
-    trace_at: float | None = None
     faulthandler: str | None = None  # "collected" or why not
     versions: dict[str, str] = field(default_factory=dict)
     stacks: list[ThreadStack] = field(default_factory=list)
@@ -96,22 +90,19 @@ class RankPlan:
     log_path: str | None = None
     native: bool = True
     fault_signal: int | None = None  # the user's --signal (accepting the risk)
-    debug_url: str | None = None
+    debug_url: str | None = None  # dump_traceback of its torch.distributed.debug server
     step_timeout: float = 6.0
     native_timeout: float = 12.0
-    pipe_wait: float = nccl_state.PIPE_WAIT_S
 
 
 def collect_rank(plan: RankPlan) -> RankEvidence:
     ev = RankEvidence(rank=plan.rank, pid=plan.pid)
     _proc(plan, ev)
-    pipe = _start_pipe(plan, ev)  # the dump takes seconds: wait for it while the rest is collected
     _stacks(plan, ev)
     _hook(plan, ev)
     _faulthandler(plan, ev)
-    _flight_recorder(plan, ev)
+    _debug_traceback(plan, ev)
     _settings_and_logs(plan, ev)
-    _finish_pipe(pipe, ev)
     return ev
 
 
@@ -150,6 +141,7 @@ def _stacks(plan: RankPlan, ev: RankEvidence) -> None:
 
 
 def _hook(plan: RankPlan, ev: RankEvidence) -> None:
+    """Every thread's stack from the armed hook (its Flight Recorder is a collective source)."""
     if plan.hook_socket is None:
         return
     reply = hookclient.request(plan.hook_socket, "stacks", timeout=plan.step_timeout)
@@ -158,18 +150,18 @@ def _hook(plan: RankPlan, ev: RankEvidence) -> None:
         ev.worked.append("hook stacks")
     else:
         ev.note(f"all-thread stacks from the hook: {reply.error}")
-    got = from_hook(plan.hook_socket, plan.step_timeout)
-    if got.error is not None:
-        ev.note(f"Flight Recorder from the hook: {got.error}")
+
+
+def _debug_traceback(plan: RankPlan, ev: RankEvidence) -> None:
+    """Every thread's stack from the rank's torch.distributed.debug server, where it runs one."""
+    if not plan.debug_url:
         return
-    for name, trace in got.traces:  # each recorder's trace, as torch dumped it
-        ev.files[f"flight-recorder/hook-{'nccl_trace' if name == 'nccl' else 'fr_trace'}.json"] = json.dumps(trace)
-    if got.found is None:
-        ev.note("Flight Recorder from the hook: no collective recorded"
-                + (f" ({'; '.join(got.notes)})" if got.notes else ""))
-        return
-    _choose(ev, got.found)
-    ev.worked.append("hook flight recorder (" + "+".join(name for name, _ in got.traces) + ")")
+    found = nccl_state.fetch_debug_handler(plan.debug_url, "dump_traceback", timeout=plan.step_timeout)
+    if found.data is None:
+        ev.note(f"torch.distributed.debug dump_traceback: {found.note}")
+    else:
+        ev.files["debug-server-traceback.txt"] = found.data
+        ev.worked.append("debug-server dump_traceback")
 
 
 def _faulthandler(plan: RankPlan, ev: RankEvidence) -> None:
@@ -244,81 +236,6 @@ def _signal_and_read(pid: int, signal_no: int, out_file: Path, ev: RankEvidence,
         ev.files["faulthandler.txt"] = handle.read(4 * 1024 * 1024)
     ev.worked.append("faulthandler")
     return "collected"
-
-
-def _start_pipe(plan: RankPlan, ev: RankEvidence) -> tuple[threading.Thread, dict] | None:
-    """Ask for a dump through the debug-info pipe in a thread of its own (NCCL ranks only)."""
-    env = ev.env or {}
-    if plan.rank is None or not nccl_state.pipe_path(plan.rank, env):
-        return None
-    box: dict = {}
-
-    def run() -> None:
-        box["found"] = nccl_state.dump_through_pipe(plan.rank, env, wait_s=plan.pipe_wait, accept=flightrec.is_trace)
-
-    thread = threading.Thread(target=run, name="trainwatch-bundle-pipe", daemon=True)
-    thread.start()
-    return thread, box
-
-
-def _finish_pipe(pipe: tuple[threading.Thread, dict] | None, ev: RankEvidence) -> None:
-    if pipe is None:
-        return
-    thread, box = pipe
-    thread.join()  # bounded: dump_through_pipe gives up after plan.pipe_wait seconds
-    if "found" in box:
-        _keep_trace(ev, box["found"])
-
-
-def _flight_recorder(plan: RankPlan, ev: RankEvidence) -> None:
-    if plan.rank is None:
-        return
-    env = ev.env or {}
-    for found in nccl_state.fr_files_on_disk(plan.rank, env):
-        _keep_trace(ev, found)
-    if plan.debug_url:
-        for handler, name in (("fr_trace_json", "debug-server-fr_trace.json"), ("dump_traceback", None)):
-            found = nccl_state.fetch_debug_handler(plan.debug_url, handler, timeout=plan.step_timeout)
-            if found.data is None:
-                ev.note(f"torch.distributed.debug {handler}: {found.note}")
-            elif name:
-                _keep_trace(ev, found, name)
-            else:
-                ev.files["debug-server-traceback.txt"] = found.data
-                ev.worked.append("debug-server dump_traceback")
-
-
-def _keep_trace(ev: RankEvidence, found: nccl_state.Found, name: str | None = None) -> None:
-    if found.data is None:
-        ev.note(f"{found.source}: {found.note}")
-        return
-    name = name or f"{found.source}-{Path(found.origin or 'trace').name}"
-    ev.files[f"flight-recorder/{name}"] = found.data
-    ev.worked.append(f"{found.source} ({found.origin})")
-    try:
-        trace = found_trace(found.data, found.source, _current_at(found))
-    except flightrec.TraceError as exc:
-        ev.note(f"{found.origin}: {exc}")
-        return
-    if trace is not None:
-        _choose(ev, trace)
-
-
-def _current_at(found: nccl_state.Found) -> float:
-    """When a trace was current: its file's modification time (dump files, the pipe's file),
-    else now (fetched from the debug server just now)."""
-    if found.origin and found.source in ("flight-recorder-file", "pipe"):
-        try:
-            return os.stat(found.origin).st_mtime
-        except OSError:
-            pass
-    return time.time()
-
-
-def _choose(ev: RankEvidence, found: flightrec.FoundTrace) -> None:
-    kept = flightrec.FoundTrace(ev.trace, ev.trace_source or "", ev.trace_at or 0.0) if ev.trace is not None else None
-    best = flightrec.fresher(kept, found)
-    ev.trace, ev.trace_source, ev.trace_at = best.trace, best.source, best.at
 
 
 def _settings_and_logs(plan: RankPlan, ev: RankEvidence) -> None:

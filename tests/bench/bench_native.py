@@ -47,11 +47,11 @@ def polls(pid: int, auto_native: bool, count: int) -> dict:
     times, natives, verdict = [], [], None
     try:
         for _ in range(count):
-            before = source._native.taken
+            before = source._sampler.native.taken
             started = time.monotonic()
             snap = source.poll()
             times.append(time.monotonic() - started)
-            natives.append(source._native.taken - before)
+            natives.append(source._sampler.native.taken - before)
             verdict = snap.verdict
             time.sleep(1.0)
     finally:

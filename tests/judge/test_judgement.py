@@ -60,6 +60,6 @@ def test_a_bundle_rejudged_with_its_sources_memory_keeps_the_tie_break():
     snapshot = Snapshot(job=JOB, ranks=ranks("stuck", ("a", "b")), taken_at=5.0)
     state = CollectiveState("hook", ranks=(RankCollective(rank=0), RankCollective(rank=1)))
     assert remembered_places(Live()) == Live.memory.familiar and remembered_places(object()) is None
-    kept = rejudged(snapshot, state, remembered_places(Live())).verdict
-    alone = rejudged(snapshot, state).verdict
+    kept = rejudged(snapshot, {"collectives": state}, remembered_places(Live())).verdict
+    alone = rejudged(snapshot, {"collectives": state}).verdict
     assert (kept.kind, kept.culprits, alone.culprits) == ("mismatch", (1,), ())

@@ -17,7 +17,8 @@ PACKAGES = {"probes": "trainwatch.probes", "tui": "trainwatch.tui"}
 
 # What each layer must not import (dotted prefixes of trainwatch modules).
 READ_MUST_NOT = ("trainwatch.probes.judge", "trainwatch.probes.evidence", "trainwatch.tui",
-                 "trainwatch.probes.remote", "trainwatch.probes.live", "trainwatch.probes.source")
+                 "trainwatch.probes.remote", "trainwatch.probes.live", "trainwatch.probes.source",
+                 "trainwatch.probes.sampling", "trainwatch.probes.local_evidence")
 JUDGE_MUST_NOT = ("trainwatch.probes.read", "trainwatch.probes.evidence", "trainwatch.tui",
                   "trainwatch.probes.remote", "trainwatch.probes.live", "trainwatch.probes.source",
                   "trainwatch.probes.rundir", "trainwatch.probes.hook")

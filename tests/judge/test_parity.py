@@ -46,7 +46,7 @@ def test_every_path_says_what_the_live_view_says(scenario, tmp_path):
     assert expected.verdict.kind in ("hang", "mismatch")
 
     # a bundle whose snapshot was taken before the Flight Recorder answered, re-judged with the traces
-    bundle = rejudged(live(scenario, with_collectives=False), expected.collectives)
+    bundle = rejudged(live(scenario, with_collectives=False), {"collectives": expected.collectives})
     assert said(bundle) == said(expected)
     assert bundle.groups == expected.groups
 

@@ -17,6 +17,7 @@ from trainwatch.probes import rundir
 from trainwatch.probes.judge.progress import CompletedCollectives
 from trainwatch.probes.read.collective_feed import CollectiveFeed, collect
 from trainwatch.probes.read.process import JobProcesses, RankProcess
+from trainwatch.probes.read.sources import FeedOptions
 
 H100_PIPE_DUMP = Path(__file__).parents[1] / "fixtures" / "fr" / "h100" / "pipe-dump-rank0.pickle"
 
@@ -153,7 +154,7 @@ def test_a_hook_that_never_answers_is_bounded(tmp_path, fake_rank):
     try:
         job = fake_rank({}, run_dir)
         started = time.monotonic()
-        feed = CollectiveFeed(job, hook_timeout=5.0)
+        feed = CollectiveFeed(job, options=FeedOptions(hook_timeout=5.0))
         assert feed.latest() is None
         assert time.monotonic() - started < 0.5  # the silent hook is waited for in the background
         feed.close()

@@ -1,0 +1,119 @@
+"""This node's ranks as evidence records for one poll: the live ones as sampled, the exited
+ones as the exit ledger knows them, the missing ones, each with its GPU."""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import replace
+
+from .errors import AccessDenied, ToolMissing
+from .observed import ObservedRank
+from .read import procfs
+from .read.discover import expected_local_ranks
+from .read.exits import ExitLedger
+from .read.gpu import GpuProbe
+from .read.process import JobProcesses, RankProcess, collective_timeout_s
+from .read.sampler import StackSample
+from .read.usage import CpuMeter
+from .sampling import Sampler
+from .snapshot import HostInfo
+
+
+class LocalEvidence:
+    """Remembers every rank process ever seen (exits, restarts) and each one's CPU time."""
+
+    def __init__(self, sampler: Sampler, exits: ExitLedger, gpu: GpuProbe | None) -> None:
+        self.sampler, self.exits, self.gpu = sampler, exits, gpu
+        self.seen: dict[int, RankProcess] = {}  # pid -> rank process, everything ever seen
+        self._cpu = CpuMeter()
+
+    def cpu_baseline(self, job: JobProcesses) -> None:
+        """A CPU reading now, so the first snapshot has CPU% too."""
+        for proc in job.ranks:
+            self._cpu.read(proc.pid, time.time())
+
+    def ranks(self, job: JobProcesses, samples: dict[int, StackSample], now: float, warnings: list[str],
+              notes: list[str]) -> tuple[list[ObservedRank], HostInfo | None]:
+        """Every rank of ``job`` (and every rank seen before) as evidence, and this host's GPUs."""
+        evidence: list[ObservedRank] = []
+        alive = set()
+        self.exits.note_job(job)
+        for proc in job.ranks:
+            self.seen.setdefault(proc.pid, proc)
+            zombie = procfs.zombie_exit(proc.pid)
+            sample = samples.get(proc.pid)
+            if zombie is not None or (sample is not None and sample.gone):
+                self.exits.record(proc, zombie, now)
+                continue
+            alive.add(proc.pid)
+            evidence.append(self._rank(proc, sample, now, notes))
+        for pid, proc in self.seen.items():  # ranks seen before and gone now
+            if pid not in alive:
+                self.exits.record(proc, procfs.zombie_exit(pid), now)
+        evidence = self._with_exits(evidence, job, now)
+        evidence += _missing(job, evidence)
+        host, evidence = self._with_gpu(job, evidence, warnings, notes)
+        notes += self._restarts(evidence)
+        return evidence, host
+
+    def _rank(self, proc: RankProcess, sample: StackSample | None, now: float, notes: list[str]) -> ObservedRank:
+        threads = self.sampler.stacks.get(proc.pid, ())
+        cls = self.sampler.classes.get(proc.pid)
+        failed = sample is not None and sample.error is not None
+        if failed:
+            notes.append(f"rank {proc.rank}: {sample.error.message}")
+            if isinstance(sample.error, (AccessDenied, ToolMissing)) and sample.error.remedy:
+                notes.append(f"  hint: {sample.error.remedy}")
+        step, period = self.sampler.steps.fields(proc.pid)
+        cpu, rss = self._cpu.read(proc.pid, now)
+        return ObservedRank(
+            rank=proc.rank, pid=proc.pid, host=socket.gethostname(), local_rank=proc.local_rank,
+            phase=cls.phase if cls else "unknown",
+            op=cls.op if cls else None,
+            where=cls.where if cls else None,
+            user_frame=cls.user_frame if cls else None,
+            sampled=not failed,
+            cpu_pct=cpu, rss_bytes=rss, threads=threads,
+            children=proc.children, log_path=proc.log_path,
+            detail=cls.detail if cls else None, step=step, step_period_s=period,
+            native=bool(threads) and any(f.native for t in threads[:1] for f in t.frames),
+            log=self.sampler.log_activity(proc.log_path, now),
+            collective_timeout_s=collective_timeout_s(proc.env or {}),
+        )
+
+    def _with_exits(self, ranks: list[ObservedRank], job: JobProcesses, now: float) -> list[ObservedRank]:
+        """Live ranks (a lingering one that raised carries its exception) and exited ones (with their last step)."""
+        merged = self.exits.ranks(ranks, job, self.seen, self.sampler.classes, self.sampler.stacks, now)
+        clock = self.sampler.steps.clock
+        return [replace(r, step=clock.step(r.pid)) if r.seen == "exited" and r.step is None and r.pid else r
+                for r in merged]
+
+    def _restarts(self, ranks: list[ObservedRank]) -> list[str]:
+        notes = []
+        for rank in ranks:
+            if rank.seen == "exited":
+                continue
+            old = [p for p, proc in self.seen.items() if proc.rank == rank.rank and p != rank.pid]
+            notes.extend(f"rank {rank.rank} restarted: PID {pid} -> {rank.pid}" for pid in old)
+        return notes
+
+    def _with_gpu(self, job: JobProcesses, ranks: list[ObservedRank], warnings: list[str],
+                  notes: list[str]) -> tuple[HostInfo | None, list[ObservedRank]]:
+        if self.gpu is None:
+            return None, ranks
+        try:
+            reading = self.gpu.read(job.ranks, job.launcher)
+        except Exception as exc:  # the GPU probe must never take the snapshot down
+            notes.append(f"GPU probe failed: {exc}")
+            return None, ranks
+        warnings += list(reading.warnings)
+        notes += list(reading.notes)
+        ranks = [replace(r, gpu=reading.per_pid.get(r.pid)) if r.pid in reading.per_pid else r for r in ranks]
+        return reading.host, ranks
+
+
+def _missing(job: JobProcesses, ranks: list[ObservedRank]) -> list[ObservedRank]:
+    present = {r.rank for r in ranks}
+    return [ObservedRank(rank=g, host=socket.gethostname(), local_rank=local, seen="missing")
+            for local, g in sorted(expected_local_ranks(job).items()) if g not in present]

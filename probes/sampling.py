@@ -1,0 +1,116 @@
+"""One sampling round over a local job's ranks, feeding the judge's progress memory.
+
+py-spy stacks (an unchanged rank's kept: its scheduler counters show it did not run), their
+classification, native stacks where a Python stack cannot say (``judge/native.py``), step-like
+locals (``judge/steps.py``), and the growth of the ranks' logs. Used by ``live.py``.
+"""
+
+from __future__ import annotations
+
+import time
+
+from .errors import ToolMissing
+from .judge.judgement import JudgeMemory
+from .judge.native import PARALLEL as NATIVE_PARALLEL, NativeCache, resolve_natively
+from .judge.phases import Classification, classify, main_thread, stack_signature
+from .judge.steps import StepReader
+from .read import procfs
+from .read.exits import ExitLedger
+from .read.loggrowth import LogGrowth, LogGrowthWatch
+from .read.process import JobProcesses
+from .read.pyspy import find_pyspy
+from .read.sampler import StackSample, sample_all
+from .read.source_lines import source_line
+from .snapshot import PROBLEM_VERDICTS, LogActivity
+
+FULL_REFRESH_EVERY = 5  # every few polls, dump every rank anyway (other threads, stale lines)
+
+
+class Sampler:
+    """What the last rounds saw of each rank: its stacks and their classification, its steps,
+    its log's growth; and why no rank could be sampled (py-spy missing)."""
+
+    def __init__(self, memory: JudgeMemory, exits: ExitLedger, auto_native: bool = True) -> None:
+        self.memory = memory
+        self.exits = exits  # who writes which log (growth of a shared one is nobody's in particular)
+        self.auto_native = auto_native
+        self.native = NativeCache()
+        self.steps = StepReader(every=FULL_REFRESH_EVERY)
+        self.stacks: dict[int, tuple] = {}
+        self.classes: dict[int, Classification] = {}
+        self.pyspy_missing: ToolMissing | None = None
+        self._logs = LogGrowthWatch()
+        self._growth: dict[str, LogGrowth] = {}  # path -> its growth at the last look
+
+    def round(self, job: JobProcesses, poll: int, native_for: frozenset[int],
+              resolve: bool = True) -> dict[int, StackSample]:
+        """One sampling round in poll number ``poll``. ``resolve``: take native samples where needed
+        (the last two rounds of a poll: the first of them finds an unchanged stack, its dumps
+        overlap the pause before the last, which then reuses them from the cache)."""
+        try:
+            find_pyspy()
+            self.pyspy_missing = None
+        except ToolMissing as exc:  # one clear line for the whole job, not one per rank
+            self.pyspy_missing = exc
+            return {}
+        requests = []
+        for proc in job.ranks:
+            if procfs.state_letter(proc.pid) in (None, "Z", "X"):
+                continue
+            native = proc.rank in native_for
+            counters = procfs.thread_counters(proc.pid)
+            skip = poll % FULL_REFRESH_EVERY and not self.memory.progress.needs_dump(proc.pid, counters)
+            requests.append((proc.pid, native, self.stacks.get(proc.pid), bool(skip), counters))
+        samples = sample_all(requests, locals_for=self._steps_due(requests, poll))
+        now = time.time()
+        self._read_steps(samples, now)
+        classified = {pid: classify(sample.threads, source_line) for pid, sample in samples.items()
+                      if sample.threads is not None}
+        take = lambda pids: sample_all([(pid, True, None, False, None) for pid in pids],  # noqa: E731
+                                       parallel=NATIVE_PARALLEL)
+        if self.auto_native and resolve:
+            samples, classified = resolve_natively(samples, classified, self.native, self.memory.progress, now, take,
+                                                   source_line)
+        for pid, cls in classified.items():
+            sample = samples[pid]
+            self.stacks[pid] = sample.threads
+            self.classes[pid] = cls
+            self.memory.progress.observe(pid, stack_signature(main_thread(sample.threads)), cls.phase, sample.before,
+                                         sample.after, now, dumped=not sample.reused)
+        self._look_at_logs(job, now)
+        return samples
+
+    def log_activity(self, path: str | None, now: float) -> LogActivity | None:
+        """The growth of the log at ``path`` as last looked at."""
+        growth = self._growth.get(path) if path else None
+        if growth is None:
+            return None
+        return LogActivity(age_s=round(max(0.0, now - growth.last_write_at), 1), every_s=growth.usual_every_s,
+                           longest_s=growth.longest_s, own=self.exits.logs.own(growth.path), bar_s=growth.bar_s)
+
+    def _look_at_logs(self, job: JobProcesses, now: float) -> None:
+        """One stat per log file; a rank's own log that grew is that rank's progress."""
+        self.exits.note_job(job)
+        looked = {path: self._logs.look(path) for path in {p.log_path for p in job.ranks if p.log_path}}
+        self._growth.update({path: growth for path, growth in looked.items() if growth is not None})
+        for proc in job.ranks:
+            growth = looked.get(proc.log_path) if proc.log_path else None
+            if growth is not None and growth.grew and self.exits.logs.own(growth.path):
+                self.memory.progress.mark_progress(proc.pid, now)
+
+    # -- steps (probes/judge/steps.py) ---------------------------------------------------------------
+    def _steps_due(self, requests: list, poll: int) -> frozenset[int]:
+        """Ranks whose step-like locals this round reads, with --locals in the same pass: every
+        round of the first window and of the full refreshes (every rank is dumped then anyway),
+        every poll while the verdict is a problem; see StepReader.due."""
+        self.steps.next_round()
+        last = self.memory.verdict
+        problem = last is not None and last.kind in PROBLEM_VERDICTS
+        force, now = poll % FULL_REFRESH_EVERY == 0 or problem, time.time()
+        return frozenset(pid for pid, native, _prev, _skip, counters in requests
+                         if not native and self.steps.due(pid, counters, now, force=force))
+
+    def _read_steps(self, samples: dict[int, StackSample], now: float) -> None:
+        for pid, sample in samples.items():
+            if sample.ints is not None and sample.threads:
+                self.steps.observe(pid, main_thread(sample.threads).frames, sample.ints, sample.after, sample.at or now)
