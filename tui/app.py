@@ -18,7 +18,6 @@ from rich.text import Text
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.css.query import NoMatches
 from textual.containers import Container
 from textual.message import Message
 from textual.timer import Timer
@@ -142,7 +141,6 @@ class TrainwatchApp(App[None]):
         self._clock_timer: Timer | None = None  # redraws durations (uptime, "for 12s") every second
         self._alerted: str | None = None  # problem verdict already announced
         self._detail_key: str | None = None  # the rank the detail pane shows
-        self._closed = False
 
     # ----- layout
 
@@ -166,11 +164,17 @@ class TrainwatchApp(App[None]):
         self._clock_timer = self.set_interval(1.0, self._tick)
         self._begin_poll()
 
+    def _torn_down(self) -> bool:
+        """Whether the app is shutting down (or has): its screen's widgets may be gone already, while
+        messages, timers and worker callbacks still arrive (a poll that finished as the app quit, the
+        row highlight of the last redraw). Every handler of those first asks this, and then does nothing."""
+        return not self.is_running  # Textual clears it as soon as it starts tearing the app down
+
     # ----- polling
 
     def _begin_poll(self) -> None:
         """Start a poll unless one is in flight; the next is armed when this one is handled."""
-        if self._polling_since is not None or self._closed:
+        if self._polling_since is not None or self._torn_down():
             return
         self._cancel_timer()
         self._polling_since = time.monotonic()
@@ -205,7 +209,7 @@ class TrainwatchApp(App[None]):
 
     def _arm_next(self) -> None:
         self._polling_since = None
-        if self.live and not self.paused and not self._closed:
+        if self.live and not self.paused and not self._torn_down():
             self._cancel_timer()
             self._timer = self.set_timer(self.interval, self._begin_poll)
 
@@ -215,7 +219,7 @@ class TrainwatchApp(App[None]):
             self._timer = None
 
     def on_snapshot_ready(self, message: SnapshotReady) -> None:
-        if self._closed:  # a poll that finished while quitting
+        if self._torn_down():  # a poll that finished while quitting
             return
         self.polls += 1
         self.snapshot = message.snapshot
@@ -227,7 +231,7 @@ class TrainwatchApp(App[None]):
         self._arm_next()
 
     def on_poll_failed(self, message: PollFailed) -> None:
-        if self._closed:
+        if self._torn_down():
             return
         self.polls += 1
         self.error = message.error
@@ -318,18 +322,18 @@ class TrainwatchApp(App[None]):
                 select(frozenset({rank.rank}))
 
     def _tick(self) -> None:
-        if self._closed:
+        if self._torn_down():  # the timer can still fire while the screen is being torn down
             return
-        try:
-            header = self.query_one(JobHeader)
-        except NoMatches:  # the timer can still fire while the screen is being torn down
-            return
-        header.show(self.snapshot, self.durations_now(), self.status_text(), layout=False)
+        self.query_one(JobHeader).show(self.snapshot, self.durations_now(), self.status_text(), layout=False)
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if self._torn_down():  # the last redraw's highlight reaches the app after the table is gone
+            return
         self._redraw_detail()
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        if self._torn_down():
+            return
         self.action_next_pane()
 
     # ----- keys
@@ -348,6 +352,8 @@ class TrainwatchApp(App[None]):
 
     def on_groups_pane_picked(self, message: GroupsPane.Picked) -> None:
         """A group picked in the groups pane selects its first rank (the filter permitting)."""
+        if self._torn_down():
+            return
         wanted = set(message.group.ranks)
         rank = next((r for r in self.visible_ranks() if r.rank in wanted), None)
         if rank is None:
@@ -422,10 +428,14 @@ class TrainwatchApp(App[None]):
         self.query_one(RanksTable).focus()
 
     def on_input_changed(self, event: Input.Changed) -> None:
+        if self._torn_down():
+            return
         self.filter_text = event.value.strip()
         self._redraw()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
+        if self._torn_down():
+            return
         event.input.display = False
         self.query_one(RanksTable).focus()
 
@@ -439,6 +449,8 @@ class TrainwatchApp(App[None]):
 
     def _set_dump_status(self, status: Text) -> None:
         self.dump_status = status
+        if self._torn_down():  # a dump that ended as the app quit: its path is still printed at the end
+            return
         self.query_one(AlertBar).show(self.snapshot.warnings if self.snapshot else (), self.error, status)
 
     def _dumped(self, path: Path) -> None:
@@ -465,7 +477,6 @@ class TrainwatchApp(App[None]):
 
     def on_unmount(self) -> None:
         # The source belongs to whoever opened it (and closes it); quitting only stops polling.
-        self._closed = True
         self._cancel_timer()
         if self._clock_timer is not None:
             self._clock_timer.stop()

@@ -37,7 +37,6 @@ async def first_verdict(pid: int, window: float) -> tuple[float, str]:
                 await pilot.pause(0.02)
             elapsed = time.monotonic() - started
             verdict = app.snapshot.verdict
-            await pilot.pause(0.2)  # let the redraw queued behind the first verdict finish before teardown
     finally:
         source.close()
     return elapsed, f"{verdict.kind}: {verdict.summary}"
