@@ -179,6 +179,7 @@ class ObservedJob:
     collectives: CollectiveState | None = None
     unsampled: str | None = None
     ras: tuple[ObservedRas, ...] = ()
+    watchdog: CollectiveState | None = None  # the NCCL watchdog's timeout lines in the ranks' logs
 
     def collective_state(self) -> CollectiveState | None:
         """Every collective-state source of this poll as one state (:func:`combine_states`)."""

@@ -153,7 +153,7 @@ def _from_collectives(ranks: Sequence[Rank], state: CollectiveState | None,
     """
     if state is None or not state.divergence:
         return None
-    text = f"{state.divergence} (Flight Recorder, {state.source})"
+    text = f"{state.divergence} ({source_words(state.source)})"
     if not _trailing(state):
         return Verdict("mismatch", tuple(state.culprits), text)
     if not any(r.state == "stuck" for r in ranks):
@@ -162,6 +162,19 @@ def _from_collectives(ranks: Sequence[Rank], state: CollectiveState | None,
     if stacks.kind == "straggler" and set(stacks.culprits) == set(state.culprits):
         return stacks
     return Verdict("straggler", tuple(state.culprits), text)
+
+
+FLIGHT_RECORDER_SOURCES = frozenset({"hook", "flight-recorder-file", "pipe", "debug-server", "flight-recorder"})
+SOURCE_NAMES = {"watchdog": "NCCL watchdog timeouts in the logs"}  # others: the source's own name
+
+
+def source_words(source: str) -> str:
+    """Where a divergence was read, in words: ``Flight Recorder, hook+pipe; NCCL watchdog timeouts
+    in the logs``."""
+    parts = source.split("+")
+    recorder = [p for p in parts if p in FLIGHT_RECORDER_SOURCES]
+    words = [f"Flight Recorder, {'+'.join(recorder)}"] if recorder else []
+    return "; ".join(words + [SOURCE_NAMES.get(p, p) for p in parts if p not in FLIGHT_RECORDER_SOURCES])
 
 
 # A RAS finding (probes/judge/ras.py) as a verdict kind: ranks behind hold the others up; ranks

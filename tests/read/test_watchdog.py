@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trainwatch.probes.read.watchdog_lines import op_name, parse_watchdog, watchdog_state
+from trainwatch.probes.read.sources.watchdog import op_name, parse_watchdog, watchdog_state
 from trainwatch.probes.snapshot import RankCollective
 
 LOGS = Path(__file__).parents[1] / "fixtures" / "logs"
@@ -205,3 +205,38 @@ def test_garbage_keeps_what_it_can():
     assert rows[(4, "0")].pending_since is not None  # 2024-02-29
     assert parse_watchdog(NASTY[-2], now=local(2025, 3, 1)) == {}  # one huge line: not torch's
     assert watchdog_state({}) is None
+
+
+def test_the_feed_reads_the_ranks_logs_and_the_judge_names_the_odd_rank(tmp_path):
+    """Through the one feed and the one judge: ranks whose logs hold the watchdog's lines (one log
+    for the whole terminal, as torchrun writes it; rank 2 already gone) and that all wait on their
+    GPU: the verdict names rank 2 from the watchdog's rows alone."""
+    import os
+    import time
+
+    from trainwatch.probes.judge.judgement import JudgeMemory, judge_job
+    from trainwatch.probes.observed import ObservedJob, ObservedRank
+    from trainwatch.probes.read.collective_feed import CollectiveFeed
+    from trainwatch.probes.read.process import JobProcesses, RankProcess
+    from trainwatch.probes.snapshot import Job
+
+    log = tmp_path / "train.log"
+    log.write_text(MISMATCH.read_text())
+    stamp = local(2026, 3, 5, 9, 15)
+    os.utime(log, (stamp, stamp))
+    procs = tuple(RankProcess(pid=999_000 + r, rank=r, log_path=str(log)) for r in (0, 1, 3))
+    job = JobProcesses(launcher="torchrun", root_pid=1, host="h", ranks=procs, started_at=local(2026, 3, 5, 9))
+    feed = CollectiveFeed(job)
+    try:
+        feed.wait(5)
+        fields = feed.evidence().fields
+    finally:
+        feed.close()
+    assert fields["watchdog"].source == "watchdog" and fields["watchdog"].culprits == (2,)
+    ranks = tuple(ObservedRank(rank=r, pid=999_000 + r, seen="stuck", phase="gpu_wait", op="item()", stuck_for_s=600.0)
+                  for r in (0, 1, 3)) + (ObservedRank(rank=2, seen="missing"),)
+    judged = judge_job(ObservedJob(Job("torchrun", 1, "h", world_size=4), ranks, **fields), JudgeMemory(), time.time())
+    assert judged.collectives.source == "watchdog"
+    assert 2 in judged.verdict.culprits
+    assert judged.verdict.summary == ("rank 2 enqueued all_reduce #12 while ranks 0-1,3 enqueued _allgather_base #12 "
+                                      "(NCCL watchdog timeouts in the logs)")

@@ -28,19 +28,26 @@ What torch's source says about these lines, and how they are read:
   is ``CLOCK_MONOTONIC`` nanoseconds, not the wall clock's (stamps run backwards within a second),
   so whole seconds only.
 
-Parsing only: no judging, no I/O.
+The source reads the tail of every log file of the job's ranks (ranks that exited included: their
+logs keep the lines), again only when a file changed, and fills ``ObservedJob.watchdog``. Parsing
+judges nothing: the rows go through the same cross-rank analysis as Flight Recorder rows.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import threading
 import time
 from dataclasses import dataclass, replace
 from datetime import datetime
+from pathlib import Path
 
-from ..snapshot import CollectiveState, RankCollective
-from . import flightrec
-from .ranklog import split_prefix
+from . import CollectiveSource, Reading
+from .. import flightrec, nccl_state
+from ..process import JobProcesses
+from ..ranklog import split_prefix
+from ...snapshot import CollectiveState, RankCollective
 
 MAX_LINE = 8192  # longer lines are not torch's (its watchdog lines are a few hundred characters)
 STALE_S = 60  # a timeout stamped this long before ``since`` belongs to an earlier run
@@ -223,3 +230,40 @@ def _row(rank: int, pg: str, said: _Said) -> RankCollective:
                           op=said.op if known else None,
                           sizes=str(said.numel) if known and said.numel is not None else None,
                           pending_seq=said.seq, pending_op=said.op, pending_since=since)
+
+
+TAIL_BYTES = nccl_state.LOG_TAIL_BYTES  # the watchdog's lines come last: what follows is the crash
+NEEDLE = b"Watchdog caught collective operation timeout"
+
+
+class Source(CollectiveSource):
+    field = "watchdog"
+    interval = 2.0
+
+    def __init__(self, options) -> None:
+        super().__init__(options)
+        self._lock = threading.Lock()
+        self._versions: dict[str, tuple[float, int]] = {}  # log path -> (mtime, size) last read
+        self._rows: dict[str, dict[tuple[int, str], RankCollective]] = {}  # log path -> its timeouts
+
+    def fetch(self, job: JobProcesses) -> None:
+        for proc in job.ranks:
+            if proc.log_path:
+                self._versions.setdefault(proc.log_path, (0.0, -1))
+        for path, seen in list(self._versions.items()):
+            try:
+                info = os.stat(path)
+                if (info.st_mtime, info.st_size) == seen:
+                    continue
+                data = nccl_state.read_capped(Path(path), TAIL_BYTES, tail=True)
+            except OSError:
+                continue
+            self._versions[path] = (info.st_mtime, info.st_size)
+            rows = parse_watchdog(data.decode(errors="replace"), since=job.started_at) if NEEDLE in data else {}
+            with self._lock:
+                self._rows[path] = rows
+
+    def reading(self, job: JobProcesses) -> Reading:
+        with self._lock:
+            rows = {key: row for found in self._rows.values() for key, row in found.items()}
+        return Reading(watchdog_state(rows))
