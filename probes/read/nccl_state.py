@@ -36,10 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import ras
 
 DEFAULT_FR_NAME = "comm_lib_trace_rank_"
-RAS_DEFAULT_PORT = ras.DEFAULT_PORT
 SETTING_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_FR_", "CUDA_", "TORCH_DISTRIBUTED_DEBUG", "TORCH_CPP_LOG")
 MAX_FILE_BYTES = 64 * 1024 * 1024
 LOG_TAIL_BYTES = 1024 * 1024
@@ -199,18 +197,6 @@ def fetch_debug_handler(url: str, handler: str, timeout: float = 5.0) -> Found:
             return Found("debug-server", resp.read(MAX_FILE_BYTES), full)
     except (urllib.error.URLError, OSError, ValueError) as exc:
         return Found("debug-server", origin=full, note=f"{full}: {getattr(exc, 'reason', exc)}")
-
-
-def ras_address(env: dict[str, str]) -> tuple[str, int]:
-    """``NCCL_RAS_ADDR`` (``host:port``), default ``localhost:28028``."""
-    return ras.address(env)
-
-
-def ras_status(host: str, port: int, timeout: float = 3.0, want_json: bool = False) -> Found:
-    """NCCL RAS's report (text, or JSON where the service has it) through :func:`ras.query`;
-    the raw bytes, or why not (bounded everywhere)."""
-    reply = ras.query(host, port, timeout=timeout, want_json=want_json)
-    return Found("ras", reply.raw or None, reply.origin, note=reply.note)
 
 
 def summarize_ras(text: str, limit: int = 40) -> list[str]:

@@ -7,7 +7,7 @@ import time
 
 
 from ras_server import FIXTURES, RasServer, takes
-from trainwatch.probes.read import nccl_state
+from trainwatch.probes.read import nccl_state, ras
 
 
 def test_fr_prefixes_default_to_torch_cache(tmp_path):
@@ -70,11 +70,11 @@ def test_pipe_dump_collects_the_file(tmp_path):
 def test_ras_status_against_a_local_server():
     """The raw text report, for bundles, through the RAS client (a stand-in server on loopback)."""
     with RasServer(takes("dead")) as server:
-        found = nccl_state.ras_status("127.0.0.1", server.port, timeout=2)
-    assert found.data == (FIXTURES / "synthetic-dead-a.txt").read_bytes()
+        found = ras.query("127.0.0.1", server.port, timeout=2, want_json=False)
+    assert found.raw == (FIXTURES / "synthetic-dead-a.txt").read_bytes()
     assert server.commands[0] == "CLIENT PROTOCOL 2" and server.commands[-1] == "VERBOSE STATUS"
     assert "SET FORMAT json" not in server.commands  # the text report is what a person reads
-    summary = nccl_state.summarize_ras(found.data.decode())
+    summary = nccl_state.summarize_ras(found.raw.decode())
     assert any("Process 5202 on node 10.0.0.12" in line for line in summary), summary
 
 
@@ -82,19 +82,19 @@ def test_ras_absent_or_silent_is_a_note():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    found = nccl_state.ras_status("127.0.0.1", port, timeout=1)
-    assert found.data is None and "no NCCL RAS" in found.note
+    found = ras.query("127.0.0.1", port, timeout=1, want_json=False)
+    assert found.raw is None and "no NCCL RAS" in found.note
     started = time.monotonic()
     with RasServer(takes("healthy"), silent=True) as server:
-        found = nccl_state.ras_status("127.0.0.1", server.port, timeout=0.5)
+        found = ras.query("127.0.0.1", server.port, timeout=0.5, want_json=False)
     assert time.monotonic() - started < 5  # bounded even when the server never answers
-    assert found.data is None and "did not answer" in found.note
+    assert found.raw is None and "did not answer" in found.note
 
 
 def test_ras_address_parsing():
-    assert nccl_state.ras_address({}) == ("localhost", 28028)
-    assert nccl_state.ras_address({"NCCL_RAS_ADDR": "10.0.0.1:3000"}) == ("10.0.0.1", 3000)
-    assert nccl_state.ras_address({"NCCL_RAS_ADDR": "[::1]:3000"}) == ("::1", 3000)
+    assert ras.address({}) == ("localhost", 28028)
+    assert ras.address({"NCCL_RAS_ADDR": "10.0.0.1:3000"}) == ("10.0.0.1", 3000)
+    assert ras.address({"NCCL_RAS_ADDR": "[::1]:3000"}) == ("::1", 3000)
 
 
 def test_settings_and_debug_file_substitution(tmp_path):
