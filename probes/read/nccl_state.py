@@ -1,6 +1,6 @@
-"""Every source of collective (NCCL / Flight Recorder) state a rank may offer, each tried safely.
+"""What a rank offers about its collective (NCCL / Flight Recorder) state, each tried safely.
 
-Sources, in the order the bundle tries them:
+The ways in, used by the sources in ``read/sources/`` and by bundles:
 
 1. Flight Recorder dumps already on disk: ``TORCH_FR_DUMP_TEMP_FILE`` /
    ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE`` + rank (torch's default prefix is
@@ -10,10 +10,8 @@ Sources, in the order the bundle tries them:
    ``PIPE_WAIT_S`` for the file (the dump symbolizes C++ stacks first: 5.7 s on an H100);
 3. ``torch.distributed.debug`` worker servers, found under ``debug_server/rank<N>`` in the
    job's TCPStore (read in a subprocess, only when this interpreter has torch);
-4. NCCL RAS (NCCL >= 2.24) on ``NCCL_RAS_ADDR`` (default ``localhost:28028``): see :mod:`.ras`;
-5. the trainwatch hook of armed ranks (see :mod:`trainwatch.probes.read.hookclient`);
-6. the ``NCCL_*`` / ``TORCH_NCCL_*`` / ``TORCH_FR_*`` / ``CUDA_*`` settings and the
-   ``NCCL_DEBUG_FILE`` logs.
+4. the ``NCCL_*`` / ``TORCH_NCCL_*`` / ``TORCH_FR_*`` / ``CUDA_*`` settings and the
+   ``NCCL_DEBUG_FILE`` logs; a summary of NCCL RAS's text report (RAS itself: :mod:`.ras`).
 
 Nothing here touches the TCPStore ``exception_dump`` key: it makes every rank abort.
 Every function returns its result or a reason; none raises for a missing source.
