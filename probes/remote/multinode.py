@@ -42,6 +42,16 @@ class NodeEvidence:
     match: Any
     parallel: Any
     runner: Any
+    _local_takes_native: bool
+
+    def _poll_local(self, native_for: frozenset[int]) -> NodeView:
+        """This node, read by the local source (a failure is this node's error, not the view's)."""
+        name = socket.gethostname()
+        try:
+            snap = self.local.poll(native_for=native_for) if self._local_takes_native else self.local.poll()
+        except TrainwatchError as exc:
+            return NodeView(name=name, error=exc.message, local=True)
+        return NodeView(name=snap.job.host or name, snapshot=snap, local=True)
 
     def paused_judgement(self) -> AbstractContextManager[None]:
         if self.local is None:
@@ -110,14 +120,6 @@ class MultiNodeSource(NodeEvidence):
             reasons = "; ".join(f"{v.name}: {v.error}" for v in views)
             raise TrainwatchError(f"no node of the job could be read ({reasons})")
         return merge_nodes(views, memory=self.memory, world_size=self.world_size)
-
-    def _poll_local(self, native_for: frozenset[int]) -> NodeView:
-        name = socket.gethostname()
-        try:
-            snap = self.local.poll(native_for=native_for) if self._local_takes_native else self.local.poll()
-        except TrainwatchError as exc:
-            return NodeView(name=name, error=exc.message, local=True)
-        return NodeView(name=snap.job.host or name, snapshot=snap, local=True)
 
     def _harvest(self, index: int) -> None:
         future = self._inflight.get(index)

@@ -20,7 +20,6 @@ import resource
 import selectors
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -456,14 +455,6 @@ class StreamSource(NodeEvidence):
         if state.error:
             return NodeView(state.name, error=state.error)
         return NodeView(state.name, error="starting: no answer yet")
-
-    def _poll_local(self, native_for: frozenset[int]) -> NodeView:
-        name = socket.gethostname()
-        try:
-            snap = self.local.poll(native_for=native_for) if self._local_takes_native else self.local.poll()
-        except TrainwatchError as exc:
-            return NodeView(name=name, error=exc.message, local=True)
-        return NodeView(name=snap.job.host or name, snapshot=snap, local=True)
 
     def stats(self) -> dict[str, float]:
         """Bytes and lines received per node so far (benchmarks)."""
