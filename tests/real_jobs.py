@@ -81,7 +81,33 @@ def kill_tree(pid: int) -> None:
         pass
 
 
-class PlantedJob:
+class OwnedTree:
+    """A process a test started (``start()`` sets ``proc``): on stop, or leaving a ``with``, it and
+    every descendant are killed (torchrun and sshd put children in sessions of their own), then
+    reaped; nothing outlives the test."""
+
+    proc: subprocess.Popen | None = None
+
+    def start(self):  # noqa: ANN201 (each subclass returns itself)
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        kill_tree(self.proc.pid)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def __enter__(self):  # noqa: ANN204
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class PlantedJob(OwnedTree):
     """A real gloo job running ``tui/planted.py`` copied as ``train.py`` into ``workdir``, or,
     given ``script``, that job script (e.g. one of ``tests/jobs_frameworks/``) copied into
     ``workdir`` under its own name with its ``_*.py`` helpers beside it, run with
@@ -183,19 +209,3 @@ class PlantedJob:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def stop(self) -> None:
-        """Kill the job's process group and every descendant (torchrun puts ranks in sessions of
-        their own), then reap; nothing outlives the test."""
-        if self.proc is None:
-            return
-        kill_tree(self.proc.pid)
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-
-    def __enter__(self) -> "PlantedJob":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

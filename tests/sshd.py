@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 
-from real_jobs import PLANTED, TORCHRUN, free_port, kill_tree
+from real_jobs import PLANTED, TORCHRUN, OwnedTree, free_port, kill_tree
 
 SSHD_PATHS = ("/usr/sbin/sshd", "/usr/local/sbin/sshd")
 
@@ -42,7 +42,7 @@ def remote_trainwatch() -> str:
     return f"env PATH={bindir}:/usr/local/bin:/usr/bin:/bin {sys.executable} -m trainwatch.tui.cli"
 
 
-class Sshd:
+class Sshd(OwnedTree):
     def __init__(self, workdir: Path) -> None:
         self.dir = Path(workdir)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -103,21 +103,6 @@ class Sshd:
         """The value for ``--ssh-option``."""
         return f"-F {self.config}"
 
-    def stop(self) -> None:
-        """Kill per-connection sshd children (own sessions) first, then the listener."""
-        if self.proc is None:
-            return
-        kill_tree(self.proc.pid)
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-
-    def __enter__(self) -> "Sshd":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def _user() -> str:
