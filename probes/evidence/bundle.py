@@ -274,7 +274,7 @@ def write_bundle(source_pid: int, snapshot: Snapshot, out_dir: Path, *, tar: boo
     for ev in evidence:
         if ev.faulthandler and ev.faulthandler != "collected":
             ev.note(f"faulthandler traces: {ev.faulthandler}")
-        for note in (collective.rank_notes or {}).get(ev.rank, ()) if ev.rank is not None else ():
+        for note in collective.rank_notes.get(ev.rank, ()) if ev.rank is not None else ():
             ev.note(note)
     notes += collective.notes
     host_files, host_notes = _host_files(snapshot)
@@ -282,7 +282,7 @@ def write_bundle(source_pid: int, snapshot: Snapshot, out_dir: Path, *, tar: boo
 
     redactor = Redactor.from_envs([ev.env or {} for ev in evidence],
                                   [ev.cmdline for ev in evidence] + [snapshot.job.cmdline], enabled=redact)
-    sources = {name: list(where) for name, where in (collective.worked or {}).items()}
+    sources = {name: list(where) for name, where in collective.worked.items()}
     bundle_snapshot = _with_collectives(snapshot, collective.fields, redactor, familiar)
     try:
         writer = _Writer(partial, redactor)
@@ -295,7 +295,7 @@ def write_bundle(source_pid: int, snapshot: Snapshot, out_dir: Path, *, tar: boo
             writer.write(f"{base}/env.txt", _env_text(ev.env, redactor))
             writer.write(f"{base}/cmdline.txt", " ".join(redactor.cmdline(ev.cmdline)) + "\n")
             writer.write(f"{base}/notes.txt", "\n".join(ev.notes or ["nothing missing"]) + "\n")
-        for rel, content in {**host_files, **(collective.files or {})}.items():
+        for rel, content in {**host_files, **collective.files}.items():
             writer.write(rel, content)
         root = job.root_pid if job else source_pid
         writer.write("host/process-tree.txt", _process_tree(root, redactor))

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from .process import JobProcesses
-from .sources import CollectiveSource, FeedOptions, Reading, source_classes
+from .sources import CollectiveSource, FeedOptions, RankEnvs, Reading, source_classes
 from ..observed import combine_states
 from ..snapshot import CollectiveState
 
@@ -33,9 +33,9 @@ class FeedEvidence:
 
     fields: dict[str, object]
     notes: tuple[str, ...] = ()
-    files: dict[str, bytes] | None = None
-    worked: dict[str, tuple[str, ...]] | None = None
-    rank_notes: dict[int, tuple[str, ...]] | None = None
+    files: dict[str, bytes] = field(default_factory=dict)
+    worked: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    rank_notes: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
 
 class CollectiveFeed:
@@ -48,7 +48,8 @@ class CollectiveFeed:
                  sources: list[type[CollectiveSource]] | None = None) -> None:
         self._job = job if callable(job) else (lambda: job)
         self._min_interval = min_interval
-        self._sources = [cls(options) for cls in (sources if sources is not None else source_classes())]
+        envs = RankEnvs()  # one read of each rank's environment for every source
+        self._sources = [cls(options, envs) for cls in (sources if sources is not None else source_classes())]
         self._last: dict[str, float] = {}  # source field -> when its last fetch started (monotonic)
         self._lock = threading.Lock()
         self._closed = threading.Event()

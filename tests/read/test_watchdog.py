@@ -240,3 +240,35 @@ def test_the_feed_reads_the_ranks_logs_and_the_judge_names_the_odd_rank(tmp_path
     assert 2 in judged.verdict.culprits
     assert judged.verdict.summary == ("rank 2 enqueued all_reduce #12 while ranks 0-1,3 enqueued _allgather_base #12 "
                                       "(NCCL watchdog timeouts in the logs)")
+
+
+def test_a_growing_log_is_read_from_where_the_last_look_ended(tmp_path):
+    """A rank's log gains its timeout line, then its status line in a later write; a log that was
+    truncated (a new run) forgets what the old one said."""
+    from trainwatch.probes.read.process import JobProcesses, RankProcess
+    from trainwatch.probes.read.sources import FeedOptions
+    from trainwatch.probes.read.sources.watchdog import Source
+
+    log = tmp_path / "rank0.log"
+    log.write_text("step 1\n" * 20_000)  # 140 KB of ordinary output
+    job = JobProcesses(launcher="torchrun", root_pid=1, host="h",
+                       ranks=(RankProcess(pid=999_000, rank=0, log_path=str(log)),))
+    source = Source(FeedOptions())
+    source.fetch(job)
+    assert source.reading(job).value is None
+    stamp = datetime.now().strftime("%m%d %H:%M:%S")
+    with log.open("a") as out:
+        out.write(timeout_line(0, stamp, 861) + "\n")
+    source.fetch(job)
+    [row] = source.reading(job).value.ranks
+    assert (row.pending_seq, row.last_completed) == (861, None)
+    with log.open("a") as out:
+        out.write(f"[rank0]:[E{stamp}.2 ProcessGroupNCCL.cpp:2303] [PG ID 0 PG GUID 0(default_pg) Rank 0]  failure "
+                  "detected by watchdog at work sequence id: 861 PG status: last enqueued work: 861, last completed "
+                  "work: 860\n")
+    source.fetch(job)
+    [row] = source.reading(job).value.ranks
+    assert (row.pending_seq, row.last_enqueued, row.last_completed) == (861, 861, 860)
+    log.write_text("a new run\n")
+    source.fetch(job)
+    assert source.reading(job).value is None

@@ -47,16 +47,32 @@ class Reading:
     rank_notes: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
 
 
+class RankEnvs:
+    """Each rank's environment, read once per PID, over what discovery kept. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._known: dict[int, dict[str, str]] = {}
+        self._lock = threading.Lock()
+
+    def of(self, proc: RankProcess) -> dict[str, str]:
+        with self._lock:
+            known = self._known.get(proc.pid)
+        if known is None:
+            known = {**proc.env, **(procfacts.read_environ(proc.pid) or {})}
+            with self._lock:
+                self._known[proc.pid] = known
+        return known
+
+
 class CollectiveSource:
     """One collective-state source. Subclasses set ``field`` and override what they need."""
 
     field: ClassVar[str]
     interval: ClassVar[float] = 0.0  # seconds between two fetches, at least (besides the feed's own)
 
-    def __init__(self, options: FeedOptions) -> None:
+    def __init__(self, options: FeedOptions, envs: RankEnvs | None = None) -> None:
         self.options = options
-        self._envs: dict[int, dict[str, str]] = {}
-        self._env_lock = threading.Lock()
+        self.envs = envs or RankEnvs()  # the feed's, shared by its sources
 
     def fetch(self, job: JobProcesses) -> None:
         """Read once, bounded; runs in the feed's background thread."""
@@ -75,14 +91,8 @@ class CollectiveSource:
         """Stop: work of its own ends at its next check."""
 
     def env(self, proc: RankProcess) -> dict[str, str]:
-        """The rank's environment (read once per PID), over what discovery kept."""
-        with self._env_lock:
-            known = self._envs.get(proc.pid)
-        if known is None:
-            known = {**proc.env, **(procfacts.read_environ(proc.pid) or {})}
-            with self._env_lock:
-                self._envs[proc.pid] = known
-        return known
+        """The rank's environment (:class:`RankEnvs`)."""
+        return self.envs.of(proc)
 
 
 def source_classes() -> list[type[CollectiveSource]]:

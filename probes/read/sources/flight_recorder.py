@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import CollectiveSource, FeedOptions, Reading
+from . import CollectiveSource, FeedOptions, RankEnvs, Reading
 from .. import flightrec, hookclient, nccl_state
 from ..process import JobProcesses, RankProcess
 from ...snapshot import CollectiveState
@@ -31,8 +31,8 @@ from ...snapshot import CollectiveState
 class Source(CollectiveSource):
     field = "collectives"
 
-    def __init__(self, options: FeedOptions) -> None:
-        super().__init__(options)
+    def __init__(self, options: FeedOptions, envs: RankEnvs | None = None) -> None:
+        super().__init__(options, envs)
         self._lock = threading.Lock()  # guards the fields below; never held while fetching
         self._analysis = threading.Lock()  # one analysis at a time, so the newest traces win
         self._closed = threading.Event()
@@ -99,9 +99,9 @@ class Source(CollectiveSource):
     def _fetch_rank(self, proc: RankProcess, sock: Path | None, since: float) -> None:
         rank = proc.rank
         assert rank is not None
-        if sock is not None and self._from_hook(rank, sock):
-            if not self.options.bundle:
-                return  # the hook answered: nothing fresher to be had
+        hooked = sock is not None and self._from_hook(rank, sock)
+        if hooked and not self.options.bundle:
+            return  # the hook answered: nothing fresher to be had (a bundle keeps the dumps too)
         env = self.env(proc)
         with self._lock:
             if rank in self._awaiting:
@@ -112,7 +112,7 @@ class Source(CollectiveSource):
                 self._store(rank, trace)
         if self.options.bundle and rank in self.options.debug_urls:
             self._from_debug_server(rank, self.options.debug_urls[rank])
-        if not self.options.bundle or sock is None or rank not in self._traces:
+        if not hooked:
             self._maybe_pipe(rank, env)
 
     def _from_hook(self, rank: int, sock: Path) -> bool:

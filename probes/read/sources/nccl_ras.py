@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 
-from . import CollectiveSource, FeedOptions, Reading
+from . import CollectiveSource, FeedOptions, RankEnvs, Reading
 from .. import nccl_state, ras
 from ..process import JobProcesses
 from ...observed import ObservedRas
@@ -24,8 +24,8 @@ class Source(CollectiveSource):
     field = "ras"
     interval = 2.0
 
-    def __init__(self, options: FeedOptions) -> None:
-        super().__init__(options)
+    def __init__(self, options: FeedOptions, envs: RankEnvs | None = None) -> None:
+        super().__init__(options, envs)
         self._lock = threading.Lock()
         self._replies: tuple[tuple[ras.RasReply, float], ...] = ()  # recent replies and when asked, oldest first
         self._read: dict[float, tuple[ObservedRas, str | None]] = {}  # replies read, by when asked

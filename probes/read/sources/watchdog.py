@@ -41,9 +41,8 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from datetime import datetime
-from pathlib import Path
 
-from . import CollectiveSource, Reading
+from . import CollectiveSource, FeedOptions, RankEnvs, Reading
 from .. import flightrec, nccl_state
 from ..process import JobProcesses
 from ..ranklog import split_prefix
@@ -232,7 +231,8 @@ def _row(rank: int, pg: str, said: _Said) -> RankCollective:
                           pending_seq=said.seq, pending_op=said.op, pending_since=since)
 
 
-TAIL_BYTES = nccl_state.LOG_TAIL_BYTES  # the watchdog's lines come last: what follows is the crash
+TAIL_BYTES = nccl_state.LOG_TAIL_BYTES  # the first look: the watchdog's lines come last, then the crash
+OVERLAP_BYTES = 64 * 1024  # read again each time: a timeout line whose status line came later
 NEEDLE = b"Watchdog caught collective operation timeout"
 
 
@@ -240,28 +240,34 @@ class Source(CollectiveSource):
     field = "watchdog"
     interval = 2.0
 
-    def __init__(self, options) -> None:
-        super().__init__(options)
+    def __init__(self, options: FeedOptions, envs: RankEnvs | None = None) -> None:
+        super().__init__(options, envs)
         self._lock = threading.Lock()
-        self._versions: dict[str, tuple[float, int]] = {}  # log path -> (mtime, size) last read
+        self._read_to: dict[str, int] = {}  # log path -> bytes of it read so far
         self._rows: dict[str, dict[tuple[int, str], RankCollective]] = {}  # log path -> its timeouts
 
     def fetch(self, job: JobProcesses) -> None:
+        """What each log gained since the last look (a log that shrank is read afresh)."""
         for proc in job.ranks:
             if proc.log_path:
-                self._versions.setdefault(proc.log_path, (0.0, -1))
-        for path, seen in list(self._versions.items()):
+                self._read_to.setdefault(proc.log_path, -1)
+        for path, done in list(self._read_to.items()):
             try:
-                info = os.stat(path)
-                if (info.st_mtime, info.st_size) == seen:
+                size = os.stat(path).st_size
+                if size == done:
                     continue
-                data = nccl_state.read_capped(Path(path), TAIL_BYTES, tail=True)
+                fresh = size < done or done < 0
+                start = max(0, size - TAIL_BYTES) if fresh else max(0, done - OVERLAP_BYTES, size - TAIL_BYTES)
+                with open(path, "rb") as handle:
+                    handle.seek(start)
+                    data = handle.read(size - start)
             except OSError:
                 continue
-            self._versions[path] = (info.st_mtime, info.st_size)
-            rows = parse_watchdog(data.decode(errors="replace"), since=job.started_at) if NEEDLE in data else {}
+            self._read_to[path] = start + len(data)
+            found = parse_watchdog(data.decode(errors="replace"), since=job.started_at) if NEEDLE in data else {}
             with self._lock:
-                self._rows[path] = rows
+                rows = {} if fresh else self._rows.get(path, {})
+                self._rows[path] = {**rows, **found}
 
     def reading(self, job: JobProcesses) -> Reading:
         with self._lock:
