@@ -56,3 +56,21 @@ def log(message: str, who: int | None = None) -> None:
     their lines interleave."""
     sys.stdout.flush()
     os.write(sys.stdout.fileno(), f"[rank {rank() if who is None else who}] {message}\n".encode())
+
+
+def accelerate_setup():  # noqa: ANN201 (accelerate is imported here, not at the top)
+    """A tiny regression model on CPU prepared by accelerate (no GPU: without ``cpu=True`` each
+    rank would train alone): ``(accelerator, model, optimizer, loader)``, after one log line."""
+    import torch
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader, TensorDataset
+
+    accelerator = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(4_000, 16), torch.randn(4_000, 1))
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, DataLoader(data, batch_size=4))
+    log(f"accelerate starts: {accelerator.distributed_type} backend {accelerator.state.backend} "
+        f"world {accelerator.num_processes}")
+    return accelerator, model, optimizer, loader

@@ -6,7 +6,7 @@ takes; the other ranks go on to step 4 and wait in DDP's gradient all_reduce ins
 ranks there is no majority: the ranks disagree and neither is more to blame.
 """
 
-from _jobkit import log, start
+from _jobkit import accelerate_setup, log, start
 
 GATHER_AFTER_STEP = 3
 
@@ -14,17 +14,8 @@ GATHER_AFTER_STEP = 3
 def main() -> None:
     start(__doc__)
     import torch
-    from accelerate import Accelerator
-    from torch.utils.data import DataLoader, TensorDataset
 
-    accelerator = Accelerator(cpu=True)
-    torch.manual_seed(0)
-    data = TensorDataset(torch.randn(4_000, 16), torch.randn(4_000, 1))
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, DataLoader(data, batch_size=4))
-    log(f"accelerate starts: {accelerator.distributed_type} backend {accelerator.state.backend} "
-        f"world {accelerator.num_processes}")
+    accelerator, model, optimizer, loader = accelerate_setup()
     for step, (x, y) in enumerate(loader, start=1):
         log(f"step {step} begins")
         loss = torch.nn.functional.mse_loss(model(x), y)

@@ -6,7 +6,7 @@ Truth: straggler, the last rank.
 
 import time
 
-from _jobkit import log, start
+from _jobkit import accelerate_setup, log, start
 
 
 def upload_checkpoint(stop_at: float) -> None:
@@ -17,17 +17,8 @@ def upload_checkpoint(stop_at: float) -> None:
 def main() -> None:
     args = start(__doc__)
     import torch
-    from accelerate import Accelerator
-    from torch.utils.data import DataLoader, TensorDataset
 
-    accelerator = Accelerator(cpu=True)  # no GPU: without cpu=True each rank would train alone
-    torch.manual_seed(0)
-    data = TensorDataset(torch.randn(4_000, 16), torch.randn(4_000, 1))
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, DataLoader(data, batch_size=4))
-    log(f"accelerate starts: {accelerator.distributed_type} backend {accelerator.state.backend} "
-        f"world {accelerator.num_processes}")
+    accelerator, model, optimizer, loader = accelerate_setup()
     last = accelerator.process_index == accelerator.num_processes - 1
     for step, (x, y) in enumerate(loader, start=1):
         log(f"step {step} begins")
