@@ -104,8 +104,9 @@ class RasReportRank(NamedTuple):
     cuda_dev: int | None = None
     nvml_dev: int | None = None
     counts: tuple[tuple[str, int], ...] = ()  # (operation, collectives launched), ops RAS reported
-    status: str = "ok"  # ok, missing (reachable, not a member), unreachable, dead
+    status: str = "ok"  # ok, nocomm (answered RAS, not a member of the communicator), unreachable, dead
     error: str | None = None  # an initialization or asynchronous NCCL error
+    comm_status: str | None = None  # the communicator on that rank: abort, finalize, init; None: running
 
 
 class CountGroup(NamedTuple):
@@ -143,11 +144,18 @@ class RasReport:
     timeouts: int = 0
     healthy_groups: int = 0  # text: communicator groups whose table row says OK
     notes: tuple[str, ...] = field(default=())
+    processes: int | None = None  # text job summary: the job's processes in total (RAS's whole job)
+    per_node: tuple[int, ...] = ()  # text job summary: the distinct counts of processes per node
+    unnamed: tuple[int, ...] = ()  # ranks NCCL listed with "[process information not found]"
 
     def pids(self) -> set[int]:
         """Every process ID the report names."""
-        found = {r.pid for c in self.comms for r in c.ranks if r.pid is not None}
-        return found | {p.pid for p in (*self.dead, *self.unreachable) if p.pid is not None}
+        return {pid for _, pid in self.processes_named()}
+
+    def processes_named(self) -> set[tuple[str, int]]:
+        """Every (host, PID) the report names."""
+        found = {(r.host, r.pid) for c in self.comms for r in c.ranks if r.pid is not None}
+        return found | {(p.host, p.pid) for p in (*self.dead, *self.unreachable) if p.pid is not None}
 
 
 @dataclass(frozen=True)
@@ -159,6 +167,7 @@ class ObservedRas:
     at: float  # unix time it was asked
     report: RasReport | None = None  # None: the job's RAS gave nothing usable this time
     names: tuple[tuple[str, str], ...] = ()  # (address, node name)
+    caveat: str | None = None  # why the report could not be matched to this job for sure (kept, labelled)
 
 
 @dataclass(frozen=True)

@@ -232,8 +232,10 @@ class RasRank:
     gpu: int | None = None  # CUDA device
     nvml_gpu: int | None = None
     counts: tuple[OpCount, ...] = ()
-    status: str = "ok"  # ok, missing (reachable, not a member), unreachable, dead
+    status: str = "ok"  # ok, nocomm (answered RAS, not a member), unreachable, dead
     moving: bool | None = None  # its counts advanced since the previous poll (None: no previous poll)
+    error: str | None = None  # an NCCL error the rank reported (initialization or asynchronous)
+    comm_status: str | None = None  # abort, finalize, init, unknown; None: running
 
 
 @dataclass(frozen=True)
@@ -246,7 +248,7 @@ class RasState:
     taken_at: float | None = None
     comms: tuple[str, ...] = ()  # communicator hashes; "communicator N" is the N-th
     ranks: tuple[RasRank, ...] = ()  # every rank when small; else the notable ones (culprits, local, not ok)
-    kind: str | None = None  # behind, mismatch, unreachable, dead; None: nothing wrong (yet)
+    kind: str | None = None  # behind, mismatch, unreachable, dead, error, abort, left, level; None: nothing wrong (yet)
     finding: str | None = None  # the kind in words, culprits with host and PID
     culprits: tuple[int, ...] = ()  # global ranks
     advancing: bool = False  # some communicator's counts advanced since the previous poll

@@ -39,14 +39,23 @@ class RasServer:
     """Serves connections one at a time in a thread until :meth:`close`; use as a context manager."""
 
     def __init__(self, reports: list[dict[str, str]], *, json_supported: bool = True, silent: bool = False,
-                 delay: float = 0.0, host: str = "127.0.0.1") -> None:
+                 delay: float = 0.0, host: str = "127.0.0.1", head_first: bool = False,
+                 stop_after_head: bool = False, threaded: bool = False) -> None:
         self.reports = reports
         self.json_supported = json_supported
         self.silent = silent  # accept, never answer: a hung service
-        self.delay = delay  # before sending a report: RAS gathering from slow peers
+        self.delay = delay  # before sending a report (after its head, with head_first): RAS gathering from slow peers
+        # As NCCL's server does: the header up to the "Communicators..." line at once, the rest when its
+        # collective ends; stop_after_head: the rest never comes (the connection stays open until close()).
+        self.head_first = head_first or stop_after_head
+        self.stop_after_head = stop_after_head
+        self.threaded = threaded  # each connection in its own thread: two clients at once are served at once
+        self.active = 0
+        self.max_active = 0  # most STATUS queries in progress at one time
         self.commands: list[str] = []
         self.queries = 0
         self._stop = threading.Event()
+        self._count = threading.Lock()
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, 0))
@@ -75,11 +84,17 @@ class RasServer:
                 continue
             except OSError:
                 return
-            with conn:
-                try:
-                    self._client(conn)
-                except OSError:
-                    pass
+            if self.threaded:
+                threading.Thread(target=self._serve_one, args=(conn,), daemon=True).start()
+            else:
+                self._serve_one(conn)
+
+    def _serve_one(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                self._client(conn)
+            except OSError:
+                pass
 
     def _client(self, conn: socket.socket) -> None:
         conn.settimeout(10)
@@ -111,14 +126,32 @@ class RasServer:
                 else:
                     conn.sendall(f"ERROR: Invalid format {cmd[len('set format '):]}\n".encode())
             elif low in ("status", "verbose status"):
-                take = self.reports[min(self.queries, len(self.reports) - 1)]
-                self.queries += 1
-                if self.delay:
-                    time.sleep(self.delay)
-                conn.sendall(take[fmt].encode())
+                with self._count:
+                    take = self.reports[min(self.queries, len(self.reports) - 1)]
+                    self.queries += 1
+                    self.active += 1
+                    self.max_active = max(self.max_active, self.active)
+                try:
+                    self._report(conn, take, fmt)
+                finally:
+                    with self._count:
+                        self.active -= 1
                 return  # the server closes once the report is out
             else:
                 conn.sendall(f"ERROR: Unknown command {cmd}\n".encode())
+
+    def _report(self, conn: socket.socket, take: dict[str, str], fmt: str) -> None:
+        body = take[fmt].encode()
+        if self.head_first:
+            cut = body.find(b"\n", body.find(b"Communicators") + 1) + 1 if b"Communicators" in body else 0
+            conn.sendall(body[:cut])
+            body = body[cut:]
+            if self.stop_after_head:
+                self._stop.wait(60)
+                return
+        if self.delay:
+            time.sleep(self.delay)
+        conn.sendall(body)
 
 
 def json_report(members: list[tuple[int, str, int]], allreduce: dict[int, int], comm: str = "0x5eed") -> str:

@@ -6,6 +6,7 @@ import argparse
 import errno
 import importlib
 import importlib.metadata
+import os
 import sys
 
 from ..probes import TrainwatchError
@@ -53,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse's own exit: a usage error (2), or --help/--version (0)
         return exc.code if isinstance(exc.code, int) else 2
+    if getattr(args, "ras", None):
+        os.environ["TRAINWATCH_RAS"] = args.ras  # read by the NCCL RAS source, here and in agents started from here
     try:
         return int(args.func(args) or 0)
     except TrainwatchError as exc:

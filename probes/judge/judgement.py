@@ -108,7 +108,7 @@ def _with_ras(evidence: ObservedJob, memory: JudgeMemory, now: float,
             memory.ras_state = None
             continue
         memory.ras_state = memory.ras.observe(seen.report, seen.at, seen.origin, local_pids=pids,
-                                              names=dict(seen.names))
+                                              names=dict(seen.names), caveat=seen.caveat)
         for pid in progress_pids(memory.ras_state, pids):
             memory.progress.mark_progress(pid, now)
     if memory.ras_state is None:

@@ -13,7 +13,15 @@ repeated queries mean a stuck communicator. So:
   one operation type and behind in another launched different collectives: a *mismatch*, the
   minority being the culprits;
 * ranks RAS declared ``dead`` (60 s unreachable) are culprits at once; ranks it could not reach
-  (``unreachable``) once they stay so on a second poll (a slow rank can miss one RAS timeout).
+  (``unreachable``) once they stay so on a second poll (a slow rank can miss one RAS timeout);
+* a rank whose communicator reports an NCCL error (initialization or asynchronous), was aborted,
+  or is being finalized while the others run, or that answered RAS without the communicator
+  (NOCOMM: destroyed, or never made), is a culprit at once: that is a state, not a count;
+* every rank of a communicator at the same counts, unchanged since the previous poll (JSON, where
+  every rank is listed): NCCL sees no rank behind, so the wait is below the ranks (*level*).
+
+RAS counts Broadcast, Reduce, AllGather, ReduceScatter and AllReduce only: not send/recv (pipeline
+stages) nor collectives captured in CUDA graphs. Equal counts are never read as health.
 
 Every culprit is named with its rank, node and PID from RAS itself: no other node is asked.
 """
@@ -29,6 +37,8 @@ from ..snapshot import OpCount, RasRank, RasState, compact_ranks
 _new = tuple.__new__  # a NamedTuple without its Python-level __new__ (thousands of rows a poll)
 MAX_ROWS = 256  # rows kept in a snapshot; beyond, only the notable ones (culprits, local, not ok)
 NAMED = 4  # culprits spelled out one by one in the finding
+SCOPE = ("NCCL RAS counts Broadcast, Reduce, AllGather, ReduceScatter and AllReduce only: not send/recv "
+         "(pipeline stages) nor collectives captured in CUDA graphs")
 
 
 class _Row(NamedTuple):
@@ -44,6 +54,8 @@ class _Row(NamedTuple):
     counts: tuple[tuple[str, int], ...]
     status: str
     moving: bool | None
+    error: str | None
+    comm_status: str | None
 
 
 @dataclass(frozen=True)
@@ -64,9 +76,10 @@ class RasTracker:
         self._unreachable: set[tuple[str, int]] = set()  # (communicator, comm rank) unreachable at the last poll
 
     def observe(self, report: RasReport, at: float, origin: str, *, local_pids: Iterable[int] = (),
-                names: Mapping[str, str] | None = None) -> RasState:
+                names: Mapping[str, str] | None = None, caveat: str | None = None) -> RasState:
         """Judge ``report`` (taken at unix time ``at``) against the previous one. ``names`` maps
-        RAS's host addresses to node names where known (this node's)."""
+        RAS's host addresses to node names where known (this node's); ``caveat``: why the report
+        could not be matched to the job for sure (said with the finding)."""
         names = names or {}
         comms = sorted(report.comms, key=lambda c: (-(c.size or len(c.ranks)), c.hash))
         global_of = _global_ranks(comms)
@@ -89,17 +102,20 @@ class RasTracker:
             rows += comm_rows
             if stalled:
                 still.append(at - self._still_since[comm.hash])
-            found = _lost(index, comm_rows, self._unreachable) or (
-                _stalled(index, comm, comm_rows) if stalled else None)
+            found = (_lost(index, comm_rows, self._unreachable) or _troubled(index, comm, comm_rows)
+                     or (_stalled(index, comm, comm_rows) or _level(index, comm, comm_rows, at - self._still_since[
+                         comm.hash]) if stalled else None))
             if found:
                 findings.append(found)
         self._unreachable = {(r.comm, r.comm_rank) for r in rows if r.status == "unreachable"}
         kind, finding, culprits = findings[0] if findings else (None, None, ())
+        if finding and caveat:
+            finding += " [report not matched to this job for sure]"
         return RasState(origin=origin, format=report.format, nccl_version=report.nccl_version, taken_at=at,
                         comms=tuple(c.hash for c in comms), ranks=_kept(rows, culprits, set(local_pids)),
                         kind=kind, finding=finding, culprits=tuple(culprits), advancing=advancing,
                         still_s=round(min(still), 1) if still and len(still) == len(comms) else None,
-                        notes=report.notes)
+                        notes=(*report.notes, *((caveat,) if caveat else ()), *((SCOPE,) if kind else ())))
 
     def _rows(self, comm: RasComm, previous: tuple | None, global_of: Mapping[tuple[str, int | None], int],
               names: Mapping[str, str], biggest: bool) -> list[_Row]:
@@ -118,7 +134,7 @@ class RasTracker:
                     moving = old != r.counts and sum(n for _, n in r.counts) > sum(n for _, n in old)
             out.append(_new(_Row, (comm.hash, r.rank, global_of.get((r.host, r.pid), r.rank if biggest else None),
                                    names.get(r.host, r.host), r.pid, r.cuda_dev, r.nvml_dev, r.counts, r.status,
-                                   moving)))
+                                   moving, r.error, r.comm_status)))
         return out
 
 
@@ -146,7 +162,9 @@ def describe(state: RasState) -> list[str]:
         who = f"rank {row.rank}" if row.rank is not None else f"comm rank {row.comm_rank}"
         lines.append(f"communicator {_number(state, row.comm)} {who} ({row.host or '?'}, pid {row.pid or '?'}, "
                      f"GPU {row.gpu if row.gpu is not None else '?'}): {row.status}; {counts}"
-                     + (" (moving)" if row.moving else ""))
+                     + (f"; communicator {row.comm_status}" if row.comm_status else "")
+                     + (f"; {row.error}" if row.error else "") + (" (moving)" if row.moving else ""))
+    lines += state.notes
     return lines
 
 
@@ -162,6 +180,42 @@ def _lost(index: int, rows: list[_Row], before: set[tuple[str, int]]) -> tuple[s
     parts = [f"{_names(group)} {'is' if len(group) == 1 else 'are'} {why[state]}"
              for state in ("dead", "unreachable") if (group := [r for r in lost if r.status == state])]
     return kind, f"{'; '.join(parts)} (communicator {index})", _numbers(lost)
+
+
+def _troubled(index: int, comm: RasComm, rows: list[_Row]) -> tuple[str, str, list[int]] | None:
+    """Ranks whose own state says what is wrong, from one poll: an NCCL error, an aborted
+    communicator, a communicator finalized while the others still run, or none at all (NOCOMM).
+    Text names outliers only: the ranks it does not name are running."""
+    named_running = sum(r.status == "ok" and r.comm_status is None for r in rows)
+    running = named_running + (0 if comm.complete else max(0, (comm.size or 0) - len(rows)))
+    for kind, picked, what in (
+            ("error", [r for r in rows if r.error], lambda r: f"reports an NCCL {r.error}"),
+            ("abort", [r for r in rows if r.comm_status == "abort"], lambda r: "aborted its communicator"),
+            ("left", [r for r in rows if r.status == "nocomm"] if running else [],
+             lambda r: "answered NCCL RAS but no longer has the communicator (destroyed, or never made)"),
+            ("left", [r for r in rows if r.comm_status == "finalize"] if running else [],
+             lambda r: "is finalizing or destroying the communicator")):
+        if picked:
+            text = f"{_names(picked)} {what(picked[0])} (communicator {index}"
+            if running and kind in ("left",):
+                text += f"; {running} other{'s' if running != 1 else ''} still use it"
+            return kind, text + ")", _numbers(picked)
+    return None
+
+
+def _level(index: int, comm: RasComm, rows: list[_Row], still_s: float) -> tuple[str, str, list[int]] | None:
+    """Every rank at the same counts, none moving: NCCL sees no rank behind (JSON lists every rank)."""
+    present = [r for r in rows if r.status == "ok"]
+    if not comm.complete or len(present) < 2 or len(present) != len(rows) or len({r.counts for r in present}) != 1:
+        return None
+    counts = dict(present[0].counts)
+    if not any(counts.values()):
+        return None
+    op, top = max(counts.items(), key=lambda kv: kv[1])
+    text = (f"NCCL RAS sees all {len(present)} ranks of communicator {index} at the same collective ({op} #{top}), "
+            f"counts unchanged for {still_s:g} s: no rank is behind; the wait is below the ranks (the network or a "
+            f"GPU kernel), or in operations RAS does not count (send/recv, CUDA graphs)")
+    return "level", text, []
 
 
 def _stalled(index: int, comm: RasComm, rows: list[_Row]) -> tuple[str, str, list[int]] | None:
@@ -182,9 +236,13 @@ def _stalled(index: int, comm: RasComm, rows: list[_Row]) -> tuple[str, str, lis
     op = _op_word(ops, lead, behind[0].vector)
     others = sum(e.size for e in ahead)
     lag = f"{gap} collective{'s' if gap != 1 else ''}"
-    text = (f"{_names(culprits)} {'is' if len(culprits) == 1 else 'are'} {lag} behind in communicator {index} "
-            f"({'all ' if others > 1 else ''}{others} other{'s' if others != 1 else ''} "
-            f"launched {op}#{_top(ops, lead)})")
+    if all(not any(e.vector) for e in behind):  # launched nothing on this communicator yet
+        lag = "has not launched any collective" if len(culprits) == 1 else "have not launched any collective"
+        text = f"{_names(culprits)} {lag} in communicator {index}"
+    else:
+        text = f"{_names(culprits)} {'is' if len(culprits) == 1 else 'are'} {lag} behind in communicator {index}"
+    text += (f" ({'all ' if others > 1 else ''}{others} other{'s' if others != 1 else ''} "
+             f"launched {op}#{_top(ops, lead)})")
     return "behind", text, _numbers(culprits)
 
 
@@ -302,10 +360,11 @@ def _kept(rows: list[_Row], culprits: Iterable[int], local: set[int]) -> tuple[R
     """Snapshot rows: every rank of a small job; of a big one, the culprits, this node's and the troubled."""
     if len(rows) > MAX_ROWS:
         wanted = set(culprits)
-        rows = [r for r in rows if r.rank in wanted or r.pid in local or r.status != "ok"][:MAX_ROWS]
+        rows = [r for r in rows if r.rank in wanted or r.pid in local or r.status != "ok" or r.error
+                or r.comm_status][:MAX_ROWS]
     return tuple(RasRank(comm=r.comm, comm_rank=r.comm_rank, rank=r.rank, host=r.host, pid=r.pid, gpu=r.gpu,
                          nvml_gpu=r.nvml_gpu, counts=tuple(OpCount(op, n) for op, n in r.counts), status=r.status,
-                         moving=r.moving) for r in rows)
+                         moving=r.moving, error=r.error, comm_status=r.comm_status) for r in rows)
 
 
 def with_names(state: RasState, names: Mapping[str, str]) -> RasState:

@@ -179,8 +179,14 @@ def source_words(source: str) -> str:
 
 # A RAS finding (probes/judge/ras.py) as a verdict kind: ranks behind hold the others up; ranks
 # RAS cannot reach leave every other rank hung.
+# A rank with an NCCL error or an aborted communicator breaks it for all; a rank that left the
+# communicator (NOCOMM, finalizing) took another path than the ranks still in it; all ranks level
+# and still: a hang below the ranks, no rank to blame.
 RAS_VERDICTS: dict[str, VerdictKind] = {"behind": "straggler", "mismatch": "mismatch", "unreachable": "hang",
-                                        "dead": "hang"}
+                                        "dead": "hang", "error": "hang", "abort": "hang", "left": "mismatch",
+                                        "level": "hang"}
+# Ops RAS does not count: a rank waiting in one makes "all ranks level" say nothing.
+_UNCOUNTED_OPS = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
 
 
 def _from_ras(ranks: Sequence[Rank], state: CollectiveState | None,
@@ -195,6 +201,8 @@ def _from_ras(ranks: Sequence[Rank], state: CollectiveState | None,
     stuck = [r for r in ranks if r.state == "stuck"]
     if not stuck:
         return None
+    if ras.kind == "level" and any((r.op or "").split(".")[-1] in _UNCOUNTED_OPS for r in stuck):
+        return None  # point-to-point waits: RAS's counts cannot see them
     stacks = _from_stacks(ranks, state, familiar, now)
     if stacks.kind == RAS_VERDICTS[ras.kind] and stacks.culprits and set(stacks.culprits) == set(ras.culprits):
         return stacks

@@ -164,6 +164,14 @@ def job_versions(pid: int, frame_files: list[str] | None = None) -> dict[str, st
     return found
 
 
+def loaded_nccl(pid: int) -> tuple[bool, str | None]:
+    """Whether the process has libnccl mapped, and its version where the file name or the wheel
+    beside it says (``libnccl.so.2.21.5``; ``nvidia_nccl_cu12-2.21.5.dist-info``)."""
+    paths = _maps_paths(pid)
+    mapped = [p for p in paths if "/libnccl" in p]
+    return bool(mapped), (_nccl_version(mapped, None) if mapped else None)
+
+
 def _nccl_version(paths: list[str], torch_dir: Path | None) -> str | None:
     """From a mapped ``libnccl.so.2.21.5``, or the nvidia-nccl wheel's dist-info next to torch."""
     for path in paths:

@@ -67,10 +67,10 @@ def test_each_status_query_gets_the_next_take():
 def test_another_jobs_service_is_a_note_not_ours():
     with RasServer(takes("other-job")) as server:
         reply = ras.query("127.0.0.1", server.port)
-    note = ras.ownership(reply.report, JOB_PIDS)
-    assert note and "another job" in note and "9301" in note
+    owner = ras.ownership(reply.report, JOB_PIDS)
+    assert owner.verdict == "other" and "another job" in owner.note and "9301" in owner.note
     ours = ras_report.parse((FIXTURES / "synthetic-healthy-a.json").read_text())
-    assert ras.ownership(ours, JOB_PIDS) is None
+    assert ras.ownership(ours, JOB_PIDS) == ras.Ownership("ours")
 
 
 def test_refused_is_a_note():
@@ -89,13 +89,34 @@ def test_a_silent_service_is_bounded():
     assert took < 3 and reply.report is None and "did not answer" in reply.note
 
 
-def test_a_slow_report_is_cut_at_the_deadline(monkeypatch):
-    monkeypatch.setattr(ras, "EXTRA_S", 0.3)
+def test_a_slow_report_is_cut_at_the_deadline_and_labelled_partial():
     with RasServer(takes("healthy"), delay=2.0) as server:
         started = time.monotonic()
-        reply = ras.query("127.0.0.1", server.port, ras_timeout=0)
+        reply = ras.query("127.0.0.1", server.port, bound=0.3)
         took = time.monotonic() - started
-    assert took < 1.5 and reply.report is None and "sent no report" in reply.note
+    assert took < 1.5 and reply.report is None and reply.partial and "partial" in reply.note
+
+
+def test_the_header_at_once_and_the_rest_later_is_one_report():
+    """NCCL's server sends its header at once and the report when its collective ends."""
+    with RasServer(takes("straggler"), head_first=True, delay=1.0, json_supported=False) as server:
+        reply = ras.query("127.0.0.1", server.port)
+    assert reply.report is not None and not reply.partial and reply.elapsed_s >= 1.0
+
+
+def test_a_server_that_stops_after_its_header_gives_no_report():
+    """The header, job summary and 'Communicators...' line, then nothing: never a report with no
+    communicators (which the judge would read as a job that moved on)."""
+    with RasServer(takes("straggler"), stop_after_head=True, json_supported=False) as server:
+        reply = ras.query("127.0.0.1", server.port, bound=1.0)
+    assert reply.report is None and reply.partial and reply.raw.startswith(b"NCCL version")
+    assert "still gathering" in reply.note and "partial, not read as a report" in reply.note
+
+
+def test_the_read_deadline_covers_what_nccl_may_take():
+    """NCCL's own client waits 1 + 5 + 5 s; its server may take TIMEOUT + 5 x the timeout factor."""
+    assert ras.reply_bound(5, 1.0) >= 11 and ras.reply_bound(5, 2.0) >= 16
+    assert ras.timeout_factor({"NCCL_RAS_TIMEOUT_FACTOR": "3"}) == 3.0 and ras.timeout_factor({}) == 1.0
 
 
 def test_something_else_on_the_port_is_a_note():

@@ -11,7 +11,7 @@ import os
 import sys
 
 from ...probes import LocalSource, run_agent
-from .common import add_stuck_after, positive_seconds
+from .common import add_ras, add_stuck_after, positive_seconds
 from .snapshot import COLLECTIVE_WAIT_S, resolve_pid
 
 
@@ -24,6 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--window", type=float, default=2.0, help="seconds the first poll watches for progress")
     parser.add_argument("--samples", type=int, default=3, help="stack samples per rank within the first window")
     add_stuck_after(parser)
+    add_ras(parser)
     parser.add_argument("--interval", type=positive_seconds, default=2.0, help="seconds between lines")
     parser.add_argument("--once", action="store_true", help="one line, then exit (its status: the probe's)")
     parser.set_defaults(func=run)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import add_stuck_after, add_window, pid_arg, positive_seconds, require_terminal, writable_dir
+from .common import add_ras, add_stuck_after, add_window, pid_arg, positive_seconds, require_terminal, writable_dir
 from .snapshot import add_remote, wrap_remote
 
 
@@ -16,6 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="seconds between samples (default: 2; + and - change it live)")
     add_window(parser, "attach")
     add_stuck_after(parser)
+    add_ras(parser)
     parser.add_argument("--out", type=Path, default=None, metavar="DIR",
                         help="where `d` writes evidence bundles (default: the current directory)")
     add_remote(parser)

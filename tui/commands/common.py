@@ -102,3 +102,10 @@ def add_stuck_after(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stuck-after", type=positive_seconds, default=None, metavar="S",
                         help="call a rank stuck after S seconds without progress (default: each rank's own "
                              "rhythm: the window, 2x its longest recent quiet stretch, or 3 step periods)")
+
+
+def add_ras(parser: argparse.ArgumentParser) -> None:
+    """``--ras auto|always|never``: whether NCCL RAS is asked (sets ``TRAINWATCH_RAS`` for this run)."""
+    parser.add_argument("--ras", choices=("auto", "always", "never"), default=None,
+                        help="ask the job's NCCL RAS service: auto (default) skips NCCL versions where a query is "
+                             "known to crash the job; always asks anyway; never does not ask (env TRAINWATCH_RAS)")

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ...probes import PARTIAL_EXIT, UsageError
-from .common import add_window, pid_arg
+from .common import add_ras, add_window, pid_arg
 from .snapshot import add_remote, resolve_pid, wrap_remote
 
 
@@ -26,6 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="send SIG (e.g. SIGUSR1) for faulthandler traces when the rank catches it; "
                              "only if you know the job registered faulthandler on it")
     add_window(parser, "dump")
+    add_ras(parser)
     parser.add_argument("--reason", help="one line saying why this was dumped (goes into summary.md)")
     add_remote(parser)
     parser.set_defaults(func=run)

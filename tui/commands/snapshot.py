@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from rich.console import Console
 
 from ...probes import PARTIAL_EXIT, LocalSource, NotAJob, UsageError, find_job_matching, find_pyspy
-from .common import add_stuck_after, add_window, count_between, pid_arg
+from .common import add_ras, add_stuck_after, add_window, count_between, pid_arg
 
 COLLECTIVE_WAIT_S = 2.0  # the ranks' Flight Recorder, fetched while the window is sampled
 
@@ -19,6 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("pid", type=pid_arg, nargs="?", help="launcher, rank, or any ancestor of the job")
     add_window(parser, "snapshot")
     add_stuck_after(parser)
+    add_ras(parser)
     parser.add_argument("--samples", type=count_between(1, 100), default=3,
                         help="stack samples per rank within the window (1-100; default: 3)")
     parser.add_argument("--json", action="store_true", help="print one JSON document (the public snapshot schema)")

@@ -7,7 +7,7 @@ import socket
 from pathlib import Path
 
 from ...probes import PROBLEM_VERDICTS, VERDICTS, OutputError, Watcher, WatchEvent
-from .common import add_stuck_after, add_window, pid_arg, positive_seconds
+from .common import add_ras, add_stuck_after, add_window, pid_arg, positive_seconds
 from .event_command import EventCommand, print_json
 from .snapshot import add_remote, wrap_remote
 
@@ -60,6 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="seconds between full samples (default 5)")
     add_window(parser, "watch", hidden=True)
     add_stuck_after(parser)
+    add_ras(parser)
     parser.add_argument("--json", action="store_true", help="one JSON object per event on stdout (log shippers)")
     parser.add_argument("--on-event", metavar="CMD",
                         help="shell command run on each problem and crash (details in TRAINWATCH_* variables)")

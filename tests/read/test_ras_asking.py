@@ -1,0 +1,147 @@
+"""Asking NCCL RAS safely: one query at a time per address across trainwatch processes, a bounded
+gap, the RAS wait inside a one-shot's window, and no query on NCCL versions a query can crash."""
+
+from __future__ import annotations
+
+import ctypes.util
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from ras_server import RasServer, takes
+from trainwatch.probes.read import procfacts, ras
+from trainwatch.probes.read.collective_feed import CollectiveFeed
+from trainwatch.probes.read.process import JobProcesses, RankProcess
+from trainwatch.probes.read.sources import FeedOptions, nccl_ras
+
+# One trainwatch process's RAS source, fetching once for a job whose ranks name the stand-in.
+FETCH_ONCE = textwrap.dedent("""
+    import sys, time
+    from trainwatch.probes.read.process import JobProcesses, RankProcess
+    from trainwatch.probes.read.sources import FeedOptions, nccl_ras
+    env = {"NCCL_RAS_ADDR": "127.0.0.1:" + sys.argv[1]}
+    job = JobProcesses(launcher="torchrun", root_pid=1, host="h", ranks=(RankProcess(pid=4101, rank=0, env=env),))
+    source = nccl_ras.Source(FeedOptions())
+    print("ready", flush=True)
+    sys.stdin.readline()  # both processes start their query together
+    source.fetch(job)
+    reading = source.reading(job)
+    print("asked" if reading.value else "skipped", "|".join(reading.notes), flush=True)
+""")
+
+
+def job(port: int) -> JobProcesses:
+    env = {"NCCL_RAS_ADDR": f"127.0.0.1:{port}"}
+    return JobProcesses(launcher="torchrun", root_pid=1, host="h", world_size=8,
+                        ranks=(RankProcess(pid=4101, rank=0, env=env),))
+
+
+def test_two_trainwatch_processes_never_ask_at_once():
+    with RasServer(takes("healthy"), threaded=True, delay=2.0) as server:
+        procs = [subprocess.Popen([sys.executable, "-c", FETCH_ONCE, str(server.port)], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True) for _ in range(2)]
+        try:
+            for proc in procs:
+                assert proc.stdout.readline().strip() == "ready"
+            for proc in procs:
+                proc.stdin.write("go\n")
+                proc.stdin.flush()
+            outputs = [proc.communicate(timeout=30)[0] for proc in procs]
+        finally:
+            for proc in procs:
+                proc.kill()
+    assert server.max_active == 1 and server.queries == 1, (server.max_active, outputs)
+    assert sorted(o.split()[0] for o in outputs) == ["asked", "skipped"], outputs
+    skipped = next(o for o in outputs if o.startswith("skipped"))
+    assert "another trainwatch process is asking NCCL RAS" in skipped
+
+
+def test_a_second_query_soon_after_is_not_sent(tmp_path):
+    with RasServer(takes("healthy")) as server:
+        first = ras.QueryLock("127.0.0.1", server.port, directory=str(tmp_path))
+        assert first.acquire() is None
+        first.release()
+        again = ras.QueryLock("127.0.0.1", server.port, directory=str(tmp_path))
+        why = again.acquire()
+        assert why and "asked 0." in why and "not asked again so soon" in why
+        time.sleep(ras.MIN_GAP_S)
+        assert again.acquire() is None
+        again.release()
+
+
+def test_unreachable_ranks_get_a_second_reply_at_once_so_a_one_shot_can_name_them():
+    """The first reply shows rank 5 unreachable; the source asks again right away, and the one-shot
+    wait covers both replies (each takes as long as RAS's own timeout would)."""
+    with RasServer(takes("dead"), delay=0.5) as server:
+        feed = CollectiveFeed(job(server.port), sources=[nccl_ras.Source])
+        try:
+            started = time.monotonic()
+            feed.wait(0.1)  # a short window: the RAS wait is part of it
+            took = time.monotonic() - started
+            got = feed.evidence()
+        finally:
+            feed.close()
+    replies = got.fields["ras"]
+    assert server.queries == 2 and len(replies) == 2 and took >= 1.0
+    assert [r.status for r in replies[0].report.comms[0].ranks if r.rank == 5] == ["unreachable"]
+    assert [r.status for r in replies[1].report.comms[0].ranks if r.rank == 5] == ["dead"]
+
+
+def test_a_pending_answer_is_said_not_dropped():
+    with RasServer(takes("healthy"), stop_after_head=True, json_supported=False) as server:
+        feed = CollectiveFeed(job(server.port), sources=[nccl_ras.Source])
+        try:
+            time.sleep(1.5)
+            notes = feed.evidence().notes
+        finally:
+            feed.close()
+    assert any("answer pending for" in n and "judged without it so far" in n for n in notes), notes
+
+
+@pytest.fixture
+def fake_libnccl(tmp_path) -> Path:
+    """A real shared library copied under an NCCL-versioned name, for a real process to map."""
+    found = ctypes.util.find_library("m")
+    candidates = [Path(p) for p in ("/lib/x86_64-linux-gnu/libm.so.6", "/lib/aarch64-linux-gnu/libm.so.6",
+                                    "/usr/lib/x86_64-linux-gnu/libm.so.6") if Path(p).exists()]
+    if not candidates and not found:
+        pytest.skip("no shared library to copy")
+    target = tmp_path / "libnccl.so.2.27.3"
+    shutil.copy(candidates[0] if candidates else found, target)
+    return target
+
+
+def test_the_ncc_version_is_read_from_what_the_rank_has_mapped(fake_libnccl):
+    proc = subprocess.Popen([sys.executable, "-c", f"import ctypes, time; ctypes.CDLL({str(fake_libnccl)!r}); "
+                             "print('loaded', flush=True); time.sleep(30)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "loaded"
+        assert procfacts.loaded_nccl(proc.pid) == (True, "2.27.3")
+        assert procfacts.loaded_nccl(os.getpid()) == (False, None)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_version_a_query_can_crash_is_not_asked_unless_told(monkeypatch):
+    monkeypatch.setattr(nccl_ras, "UNSAFE", (((2, 27), (2, 27, 7), "crash the job (NVIDIA/nccl #0)"),))
+    monkeypatch.setattr(procfacts, "loaded_nccl", lambda pid: (True, "2.27.3"))
+    with RasServer(takes("healthy")) as server:
+        source = nccl_ras.Source(FeedOptions())
+        monkeypatch.delenv("TRAINWATCH_RAS", raising=False)
+        source.fetch(job(server.port))
+        notes = source.reading(job(server.port)).notes
+        assert server.queries == 0 and any("runs NCCL 2.27.3" in n and "--ras always" in n for n in notes), notes
+        monkeypatch.setenv("TRAINWATCH_RAS", "always")
+        source.fetch(job(server.port))
+        assert server.queries == 1
+        monkeypatch.setenv("TRAINWATCH_RAS", "never")
+        time.sleep(ras.MIN_GAP_S)
+        source.fetch(job(server.port))
+        assert server.queries == 1
