@@ -146,8 +146,14 @@ class RasServer:
             cut = body.find(b"\n", body.find(b"Communicators") + 1) + 1 if b"Communicators" in body else 0
             conn.sendall(body[:cut])
             body = body[cut:]
-            if self.stop_after_head:
-                self._stop.wait(60)
+            if self.stop_after_head:  # until the client gives up (or close())
+                conn.settimeout(0.2)
+                while not self._stop.is_set():
+                    try:
+                        if not conn.recv(1):
+                            return
+                    except socket.timeout:
+                        continue
                 return
         if self.delay:
             time.sleep(self.delay)

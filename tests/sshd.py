@@ -117,17 +117,20 @@ class TwoNodeJob:
     """
 
     def __init__(self, workdir: Path, scenario: str, nproc_per_node: int = 1, deadline: float = 60.0,
-                 step_s: float = 0.05) -> None:
+                 step_s: float = 0.05, nprocs: tuple[int, int] | None = None,
+                 extra_env: dict[str, str] | None = None) -> None:
+        """``nprocs``: ranks on node 0 and node 1 when they differ (torchrun allows it)."""
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.script = self.workdir / "train.py"
         shutil.copy(PLANTED, self.script)
         self.port = free_port()
+        self.nprocs = nprocs or (nproc_per_node, nproc_per_node)
         self.nproc = nproc_per_node
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(extra_env or {})}
         self.cmds = [
             [*TORCHRUN, "--nnodes=2", f"--node-rank={node}", "--master-addr", "127.0.0.1",
-             "--master-port", str(self.port), "--nproc-per-node", str(nproc_per_node),
+             "--master-port", str(self.port), "--nproc-per-node", str(self.nprocs[node]),
              str(self.script), "--scenario", scenario, "--deadline", str(deadline), "--step-s", str(step_s)]
             for node in (0, 1)
         ]
@@ -150,7 +153,7 @@ class TwoNodeJob:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             texts = [p.read_text(errors="replace") if p.exists() else "" for p in self.logs]
-            if all(t.count("scenario ") >= self.nproc for t in texts):
+            if all(t.count("scenario ") >= n for t, n in zip(texts, self.nprocs)):
                 time.sleep(settle)
                 return
             for proc, text in zip(self.procs, texts):

@@ -113,8 +113,8 @@ def parse_json(text: str) -> RasReport:
         if data is None:
             raise ReportError(f"not a RAS JSON report: {exc}") from None
         version = data.get("nccl_version") if isinstance(data, dict) else None
-        notes = (f"NCCL {version or '?'} wrote invalid JSON (no comma after \"nvml_dev\" of {fixes} missing "
-                 f"rank{'s' if fixes != 1 else ''}, a bug of NCCL 2.28.7-2.28.9): repaired and read",)
+        notes = ((f"NCCL {version or '?'} wrote invalid JSON (no comma after \"nvml_dev\" of {fixes} missing "
+                  f"rank{'s' if fixes != 1 else ''}, a bug of NCCL 2.28.7-2.28.9): repaired and read"),)
     if not isinstance(data, dict) or not isinstance(data.get("communicators"), list):
         raise ReportError("not a RAS JSON report (no 'communicators' list)")
     comms = tuple(_json_comm(c) for c in data["communicators"] if isinstance(c, dict))

@@ -117,9 +117,9 @@ def fake_libnccl(tmp_path) -> Path:
     return target
 
 
-def test_the_ncc_version_is_read_from_what_the_rank_has_mapped(fake_libnccl):
-    proc = subprocess.Popen([sys.executable, "-c", f"import ctypes, time; ctypes.CDLL({str(fake_libnccl)!r}); "
-                             "print('loaded', flush=True); time.sleep(30)"], stdout=subprocess.PIPE, text=True)
+def test_the_nccl_version_is_read_from_what_the_rank_has_mapped(fake_libnccl):
+    code = f"import ctypes, time; ctypes.CDLL({str(fake_libnccl)!r}); print('loaded', flush=True); time.sleep(30)"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "loaded"
         assert procfacts.loaded_nccl(proc.pid) == (True, "2.27.3")

@@ -6,7 +6,8 @@ kept raw, as ``ObservedRas`` records, for ``judge/ras.py`` to judge across polls
 came back is decided by ``ras.ownership``: another job's is no evidence (a note that lasts until
 the next reply); one that cannot be matched to the job is kept with a caveat. A refused
 connection (no RAS) says nothing; every other reply that is not a report (partial, empty,
-unreadable) is a note, never dropped in silence. A reply with ranks RAS could not reach is
+unreadable) is a note, never dropped in silence; a partial one is not evidence, so the judge
+keeps what the last whole reply said. A reply with ranks RAS could not reach is
 followed at once by a second query: unreachable ranks are named only when two replies agree.
 
 NCCL versions where a client's query is known to crash or wedge the job are not asked unless
@@ -156,7 +157,8 @@ class Source(CollectiveSource):
         with self._lock:
             replies = self._replies
         seen = [self._judged_owner(job, reply, at) for reply, at in replies]
-        observed = tuple(o for o, _ in seen)
+        # A partial reply is no evidence at all: the judge keeps what the last whole reply said.
+        observed = tuple(o for (o, _), (reply, _) in zip(seen, replies) if not reply.partial)
         pending = self._pending_note()
         if self.options.bundle:
             notes = [*self._notes, *(note for _, note in seen if note), *([pending] if pending else [])]
