@@ -21,7 +21,7 @@ from .judge.phases import is_stdlib, is_user, main_thread, stack_signature, wher
 from .judge.steps import slow_step_warnings
 from .local_evidence import LocalEvidence
 from .observed import ObservedJob
-from .read import procfs
+from .read import exit_events, procfs
 from .read.collective_feed import CollectiveFeed
 from .read.exits import ExitLedger
 from .read.gpu import GpuProbe
@@ -48,6 +48,7 @@ class LocalSource:
         self.stuck_after = stuck_after
         self.memory = JudgeMemory()  # progress, tie-break places and the last verdict, across polls
         exits = ExitLedger(self.job.root_pid, self.job.run_dir)  # deaths, first to die, lingering crashes
+        exits.exit_events = exit_events.shared()  # how DataLoader workers a dying rank names ended
         self._sampler = Sampler(self.memory, exits, auto_native)
         self._gpu = GpuProbe() if gpu else None
         self._evidence = LocalEvidence(self._sampler, exits, self._gpu)

@@ -4,6 +4,7 @@ Layout (``<run>`` is ``trainwatch run --out``)::
 
     <run>/run.json                  command, start time, host, armed settings
     <run>/launcher.log              the launcher's output (only with ``--attach``)
+    <run>/launcher-exit.json        the launcher's pid and wait status, once it ended
     <run>/ranks/<rank>/hook.json    written by the hook: pid, control socket, files
     <run>/ranks/<rank>/control.sock the hook's control channel (owner-only)
     <run>/ranks/<rank>/faulthandler.log   fatal-signal and on-demand traces (appended)
@@ -61,6 +62,11 @@ def rank_log_file(run_dir: Path, rank: int) -> Path:
 
 def exit_file(run_dir: Path, rank: int) -> Path:
     return rank_dir(run_dir, rank) / "exit.json"
+
+
+def launcher_exit_file(run_dir: Path) -> Path:
+    """Written by ``trainwatch run`` when the command it started ends: its pid and wait status."""
+    return Path(run_dir) / "launcher-exit.json"
 
 
 def flight_dir(run_dir: Path) -> Path:

@@ -74,6 +74,8 @@ class ExitInfo:
     reason: str | None = None  # classified fatal message, e.g. "CUDA device-side assert"
     frame: str | None = None  # Python frame it died in (faulthandler), when known
     message: str | None = None  # the fatal line from the rank's log, e.g. "torch.AcceleratorError: CUDA error: ..."
+    source: str | None = None  # who told how it ended: zombie, kernel exit event, launcher log, ... (None: not said)
+    last_seen: float | None = None  # unix time it was last seen alive (a death not witnessed lies after it)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import time
 
 SCENARIOS = (
     "healthy", "straggler", "mismatch", "uneven", "dataloader", "lock",
-    "segfault", "assert", "slowstep", "skipstep", "raise", "linger", "longstep",
+    "segfault", "assert", "slowstep", "skipstep", "raise", "linger", "longstep", "sigkill", "oom",
 )
 STALL_STEP = 40  # skipstep: the culprit stalls when its own counter reaches this
 
@@ -190,6 +190,14 @@ def train(scenario: str, step_s: float, stop_at: float, ddp: bool = False) -> No
         if scenario == "segfault" and rank == culprit and step == 3:
             import ctypes
             ctypes.string_at(0)  # SIGSEGV
+        if scenario == "sigkill" and rank == culprit and step == 3:
+            os.kill(os.getpid(), 9)  # as a watchdog or a person's `kill -9` does: nothing runs after it
+        if scenario == "oom" and rank == culprit and step == 3:
+            hog = []  # grows until the kernel's OOM killer (a cgroup's memory limit) stops it
+            while len(hog) < 64 and time.time() < stop_at:
+                hog.append(bytearray(64 << 20))
+                time.sleep(0.02)
+            time.sleep(max(0.0, stop_at - time.time()))
         if scenario == "assert" and rank == culprit and step == 3:
             raise RuntimeError("CUDA error: device-side assert triggered")
         if scenario == "raise" and rank == culprit and step == 3:

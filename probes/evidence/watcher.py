@@ -1,7 +1,11 @@
 """Headless watching: catch rank deaths cheaply and often, and bundle evidence once per problem.
 
 :class:`CrashCatcher` reads only /proc (every ~0.2 s) so it sees a rank die before the
-launcher tears the others down; the TUI can call its ``tick()`` between its own polls.
+launcher tears the others down; the TUI can call its ``tick()`` between its own polls. A rank
+reaped before it looked (torchrun reaps within 0.1 s) is asked of what outlives it, in order: the
+kernel's exit event (``read/exit_events.py``, root), the launcher's log (``read/launcher_log.py``),
+its memory cgroup's OOM count (``read/cgroup_oom.py``), the kernel log and its own last words
+(``read/exits.py``). When nothing says, the death itself is still reported: "vanished between …".
 :class:`Watcher` adds the heavier snapshots (``LocalSource.poll()``) and the bundles.
 """
 
@@ -27,16 +31,21 @@ from ..judge import exits
 from ..read import exits as ended
 from ..read.exits import CrashRecord
 from ..judge.judgement import JudgeMemory, judge_job
-from ..read import procfs
+from ..read import cgroup_oom, exit_events, launcher_log, procfs
 from ..read.discover import LAUNCHERS, find_job
 from ..read.process import RankProcess
 from ..read.ranklog import RankLogs
 from ..observed import observed_rank, observed_snapshot
-from ..snapshot import CRASH_VERDICTS, HANG_VERDICTS, HEALTHY_VERDICTS, PROBLEM_VERDICTS, Job, Snapshot, Verdict
+from .. import rundir
+from ..snapshot import (CRASH_VERDICTS, HANG_VERDICTS, HEALTHY_VERDICTS, PROBLEM_VERDICTS, ExitInfo, Job, Snapshot,
+                        Verdict)
 from ..source import Source
 
 
 LATE_S = 10.0  # how long a rank reaped without a word may still be explained by its log
+ALONE_S = 2.0  # a rank gone with no word while the others live on this long left the job abnormally
+SETTLE_S = 1.5  # the crash alert waits this long after the first death for the cause to be read
+LAUNCHER_LOG_BYTES = 512 * 1024
 
 # `trainwatch watch` exit statuses (documented in its --help)
 EXIT_CLEAN, EXIT_PROBLEM, EXIT_CRASH = 0, 10, 11
@@ -81,6 +90,13 @@ class CrashCatcher:
         self._family: frozenset[int] | None = None
         self._job_root: int | None = None
         self._launcher_log: str | None = None
+        self._launcher_pid: int | None = None
+        self.exit_events = exit_events.shared()
+        self._last_alive: dict[int, float] = {}  # pid -> last tick that saw it alive
+        self._cgroups: dict[int, tuple[cgroup_oom.MemoryCgroup, int | None]] = {}  # pid -> (cgroup, OOM count)
+        # Gone with no word at all (pid -> (rank, when it was found gone)): a crash once the others
+        # live on without it, or the launcher's log or status says so; else a normal end.
+        self.vanished: dict[int, tuple[RankProcess, float]] = {}
 
     @property
     def rank_pids(self) -> dict[int, int | None]:
@@ -90,10 +106,12 @@ class CrashCatcher:
         """One cheap pass; returns the deaths found in it (also appended to ``records``)."""
         self._discover()
         new: list[CrashRecord] = []
+        now = time.time()
         for pid, proc in list(self._tracked.items()):
             status = procfs.zombie_exit(pid)
             alive = status is None and psutil.pid_exists(pid) and procfs.state_letter(pid) not in (None, "Z")
             if alive:
+                self._last_alive[pid] = now
                 self._copy_error_file(proc)
                 continue
             del self._tracked[pid]
@@ -101,6 +119,11 @@ class CrashCatcher:
             record = self._judge(proc, status)
             if record is not None:
                 new.append(record)
+        new.extend(self._vanished_crashes(now))
+        keep = self._tracked.keys() | self.vanished.keys()  # per-PID state of ranks gone and judged goes
+        for known in (self._last_alive, self._cgroups):
+            for pid in [p for p in known if p not in keep]:
+                del known[pid]
         late = self._explained_late()
         new.extend(r for r in late if r.pid not in {known.pid for known in self.records})
         if new:
@@ -131,11 +154,14 @@ class CrashCatcher:
         for proc in ranks:
             self.logs.note_writer(proc.pid, proc.log_path)
         if job.launcher_pid:
+            self._launcher_pid = job.launcher_pid
             self._launcher_log = procfs.log_file_of(job.launcher_pid) or self._launcher_log
             self.logs.note_writer(job.launcher_pid, self._launcher_log)
         for proc in ranks:
             if proc.pid in self._tracked or proc.pid in self._done:
                 continue
+            if proc.pid not in self._cgroups and (cgroup := cgroup_oom.memory_cgroup(proc.pid)) is not None:
+                self._cgroups[proc.pid] = (cgroup, cgroup.oom_kills())
             # a rank already dead when first seen has no environment left: tracked when its
             # number could be inferred (the one missing local rank of a launcher's job)
             inferred = not proc.env and proc.rank is not None and job.launcher in LAUNCHERS
@@ -158,16 +184,112 @@ class CrashCatcher:
     def _judge(self, proc: RankProcess, status: tuple[int | None, str | None] | None) -> CrashRecord | None:
         error_copy = self._copy_error_file(proc)
         error_text = ended.read_bounded(error_copy, 256 * 1024) if error_copy else ""
-        record = ended.read_exit(proc, status, now=time.time(), run_dir=self.run_dir, logs=self.logs,
+        status, at, source = self._status(proc.pid, status)
+        record = ended.read_exit(proc, status, now=at or time.time(), run_dir=self.run_dir, logs=self.logs,
                                  error_text=error_text, clean=self._clean, launcher_log=self._launcher_log)
-        if record.exit.code == 0 and record.exit.signal is None:
+        info = replace(record.exit, source=record.exit.source or source, last_seen=self._last_alive.get(proc.pid))
+        oom = self._oom(proc.pid)
+        if oom and info.signal in (None, "SIGKILL") and info.code in (None, 137):
+            info = replace(info, signal="SIGKILL", code=None, reason=exits.OOM_KILLED, message=oom,
+                           source=info.source or "memory cgroup")
+        record = replace(record, exit=info)
+        if info.code == 0 and info.signal is None:
             self.exited_ok.append(proc.pid)
             return None
-        if record.exit.reason is None:
-            self._unexplained[proc.pid] = (proc, status, record.exit.at or time.time())
-        if not exits.abnormal(record.exit):
-            return None  # vanished with no sign of trouble: most likely a normal exit
+        if info.reason is None:
+            self._unexplained[proc.pid] = (proc, status, info.at or time.time())
+        if not exits.abnormal(info):
+            self.vanished[proc.pid] = (proc, time.time())  # no word yet: decided by what follows
+            return None
         return self._save(replace(record, error_file=error_copy))
+
+    def _status(self, pid: int, status: tuple[int | None, str | None] | None
+                ) -> tuple[tuple[int | None, str | None] | None, float | None, str | None]:
+        """(exit status, when, who said): its zombie, else the kernel's exit event, else the launcher's log."""
+        if status is not None:
+            return status, None, "zombie"
+        heard = self.exit_events.status(pid, wait=0.1) if self.exit_events is not None else None
+        if heard is not None:
+            return procfs.decode_wait_status(heard[0]), heard[1], "kernel exit event"
+        failure = self._launcher_failures().get(pid)
+        if failure is not None:
+            return (failure.code, failure.signal), failure.at, "launcher log"
+        return None, None, None
+
+    def _launcher_failures(self) -> dict[int, launcher_log.LauncherFailure]:
+        if not self._launcher_log:
+            return {}
+        return launcher_log.failures(ended.read_bounded(self._launcher_log, LAUNCHER_LOG_BYTES))
+
+    def _oom(self, pid: int) -> str | None:
+        """Why its cgroup says it was OOM-killed, when the count grew since the rank was first seen."""
+        known = self._cgroups.get(pid)
+        if known is None or known[1] is None:
+            return None
+        cgroup, before = known
+        after = cgroup.oom_kills()
+        return cgroup_oom.describe(before, after, cgroup) if after is not None and after > before else None
+
+    def _vanished_crashes(self, now: float) -> list[CrashRecord]:
+        """Ranks gone with no word: a crash once the launcher's log names them, or once the job
+        went on without them for ``ALONE_S`` (ranks of one job end together)."""
+        found = []
+        failures = self._launcher_failures() if self.vanished else {}
+        for pid, (proc, gone_at) in list(self.vanished.items()):
+            failure = failures.get(pid)
+            alone = now - gone_at >= ALONE_S and bool(self._tracked) and self.job_alive()
+            if failure is None and not alone:
+                continue
+            del self.vanished[pid]
+            if failure is not None:
+                status = (failure.code, failure.signal)
+                record = ended.read_exit(proc, status, now=failure.at or gone_at, run_dir=self.run_dir,
+                                         logs=self.logs, clean=self._clean, launcher_log=self._launcher_log)
+                info = replace(record.exit, source="launcher log", last_seen=self._last_alive.get(pid))
+                if not exits.abnormal(info):
+                    continue
+            else:
+                record = ended.read_exit(proc, None, now=gone_at, run_dir=self.run_dir, logs=self.logs,
+                                         clean=self._clean, launcher_log=self._launcher_log)
+                info = replace(record.exit, reason=exits.VANISHED, at=gone_at, last_seen=self._last_alive.get(pid),
+                               message=self.vanished_words(pid, gone_at))
+            found.append(self._save(replace(record, exit=info)))
+        return found
+
+    @staticmethod
+    def rank_numbers(procs: dict[int, tuple[RankProcess, float]]) -> list[int | None]:
+        return [proc.rank for proc, _ in procs.values()]
+
+    def vanished_now(self) -> list[CrashRecord]:
+        """Every rank still gone with no word, as crashes (the job ended badly, or how is unknown)."""
+        found = []
+        for pid, (proc, gone_at) in sorted(self.vanished.items(), key=lambda item: item[1][1]):
+            record = ended.read_exit(proc, None, now=gone_at, run_dir=self.run_dir, logs=self.logs,
+                                     clean=self._clean, launcher_log=self._launcher_log)
+            info = replace(record.exit, reason=exits.VANISHED, at=gone_at, last_seen=self._last_alive.get(pid),
+                           message=self.vanished_words(pid, gone_at))
+            found.append(self._save(replace(record, exit=info)))
+        self.vanished.clear()
+        if found:
+            self._mark_first(found)
+        return found
+
+    def vanished_words(self, pid: int, gone_at: float) -> str:
+        """``vanished between 12:03:05 and 12:03:07; no exit status could be read (…)``."""
+        seen = self._last_alive.get(pid)
+        span = (f"between {_clock(seen)} and {_clock(gone_at)}" if seen else f"by {_clock(gone_at)}")
+        why = self.exit_events.unavailable if self.exit_events is not None else "kernel exit events turned off"
+        return f"vanished {span}; no exit status could be read ({why or 'no exit event was heard'})"
+
+    def launcher_status(self) -> tuple[int | None, str | None] | None:
+        """The launcher's own exit status, once it is gone, where the kernel's exit events say it."""
+        if self.exit_events is None:
+            return None
+        for pid in dict.fromkeys(p for p in (self.root_pid, self._launcher_pid, self._job_root) if p):
+            heard = self.exit_events.status(pid)
+            if heard is not None:
+                return procfs.decode_wait_status(heard[0])
+        return None
 
     def _explained_late(self) -> list[CrashRecord]:
         """Deaths whose reason the log gave after the fact (within ``LATE_S``): new crash records
@@ -206,6 +328,8 @@ class CrashCatcher:
             self._save(first)
 
     def _save(self, record: CrashRecord) -> CrashRecord:
+        """Every record passes here: how the DataLoader workers it names ended, then written out."""
+        record = replace(record, exit=ended.with_worker_ends(record.exit, self.exit_events))
         if self.save_dir is None:
             return record
         folder = self.save_dir / "crashes"
@@ -311,7 +435,9 @@ class Watcher:
         self.bundles: list[Path] = []
         self.saw_problem = self.saw_crash = False
         self._crash_bundled = False
+        self._alert_due: float | None = None  # when the crash alert fires if no cause was read before
         self._last_kind: str | None = None
+        self._problems: list[str] = []  # problem verdicts seen, for job_ended
         self._told: set[int] = set()  # pids whose crash was emitted
 
     def run(self) -> int:
@@ -319,6 +445,8 @@ class Watcher:
         while True:
             for record in self.catcher.tick():
                 self._on_crash(record)
+            if self._alert_due is not None and time.monotonic() >= self._alert_due:
+                self._raise_crash_alert()
             if not self.catcher.job_alive():
                 for record in self.catcher.tick():  # last words: mp.spawn's parent prints as it exits
                     self._on_crash(record)
@@ -349,6 +477,8 @@ class Watcher:
             self._last_kind = verdict.kind
         if verdict.kind in HANG_VERDICTS:
             self.saw_problem = True
+        if verdict.kind in PROBLEM_VERDICTS and verdict.kind not in self._problems:
+            self._problems.append(verdict.kind)
         if verdict.kind in CRASH_VERDICTS:
             self._on_lingering_crash(snapshot)
         if self.episodes.observe(verdict, time.time()):
@@ -370,11 +500,23 @@ class Watcher:
         self._say(WatchEvent("crash", f"crash {death}{first}", "crashed", culprit, death))
         if record.saved_to:
             self._say(WatchEvent("note", f"crash record {record.saved_to}"))
-        if not self._crash_bundled:
-            self._crash_bundled = True
-            base = self.last or _bare_snapshot(self.pid)
-            snapshot = with_crashes(base, self.catcher.records)
-            self._alert_crash(snapshot)
+        if self._crash_bundled:
+            return
+        # The alert names the rank whose death came first in cause: a death that is a cause (a
+        # fatal signal, a kill from outside, an error of its own) raises it at once; a death that
+        # follows from another's (a lost peer, the launcher's teardown) waits a moment for that one.
+        if _is_cause(record.exit):
+            self._raise_crash_alert()
+        elif self._alert_due is None:
+            self._alert_due = time.monotonic() + SETTLE_S
+
+    def _raise_crash_alert(self) -> None:
+        self._alert_due = None
+        if self._crash_bundled or not self.catcher.records:
+            return
+        self._crash_bundled = True
+        base = self.last or _bare_snapshot(self.pid)
+        self._alert_crash(with_crashes(base, self.catcher.records))
 
     def _on_lingering_crash(self, snapshot: Snapshot) -> None:
         """A culprit raised and lingers (a non-daemon thread keeps it alive): no death for the
@@ -396,7 +538,51 @@ class Watcher:
         self._say(WatchEvent("crashed", "", "crashed", verdict.culprits, verdict.summary, path))
 
     def _on_job_end(self) -> None:
-        self._say(WatchEvent("job_ended", f"job ended (pid {self.pid})"))
+        """The pending crash alert; deaths no one witnessed; then how the job ended: the launcher's
+        status, who failed and how, and what was wrong before. A job that ended badly with no
+        crash alert before is one now."""
+        status = self._launcher_status()
+        failed_end = status is not None and status != (0, None)
+        unknown = []
+        if self.catcher.vanished and not self.catcher.records and failed_end:
+            for record in self.catcher.vanished_now():
+                self._on_crash(record)
+        elif self.catcher.vanished and status is None:  # a normal end looks the same: said, not alerted
+            unknown = sorted(r for r in self.catcher.rank_numbers(self.catcher.vanished) if r is not None)
+        if self._alert_due is not None or (self.catcher.records and not self._crash_bundled):
+            self._raise_crash_alert()
+        how = ("status unknown" if status is None else
+               f"launcher exited {exits.how(ExitInfo(code=status[0], signal=status[1]))}")
+        failed = [exits.death(r.rank, r.pid, r.exit) for r in self.catcher.records]
+        text = f"job ended (pid {self.pid}): {how}"
+        if failed:
+            text += "; " + "; ".join(failed[:8]) + (f"; and {len(failed) - 8} more" if len(failed) > 8 else "")
+        if unknown:
+            text += (f"; ranks {', '.join(map(str, unknown))} were gone before their exit status could be read "
+                     f"({self.catcher.vanished_words(-1, time.time()).split('(', 1)[-1].rstrip(')')})")
+        if self._problems:
+            text += f"; before it: {', '.join(self._problems)}"
+        if failed_end and not self._crash_bundled:
+            self.saw_crash = True
+            summary = f"the job ended with {how.removeprefix('launcher exited ')} and no rank's death was seen"
+            self._say(WatchEvent("crashed", "", "crashed", (), summary))
+        self._say(WatchEvent("job_ended", text, "crashed" if failed or failed_end else None,
+                             tuple(sorted({r.rank for r in self.catcher.records if r.rank is not None})), text))
+
+    def _launcher_status(self) -> tuple[int | None, str | None] | None:
+        """The launcher's exit status: the kernel's exit event, or ``trainwatch run``'s record of it."""
+        status = self.catcher.launcher_status()
+        if status is not None or self.catcher.run_dir is None:
+            return status
+        deadline = time.monotonic() + 1.0  # the wrapper writes it as the launcher ends
+        while True:
+            data = rundir.read_json(rundir.launcher_exit_file(self.catcher.run_dir))
+            if data and isinstance(data.get("status"), int):
+                code = data["status"]
+                return (None, rundir.signal_name(-code)) if code < 0 else (code, None)
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.1)
 
     def _say(self, event: WatchEvent) -> None:
         if event.text:
@@ -428,3 +614,17 @@ def _bare_snapshot(pid: int) -> Snapshot:
 
 def _stamp() -> str:
     return time.strftime("%H:%M:%S")
+
+
+def _is_cause(info: ExitInfo) -> bool:
+    """A death that causes others rather than follows from one: a fatal signal that is no teardown
+    (a SIGKILL counts: launchers tear down with SIGTERM first), the OOM killer, an error of its own."""
+    if info.reason == exits.OOM_KILLED or info.signal == "SIGKILL":
+        return True
+    if info.signal is not None:
+        return info.signal not in exits.TEARDOWN_SIGNALS
+    return bool(info.reason) and info.reason not in exits.CONSEQUENCES and info.reason != exits.VANISHED
+
+
+def _clock(at: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(at))

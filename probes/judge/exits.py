@@ -12,8 +12,8 @@ from ..observed import SIGNAL_REASONS, abnormal
 from ..snapshot import ExitInfo, Rank
 from ..wording import how_ended
 
-__all__ = ["CONSEQUENCES", "OOM_KILLED", "SAME_MOMENT_S", "TEARDOWN_SIGNALS", "abnormal", "death", "describe_exit",
-           "first_to_die", "headline", "how", "raised_while_alive"]
+__all__ = ["CONSEQUENCES", "OOM_KILLED", "SAME_MOMENT_S", "TEARDOWN_SIGNALS", "VANISHED", "abnormal", "death",
+           "describe_exit", "first_to_die", "headline", "how", "raised_while_alive"]
 
 TEARDOWN_SIGNALS = frozenset({"SIGTERM", "SIGKILL", "SIGINT", "SIGHUP"})
 # Deaths seen this close together are one moment: the most telling one is taken as the first.
@@ -21,6 +21,7 @@ SAME_MOMENT_S = 1.0
 # Reasons that follow from another rank's death rather than cause one.
 CONSEQUENCES = frozenset({"a peer rank closed its connection", "collective timeout", "NCCL watchdog timeout"})
 OOM_KILLED = "killed by the kernel OOM killer"  # a SIGKILL that is a cause, not the launcher's teardown
+VANISHED = "vanished"  # gone between two looks with no exit status anywhere: a death not witnessed
 HEADLINE_CHARS = 160
 
 K = TypeVar("K", bound=Hashable)
@@ -36,6 +37,8 @@ def headline(info: ExitInfo) -> str | None:
     """The reason in a few words: the exception itself when the reason is only its type
     (``RuntimeError: boom``); nothing when the reason only restates the signal."""
     reason, message = info.reason, info.message
+    if reason == OOM_KILLED and message:  # what said so: the kernel's line, or the cgroup's count
+        return _cap(f"{reason}: {message}", HEADLINE_CHARS)
     if reason and info.signal and SIGNAL_REASONS.get(info.signal) == reason:
         reason = None
     if reason and message and reason.rsplit(".", 1)[-1] in message.split(":", 1)[0]:
@@ -43,9 +46,16 @@ def headline(info: ExitInfo) -> str | None:
     return reason
 
 
+SOURCE_WORDS = {"kernel exit event": "the kernel's exit event", "launcher log": "the launcher's log",
+                "memory cgroup": "its memory cgroup"}
+
+
 def describe_exit(info: ExitInfo) -> str:
-    """``exit code 1, CUDA device-side assert, in train.py:60 main``."""
-    parts = [how(info)]
+    """``exit code 1, CUDA device-side assert, in train.py:60 main``; a death no one witnessed:
+    ``vanished between 12:03:05 and 12:03:07; no exit status could be read (…)``."""
+    if info.reason == VANISHED and info.message:
+        return info.message
+    parts = [how(info) + (f" (from {SOURCE_WORDS[info.source]})" if info.source in SOURCE_WORDS else "")]
     why = headline(info)
     if why:
         parts.append(why)
@@ -60,7 +70,9 @@ def raised_while_alive(rank: Rank) -> bool:
 
 
 def death(rank: int | None, pid: int, info: ExitInfo) -> str:
-    """``rank 1 (pid 42) died: exit code 1, RuntimeError: boom``."""
+    """``rank 1 (pid 42) died: exit code 1, RuntimeError: boom``; ``rank 2 (pid 43) vanished …``."""
+    if info.reason == VANISHED and info.message:
+        return f"rank {rank} (pid {pid}) {info.message}"
     return f"rank {rank} (pid {pid}) died: {describe_exit(info)}"
 
 
@@ -75,11 +87,17 @@ def first_to_die(exits: Iterable[tuple[K, ExitInfo]]) -> K | None:
     earliest = min(info.at or 0.0 for _, info in crashes)
     moment = [(key, info) for key, info in crashes if (info.at or 0.0) <= earliest + SAME_MOMENT_S]
 
+    # A launcher tears down with SIGTERM first (SIGKILL only for ranks that outlive its grace): a
+    # SIGKILL with no SIGTERM before it is a kill from outside (the OOM killer, a person, a scheduler).
+    first_term = min((info.at or 0.0 for _, info in crashes if info.signal in ("SIGTERM", "SIGINT", "SIGHUP")),
+                     default=None)
+
     def weight(item: tuple[K, ExitInfo]) -> tuple:
         key, info = item
-        teardown = info.signal in TEARDOWN_SIGNALS and info.reason != OOM_KILLED
+        killed_first = info.signal == "SIGKILL" and (first_term is None or (info.at or 0.0) < first_term)
+        teardown = info.signal in TEARDOWN_SIGNALS and info.reason != OOM_KILLED and not killed_first
         fatal = info.signal is not None and not teardown
-        return (teardown, info.reason in CONSEQUENCES, not fatal, info.at or 0.0, str(key))
+        return (teardown, info.reason in CONSEQUENCES, info.reason == VANISHED, not fatal, info.at or 0.0, str(key))
 
     return min(moment, key=weight)[0]
 

@@ -111,7 +111,10 @@ def _crashed(ranks: Sequence[Rank]) -> Verdict | None:
     if raised_while_alive(lead):
         text = f"{who(numbers)} raised {_raised(lead)}"
     else:
-        text = f"{who(numbers)} died: {exits.describe_exit(lead.exit) if lead.exit else 'exited'}"
+        if lead.exit and lead.exit.reason == exits.VANISHED and lead.exit.message:
+            text = f"{who(numbers)} {lead.exit.message}"
+        else:
+            text = f"{who(numbers)} died: {exits.describe_exit(lead.exit) if lead.exit else 'exited'}"
         if lead.where:
             text += f" (last seen in {place(lead)})"
     others = _without(dead, culprits)

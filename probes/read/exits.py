@@ -11,6 +11,7 @@ exception (``judge/exits.py`` calls it crashed). Words and which rank died first
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -21,14 +22,17 @@ from typing import Any
 from .. import rundir
 from ..observed import SIGNAL_REASONS, ObservedRank, abnormal
 from ..redact import Redactor, scrub
+from ..wording import how_ended
 from . import crashlog, procfacts, procfs
 from .discover import expected_local_ranks
+from .exit_events import ExitEvents
 from .kernlog import kernel_fault
 from .process import JobProcesses, RankProcess
 from .ranklog import LogReason, RankLogs
 from ..snapshot import ExitInfo, ThreadStack
 
 Clean = Callable[[str], str]
+_WORKERS = re.compile(r"DataLoader worker \(pids?\(?s?\)? ([\d, ]+)\)")
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,21 @@ def read_exit(proc: RankProcess, status: tuple[int | None, str | None] | None, *
                        log_tail="\n".join(tail or ()), log_path=path)
 
 
+def with_worker_ends(info: ExitInfo, events: ExitEvents | None) -> ExitInfo:
+    """``DataLoader worker (pid(s) 812) exited unexpectedly``: how each worker itself ended, from
+    the kernel's exit events (the rank's own message does not say; the worker is gone)."""
+    message = info.message or ""
+    found = _WORKERS.search(message)
+    if not found or events is None or "signal" in message or "(worker " in message:
+        return info
+    ends = []
+    for pid in (int(p) for p in re.findall(r"\d+", found.group(1))[:4]):
+        heard = events.status(pid, wait=0.1)
+        if heard is not None:
+            ends.append(f"worker {pid} {how_ended(ExitInfo(*procfs.decode_wait_status(heard[0])))}")
+    return replace(info, message=f"{message} ({'; '.join(ends)})") if ends else info
+
+
 def _armed_evidence(proc: RankProcess, run_dir: Path | None) -> tuple[crashlog.FaultTrace | None, dict | None]:
     if run_dir is None or proc.rank is None:
         return None, None
@@ -192,6 +211,7 @@ class ExitLedger:
         self._raised: dict[int, ExitInfo] = {}  # live ranks whose log shows an uncaught exception
         self._logs_of: dict[int, str] = {}  # pid -> the log an exited rank's reason came from
         self._launcher_log: str | None = None
+        self.exit_events: ExitEvents | None = None  # set by whoever listens (the crash catcher's)
 
     def note_job(self, job: JobProcesses) -> None:
         """Remember who writes which log (a file with several writers is shared)."""
@@ -224,7 +244,7 @@ class ExitLedger:
         if earlier is not None:
             info = replace(info, at=min(earlier.at or now, info.at or now), reason=info.reason or earlier.reason,
                            message=info.message or earlier.message, frame=info.frame or earlier.frame)
-        self._exits[proc.pid] = info
+        self._exits[proc.pid] = with_worker_ends(info, self.exit_events)
 
     def adopt(self, records: Iterable[CrashRecord]) -> None:
         """The crash catcher's findings (its zombie status, faulthandler frame) win over ours."""
@@ -269,8 +289,9 @@ class ExitLedger:
             found = self.logs.reason(path, rank.rank, rank.local_rank)
             if found is None or not found.raised:
                 return rank
-            info = self._raised[rank.pid] = ExitInfo(at=now, reason=found.reason, frame=found.frame,
-                                                     message=self._clean(found.message))
+            info = self._raised[rank.pid] = with_worker_ends(
+                ExitInfo(at=now, reason=found.reason, frame=found.frame, message=self._clean(found.message)),
+                self.exit_events)
         return replace(rank, exit=info)
 
     def _with_log_reason(self, proc: RankProcess, info: ExitInfo) -> ExitInfo:

@@ -194,7 +194,8 @@ def merge_ras(states: list[tuple[str, RasState | None]], ranks: Sequence[Rank]) 
     if len(set(findings.values())) > 1:
         notes.append("NCCL RAS views differ between nodes: " + "; ".join(
             f"{node} names {who(c) if c else 'no rank'}" for node, c in findings.items()))
-    weight = {"dead": 3, "unreachable": 2, "mismatch": 1, "behind": 1}  # a lost rank is the plainest fact
+    # A lost rank is the plainest fact, then a rank's own broken state, then counts.
+    weight = {"dead": 4, "unreachable": 3, "error": 3, "abort": 3, "left": 2, "mismatch": 1, "behind": 1, "level": 0}
     chosen = max(present, key=lambda item: (weight.get(item[1].kind or "", 0), item[1].taken_at or 0.0))[1]
     names = {row.host: named[(row.rank, row.pid)] for row in chosen.ranks if (row.rank, row.pid) in named}
     finding = chosen.finding

@@ -30,7 +30,7 @@ def event_record(event: WatchEvent, pid: int, host: str) -> dict:
         "culprits": list(event.culprits),
         "summary": event.summary,
         "bundle": event.bundle,
-        "message": event.text,
+        "message": event.text or event.summary,  # alerts print no line of their own: their summary says it
     }
 
 

@@ -86,6 +86,11 @@ def _supervise(command: list[str], env: dict[str, str], added: dict[str, str], r
         if attach:
             _attach(child.pid, window)
         status = child.wait()
+        try:  # watch reads how the launcher ended from here (it is not the launcher's parent)
+            rundir.write_json(rundir.launcher_exit_file(run_dir), {"pid": child.pid, "status": status,
+                                                                    "at": time.time()})
+        except OSError as exc:
+            print(f"trainwatch: could not record the command's exit status: {exc.strerror}", file=sys.stderr)
     finally:
         if foreground:
             _give_terminal(tty_fd, os.getpgrp())

@@ -1,0 +1,129 @@
+"""Stress: every rank death under `watch` gives a `crashed` alert naming the rank that died first and
+how. Not in CI (each round is a real 3-rank job); the result goes in the README as n/N.
+
+For each scenario, N rounds of: a real gloo job (torchrun reaps dead ranks within 0.1 s), `trainwatch
+watch --json --on-event` attached from the start, rank 2 (or its DataLoader worker) killed. A round
+passes when the `crashed` alert names rank 2 with the right cause. Also printed: seconds from the
+death to the alert, and which witness told how it ended (zombie, the kernel's exit event, the
+launcher's log, the memory cgroup).
+
+Run: ``python tests/bench/stress_deaths.py [--rounds 20] [--only NAME ...]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ when run as a script
+
+import psutil  # noqa: E402
+
+from real_jobs import PlantedJob, wait_until  # noqa: E402
+from watching import TRAINWATCH, Watch, rank_pid  # noqa: E402
+
+CGROUP_V1 = Path("/sys/fs/cgroup/memory")
+
+
+def outside_kill(workdir: Path, env: dict | None = None) -> tuple[dict, float]:
+    with PlantedJob(workdir / "job", "healthy", nproc=3, deadline=60) as job:
+        job.wait_for_ranks()
+        watch = Watch(job.pid, workdir, env=env)
+        time.sleep(1.0)
+        died = time.time()
+        os.kill(rank_pid(job, 2), signal.SIGKILL)
+        crashed = watch.until(lambda e: e["event"] == "crashed", 60)
+        watch.finish()
+    return crashed, died
+
+
+def self_kill_armed(workdir: Path) -> tuple[dict, float]:
+    prefix = [*TRAINWATCH, "run", "--out", str(workdir / "run"), "--"]
+    with PlantedJob(workdir / "job", "sigkill", nproc=3, deadline=60, step_s=1.0, prefix=prefix) as job:
+        job.wait_for_ranks(steps=0)
+        watch = Watch(job.pid, workdir)
+        crashed = watch.until(lambda e: e["event"] == "crashed", 60)
+        watch.finish()
+    return crashed, crashed["unix_time"]  # the death's own time is not known outside; latency not measured
+
+
+def oom(workdir: Path) -> tuple[dict, float]:
+    group = CGROUP_V1 / f"trainwatch-stress-oom-{os.getpid()}"
+    group.mkdir(exist_ok=True)
+    try:
+        with PlantedJob(workdir / "job", "oom", nproc=3, deadline=60, step_s=1.5) as job:
+            job.wait_for_ranks(steps=0)
+            culprit = rank_pid(job, 2)
+            (group / "memory.limit_in_bytes").write_text(str(256 << 20))
+            (group / "cgroup.procs").write_text(str(culprit))
+            watch = Watch(job.pid, workdir)
+            crashed = watch.until(lambda e: e["event"] == "crashed", 60)
+            watch.finish()
+    finally:
+        wait_until(lambda: not (group / "cgroup.procs").read_text().strip(), 30, "the cgroup to empty")
+        group.rmdir()
+    return crashed, crashed["unix_time"]
+
+
+def worker_kill(workdir: Path) -> tuple[dict, float]:
+    with PlantedJob(workdir / "job", "dataloader", nproc=3, deadline=60) as job:
+        job.wait_for_ranks()
+        culprit = rank_pid(job, 2)
+        workers = wait_until(lambda: psutil.Process(culprit).children(), 30, "the DataLoader worker")
+        watch = Watch(job.pid, workdir)
+        died = time.time()
+        workers[0].kill()
+        crashed = watch.until(lambda e: e["event"] == "crashed", 60)
+        watch.finish()
+    return crashed, died
+
+
+SCENARIOS = {
+    "sigkill-outside": (outside_kill, "SIGKILL"),
+    "sigkill-outside-no-exit-events": (lambda w: outside_kill(w, {"TRAINWATCH_EXIT_EVENTS": "0"}), "SIGKILL"),
+    "sigkill-self-armed": (self_kill_armed, "SIGKILL"),
+    "oom-cgroup": (oom, "OOM killer"),
+    "dataloader-worker-sigkill": (worker_kill, "killed by SIGKILL"),
+}
+
+
+def main(rounds: int = 20, only: list[str] | None = None) -> dict[str, tuple[int, int]]:
+    results = {}
+    for name, (run, cause) in SCENARIOS.items():
+        if only and name not in only:
+            continue
+        if name == "oom-cgroup" and (os.geteuid() != 0 or not (CGROUP_V1 / "memory.limit_in_bytes").exists()):
+            print(f"{name}: skipped (needs root and a cgroup v1 memory controller)")
+            continue
+        good, latencies = 0, []
+        for n in range(rounds):
+            with tempfile.TemporaryDirectory(prefix=f"tw-stress-{name}-") as tmp:
+                try:
+                    crashed, died = run(Path(tmp))
+                except AssertionError as exc:
+                    print(f"  {name} round {n + 1}: no crashed alert ({str(exc)[:200]})")
+                    continue
+            ok = crashed["culprits"] == [2] and cause in crashed["summary"]
+            good += ok
+            if crashed["unix_time"] > died:
+                latencies.append(crashed["unix_time"] - died)
+            if not ok:
+                print(f"  {name} round {n + 1}: {crashed['culprits']} {crashed['summary'][:200]}")
+        results[name] = (good, rounds)
+        lat = f"; alert {statistics.median(latencies):.2f} s after the death (median)" if latencies else ""
+        print(f"{name}: {good}/{rounds}{lat}", flush=True)
+    return results
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--only", nargs="*")
+    args = parser.parse_args()
+    main(args.rounds, args.only)

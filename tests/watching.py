@@ -1,0 +1,63 @@
+"""`trainwatch watch --json --on-event` running beside a job, its events read as they come (tests
+and the death stress script share it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from real_jobs import PlantedJob
+
+TRAINWATCH = [sys.executable, "-m", "trainwatch.tui.cli"]
+
+
+class Watch:
+    """`trainwatch watch PID --json --on-event` running beside the job; events read as they come."""
+
+    def __init__(self, pid: int, workdir: Path, env: dict | None = None) -> None:
+        self.hook_out = workdir / "on-event.txt"
+        hook = f'echo "$TRAINWATCH_EVENT $TRAINWATCH_CULPRITS $TRAINWATCH_SUMMARY" >> {self.hook_out}'
+        self.proc = subprocess.Popen([*TRAINWATCH, "watch", str(pid), "--json", "--interval", "1",
+                                      "--out", str(workdir / "watch"), "--on-event", hook],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, **(env or {})})
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.events: list[dict] = []
+        threading.Thread(target=lambda: [self.lines.put(line) for line in self.proc.stdout], daemon=True).start()
+        self.until(lambda e: e["event"] == "watching", 30)
+
+    def until(self, condition, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                event = json.loads(self.lines.get(timeout=0.5))
+            except queue.Empty:
+                continue
+            self.events.append(event)
+            if condition(event):
+                return event
+        raise AssertionError(f"no such event within {timeout}s; events: {self.events}")
+
+    def finish(self, timeout: float = 60) -> int:
+        try:
+            self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGINT)
+                self.proc.wait(10)
+        while not self.lines.empty():
+            self.events.append(json.loads(self.lines.get()))
+        return self.proc.returncode
+
+
+def rank_pid(job: PlantedJob, rank: int) -> int:
+    text = job.wait_for_log(rf"rank {rank}/\d+ pid (\d+)")
+    return int(re.search(rf"rank {rank}/\d+ pid (\d+)", text).group(1))
