@@ -65,6 +65,8 @@ class LocalEvidence:
             notes.append(f"rank {proc.rank}: {sample.error.message}")
             if isinstance(sample.error, (AccessDenied, ToolMissing)) and sample.error.remedy:
                 notes.append(f"  hint: {sample.error.remedy}")
+        if sample is not None and sample.read:
+            notes.append(f"rank {proc.rank}: {sample.read}")
         step, period = self.sampler.steps.fields(proc.pid)
         cpu, rss = self._cpu.read(proc.pid, now)
         return ObservedRank(

@@ -46,6 +46,7 @@ class StackSample:
     gone: bool = False
     ints: FrameInts | None = None  # step-like integer locals when read with --locals (see probes/judge/steps.py)
     at: float | None = None  # unix time of the py-spy call (the middle of it)
+    read: str | None = None  # how it was read when not by a pausing attach: "without pausing (…why…)"
 
 
 

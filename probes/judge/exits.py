@@ -94,7 +94,7 @@ def first_to_die(exits: Iterable[tuple[K, ExitInfo]]) -> K | None:
 
     def weight(item: tuple[K, ExitInfo]) -> tuple:
         key, info = item
-        killed_first = info.signal == "SIGKILL" and (first_term is None or (info.at or 0.0) < first_term)
+        killed_first = info.signal == "SIGKILL" and (first_term is None or (info.at or 0.0) <= first_term)
         teardown = info.signal in TEARDOWN_SIGNALS and info.reason != OOM_KILLED and not killed_first
         fatal = info.signal is not None and not teardown
         return (teardown, info.reason in CONSEQUENCES, info.reason == VANISHED, not fatal, info.at or 0.0, str(key))

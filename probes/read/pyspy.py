@@ -22,10 +22,15 @@ from ..snapshot import Frame, ThreadStack
 DEFAULT_TIMEOUT = 5.0
 INT_LITERAL = re.compile(r"-?\d{1,18}")  # py-spy prints ints in decimal ("+bigint" beyond 64 bits)
 CAP_SYS_PTRACE = 19
+BACKTRACE_LINE = re.compile(r"^\d+:\s")  # a frame of the Rust backtrace py-spy prints with its error
 
 
 class RankGone(NoSuchProcess):
     """The process exited while it was being sampled."""
+
+
+class PySpyTimeout(TrainwatchError):
+    """py-spy did not answer in time (a pausing attach on a process that will not stop, say)."""
 
 
 def find_pyspy() -> str:
@@ -44,20 +49,25 @@ def find_pyspy() -> str:
 
 @overload
 def dump_stacks(pid: int, native: bool = ..., timeout: float = ...,
-                locals: Literal[False] = ...) -> list[ThreadStack]: ...
+                locals: Literal[False] = ..., nonblocking: bool = ...) -> list[ThreadStack]: ...
 @overload
 def dump_stacks(pid: int, native: bool = ..., timeout: float = ..., *,
-                locals: Literal[True]) -> tuple[list[ThreadStack], FrameInts]: ...
+                locals: Literal[True], nonblocking: bool = ...) -> tuple[list[ThreadStack], FrameInts]: ...
 
 
-def dump_stacks(pid: int, native: bool = False, timeout: float = DEFAULT_TIMEOUT,
-                locals: bool = False) -> list[ThreadStack] | tuple[list[ThreadStack], FrameInts]:
+def dump_stacks(pid: int, native: bool = False, timeout: float = DEFAULT_TIMEOUT, locals: bool = False,
+                nonblocking: bool = False) -> list[ThreadStack] | tuple[list[ThreadStack], FrameInts]:
     """All threads' stacks of ``pid``, innermost frame first. Raises TrainwatchError subclasses.
 
     ``locals=True`` (not with ``native``) adds ``--locals`` and returns ``(stacks, ints)``: the main
-    thread's step-like integer locals (:func:`parse_locals`); every other local is dropped."""
+    thread's step-like integer locals (:func:`parse_locals`); every other local is dropped.
+    ``nonblocking``: read the process's memory without pausing it (``--nonblocking``: no ptrace
+    stop, so no interrupted syscall; reads ``/proc/PID/mem``, which works where ptrace is denied
+    or already taken by a debugger); native frames need the pause and are not asked for."""
     cmd = [find_pyspy(), "dump", "--json", "--pid", str(pid)]
-    if native:
+    if nonblocking:
+        cmd.append("--nonblocking")
+    elif native:
         cmd.append("--native")
     if locals:
         cmd.append("--locals")
@@ -66,7 +76,7 @@ def dump_stacks(pid: int, native: bool = False, timeout: float = DEFAULT_TIMEOUT
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         _resume_if_we_stopped(pid, was_stopped)
-        raise TrainwatchError(f"py-spy did not answer within {timeout:.0f}s for PID {pid}") from None
+        raise PySpyTimeout(f"py-spy did not answer within {timeout:.0f}s for PID {pid}") from None
     finally:
         _resume_if_we_stopped(pid, was_stopped)
     if proc.returncode != 0:  # with locals, stdout may hold the job's values: explain from stderr only
@@ -142,16 +152,40 @@ def int_literal(text: object) -> int | None:
     return None
 
 
+def error_line(message: str) -> str:
+    """py-spy's own error line (``Error: Permission denied (os error 13)``), not the last line of
+    the Rust backtrace it may print after it (``9: main``)."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    for line in lines:
+        if line.startswith("Error:") or line.lower().startswith("error:"):
+            return line
+    plain = [line for line in lines if not BACKTRACE_LINE.match(line) and not line.startswith("at ")
+             and "Stack backtrace" not in line]
+    return plain[0] if plain else (lines[-1] if lines else "no output")
+
+
 def _explain_failure(pid: int, message: str) -> TrainwatchError:
-    text = message.strip().splitlines()[-1] if message.strip() else "no output"
+    text = error_line(message)
     lowered = message.lower()
     if procfs.state_letter(pid) in (None, "Z", "X") or "no such process" in lowered:
         return RankGone(f"PID {pid} exited while it was being sampled")
+    tracer = tracer_of(pid)
+    if tracer is not None:
+        return AccessDenied(f"py-spy may not pause PID {pid}: it is traced by {tracer}", "read without pausing")
     if "permission denied" in lowered or "operation not permitted" in lowered:
         return AccessDenied(f"py-spy may not read PID {pid}: {text}", ptrace_remedy(pid))
     if "version" in lowered and ("python" in lowered or "unsupported" in lowered):
         return ToolMissing(f"py-spy cannot read PID {pid}'s Python: {text}", "pip install --upgrade py-spy")
     return TrainwatchError(f"py-spy failed on PID {pid}: {text}")
+
+
+def tracer_of(pid: int) -> str | None:
+    """``gdb (PID 812)`` when another process traces ``pid`` (``TracerPid`` in its status)."""
+    field = procfs.status_fields(pid).get("TracerPid", "0").strip()
+    if not field.isdigit() or field == "0":
+        return None
+    name = (procfs.read_text(f"/proc/{field}/comm") or "?").strip()
+    return f"{name} (PID {field})"
 
 
 def ptrace_remedy(pid: int) -> str:
@@ -171,6 +205,9 @@ def ptrace_remedy(pid: int) -> str:
     if os.geteuid() == 0 and not eff & (1 << CAP_SYS_PTRACE):
         return ("this container lacks CAP_SYS_PTRACE: run it with --cap-add SYS_PTRACE (docker) "
                 "or add SYS_PTRACE to the pod's securityContext")
+    if owner in (None, os.geteuid()) or os.geteuid() == 0:
+        return ("no ptrace permission although the user matches (a container without SYS_PTRACE, or a "
+                "seccomp filter that denies ptrace): trainwatch reads without pausing instead")
     scope = (procfs.read_text("/proc/sys/kernel/yama/ptrace_scope") or "0").strip()
     if scope != "0" and os.geteuid() != 0:
         return (f"kernel.yama.ptrace_scope is {scope}: run trainwatch with sudo, or "

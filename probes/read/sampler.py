@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from ..errors import TrainwatchError
+from ..errors import AccessDenied, TrainwatchError
 from ..observed import StackSample, ThreadCounters
 from . import procfs
-from .pyspy import DEFAULT_TIMEOUT, RankGone, dump_stacks
+from .pyspy import DEFAULT_TIMEOUT, PySpyTimeout, RankGone, dump_stacks, tracer_of
 from ..snapshot import ThreadStack
 
 MAX_PARALLEL = 32
@@ -27,17 +27,42 @@ def sample_one(pid: int, native: bool, previous: tuple[ThreadStack, ...] | None,
     if skip and previous is not None and not native and not locals:
         return StackSample(pid, previous, before, before, reused=True)
     ints, started = None, time.time()
+    why = no_pause_reason(pid)
     try:
-        if locals:
-            stacks, ints = dump_stacks(pid, timeout=timeout, locals=True)
-        else:
-            stacks = dump_stacks(pid, native=native, timeout=timeout)
+        try:
+            if why is not None:  # a pause would hurt or cannot work: never attempted
+                stacks = dump_stacks(pid, timeout=timeout, nonblocking=True)
+            elif locals:
+                stacks, ints = dump_stacks(pid, timeout=timeout, locals=True)
+            else:
+                stacks = dump_stacks(pid, native=native, timeout=timeout)
+        except (AccessDenied, PySpyTimeout) as exc:
+            if why is not None or procfs.state_letter(pid) in (None, "Z", "X"):
+                raise
+            why = f"a pausing attach failed: {exc.message}"  # once more, without pausing
+            stacks = dump_stacks(pid, timeout=timeout, nonblocking=True)
     except RankGone as exc:
         return StackSample(pid, None, before, None, error=exc, gone=True)
     except TrainwatchError as exc:
         return StackSample(pid, None, before, procfs.thread_counters(pid), error=exc)
     at = (started + time.time()) / 2
-    return StackSample(pid, tuple(stacks), before, procfs.thread_counters(pid), ints=ints, at=at)
+    return StackSample(pid, tuple(stacks), before, procfs.thread_counters(pid), ints=ints, at=at,
+                       read=f"read without pausing ({why})" if why else None)
+
+
+# Process states where a ptrace stop would hurt or cannot be had: D (an uninterruptible wait: on a
+# network filesystem a stop may turn into EINTR for the job), T (stopped: py-spy would resume it),
+# t (stopped by a tracer: only one tracer at a time).
+NO_PAUSE_STATES = {"D": "in an uninterruptible kernel wait (D)", "T": "stopped (T)", "t": "held by a tracer (t)"}
+
+
+def no_pause_reason(pid: int) -> str | None:
+    """Why ``pid`` must be read without pausing it, or None: its state, or a tracer holding it."""
+    state = procfs.state_letter(pid)
+    if state in NO_PAUSE_STATES:
+        return NO_PAUSE_STATES[state]
+    tracer = tracer_of(pid)
+    return f"traced by {tracer}" if tracer else None
 
 
 Request = tuple[int, bool, "tuple[ThreadStack, ...] | None", bool, "ThreadCounters | None"]

@@ -33,6 +33,23 @@ def test_first_to_die_orders_one_moment_by_how_telling_each_death_is():
     assert first_to_die([(0, ExitInfo(code=0, at=1.0)), (1, ExitInfo(at=2.0))]) is None
 
 
+def test_a_sigkill_before_any_sigterm_is_a_kill_from_outside_not_the_teardown():
+    """torchrun tears down with SIGTERM (SIGKILL only after its grace): the rank SIGKILLed first is
+    the cause, before peers that lost their connection and the ranks torn down, even when the
+    launcher's log gives them all the same second."""
+    killed = ExitInfo(signal="SIGKILL", at=100.0, source="launcher log")
+    torn = ExitInfo(signal="SIGTERM", at=100.0, source="launcher log")
+    peer = ExitInfo(code=1, at=100.1, reason="a peer rank closed its connection")
+    assert first_to_die([(0, torn), (1, torn), (2, killed)]) == 2
+    assert first_to_die([(0, peer), (2, killed)]) == 2
+    late_kill = ExitInfo(signal="SIGKILL", at=100.5)  # a rank that outlived the teardown's grace
+    assert first_to_die([(0, ExitInfo(signal="SIGTERM", at=100.0)), (1, late_kill)]) == 0
+    vanished = ExitInfo(at=100.0, reason=exits.VANISHED, message="vanished between 12:00:00 and 12:00:01")
+    assert first_to_die([(0, peer), (2, vanished)]) == 2 and abnormal(vanished)
+    assert death(2, 812, vanished) == "rank 2 (pid 812) vanished between 12:00:00 and 12:00:01"
+    assert exits.describe_exit(killed) == "killed by SIGKILL (from the launcher's log)"
+
+
 def test_a_rank_reaped_with_no_evidence_is_not_a_crash():
     assert not abnormal(ExitInfo(at=1.0)) and not abnormal(ExitInfo(code=0)) and not abnormal(None)
     assert abnormal(ExitInfo(reason="RuntimeError", message="RuntimeError: x")) and abnormal(ExitInfo(code=2))
