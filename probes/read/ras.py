@@ -256,7 +256,7 @@ class QueryLock:
         since = time.time() - last
         if -1.0 < since < MIN_GAP_S:  # (the time is written rounded: a hair in the future is now)
             self.release()
-            return f"NCCL RAS at this address was asked {since:.1f} s ago: not asked again so soon"
+            return f"NCCL RAS at this address was asked {max(0.0, since):.1f} s ago: not asked again so soon"
         try:
             os.ftruncate(self._fd, 0)
             os.pwrite(self._fd, f"{time.time():.3f}".encode(), 0)

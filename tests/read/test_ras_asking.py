@@ -129,19 +129,40 @@ def test_the_nccl_version_is_read_from_what_the_rank_has_mapped(fake_libnccl):
         proc.wait()
 
 
-def test_a_version_a_query_can_crash_is_not_asked_unless_told(monkeypatch):
-    monkeypatch.setattr(nccl_ras, "UNSAFE", (((2, 27), (2, 27, 7), "crash the job (NVIDIA/nccl #0)"),))
-    monkeypatch.setattr(procfacts, "loaded_nccl", lambda pid: (True, "2.27.3"))
+def test_a_version_a_query_can_crash_is_not_asked_unless_told(monkeypatch, tmp_path):
+    """The version is read from the libnccl the rank has mapped (a real process mapping a library
+    named as NCCL names its own): 2.28.9 (NVIDIA/nccl #1762) is not asked by default."""
+    def rank_mapping(version: str) -> tuple[subprocess.Popen, JobProcesses]:
+        lib = tmp_path / f"libnccl.so.{version}"
+        shutil.copy("/lib/x86_64-linux-gnu/libm.so.6" if Path("/lib/x86_64-linux-gnu/libm.so.6").exists()
+                    else ctypes.util.find_library("m"), lib)
+        code = f"import ctypes, time; ctypes.CDLL({str(lib)!r}); print('loaded', flush=True); time.sleep(30)"
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "loaded"
+        env = {"NCCL_RAS_ADDR": f"127.0.0.1:{server.port}"}
+        return proc, JobProcesses(launcher="torchrun", root_pid=1, host="h", ranks=(RankProcess(proc.pid, 0, env=env),))
+
+    monkeypatch.delenv("TRAINWATCH_RAS", raising=False)
     with RasServer(takes("healthy")) as server:
-        source = nccl_ras.Source(FeedOptions())
-        monkeypatch.delenv("TRAINWATCH_RAS", raising=False)
-        source.fetch(job(server.port))
-        notes = source.reading(job(server.port)).notes
-        assert server.queries == 0 and any("runs NCCL 2.27.3" in n and "--ras always" in n for n in notes), notes
-        monkeypatch.setenv("TRAINWATCH_RAS", "always")
-        source.fetch(job(server.port))
-        assert server.queries == 1
-        monkeypatch.setenv("TRAINWATCH_RAS", "never")
-        time.sleep(ras.MIN_GAP_S)
-        source.fetch(job(server.port))
-        assert server.queries == 1
+        old, old_job = rank_mapping("2.28.9")
+        new, new_job = rank_mapping("2.29.5")
+        try:
+            source = nccl_ras.Source(FeedOptions())
+            source.fetch(old_job)
+            notes = source.reading(old_job).notes
+            assert server.queries == 0 and any("runs NCCL 2.28.9" in n and "#1762" in n and "--ras always" in n
+                                               for n in notes), notes
+            nccl_ras.Source(FeedOptions()).fetch(new_job)
+            assert server.queries == 1  # 2.29.5: no known crash
+            time.sleep(ras.MIN_GAP_S)
+            monkeypatch.setenv("TRAINWATCH_RAS", "always")
+            nccl_ras.Source(FeedOptions()).fetch(old_job)
+            assert server.queries == 2
+            monkeypatch.setenv("TRAINWATCH_RAS", "never")
+            time.sleep(ras.MIN_GAP_S)
+            nccl_ras.Source(FeedOptions()).fetch(new_job)
+            assert server.queries == 2
+        finally:
+            for proc in (old, new):
+                proc.kill()
+                proc.wait()

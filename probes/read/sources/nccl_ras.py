@@ -29,9 +29,17 @@ from .. import nccl_state, procfacts, ras, ras_report
 from ..process import JobProcesses, RankProcess
 from ...observed import ObservedRas
 
-# NCCL versions whose RAS service a client's query is known to crash or wedge, with the report.
-# (low, high): low <= version < high.
-UNSAFE: tuple[tuple[tuple[int, ...], tuple[int, ...], str], ...] = ()
+# NCCL versions whose RAS service a client's query is known to crash or corrupt, with the report
+# (NVIDIA/nccl issues, read 2026-11): (low, high, what): low <= version < high. A version read as
+# unknown is asked (RAS itself needs NCCL >= 2.24).
+UNSAFE: tuple[tuple[tuple[int, ...], tuple[int, ...], str], ...] = (
+    ((2, 24), (2, 27, 3), "crash the job when it comes while a communicator initializes (NVIDIA/nccl #1669, "
+                          "#1718; fixed in 2.27.3)"),
+    ((2, 24), (2, 29, 2), "corrupt the job's memory when a communicator has missing ranks, as in a hang "
+                          "(NVIDIA/nccl #1762; fixed in 2.29.2)"),
+    ((2, 29, 7), (2, 29, 8), "crash the job when it comes while communicators are being created (NVIDIA/nccl "
+                             "#2346, open; reported on 2.29.7 at 256 GPUs)"),
+)
 FOLLOW_UP_WITHIN_S = 30.0  # a reply with unreachable ranks and no other reply this recent is asked again at once
 LOCK_WAIT_S = 0.5  # live polls: how long to wait for another trainwatch's query to end (one-shots wait longer)
 
