@@ -95,10 +95,12 @@ def disabled(env: dict[str, str]) -> bool:
 
 def query(host: str, port: int, *, timeout: float = CONNECT_TIMEOUT_S, ras_timeout: int = RAS_TIMEOUT_S,
           want_json: bool = True, verbose: bool = True, limit: int = MAX_BYTES, factor: float = 1.0,
-          bound: float | None = None) -> RasReply:
+          bound: float | None = None, text_fallback: bool = True) -> RasReply:
     """Handshake, ``TIMEOUT``, ``SET FORMAT json`` (text where unsupported), ``[VERBOSE] STATUS``,
     then read to the server's close. Bounded: connect and every reply within ``timeout``, the
-    report within ``bound`` (default :func:`reply_bound`). Never raises for a missing or odd service."""
+    report within ``bound`` (default :func:`reply_bound`). ``text_fallback=False``: a server that
+    refuses JSON is not asked for the text report (a version whose text formatter can crash the
+    job). Never raises for a missing or odd service."""
     origin = f"{host}:{port}"
     started = time.monotonic()
     sent = 0
@@ -120,6 +122,8 @@ def query(host: str, port: int, *, timeout: float = CONNECT_TIMEOUT_S, ras_timeo
             if want_json:
                 sent += _send(conn, "SET FORMAT json\n")
                 fmt = "json" if lines.next().upper() == "OK" else "text"
+                if fmt == "text" and not text_fallback:
+                    return reply(note=f"NCCL RAS at {origin} refused JSON, and its text report is not asked for")
             sent += _send(conn, "VERBOSE STATUS\n" if verbose else "STATUS\n")
             wait = bound if bound is not None else reply_bound(ras_timeout, factor)
             raw, closed = lines.rest(limit, deadline=time.monotonic() + wait)

@@ -50,7 +50,7 @@ __all__ = ["ANY_OP", "CountGroup", "RasComm", "RasProcess", "RasRank", "RasRepor
 OPS = ("Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce")
 # ncclResult_t values a rank's init_state / async_error may hold (0 success, 7 in progress).
 NCCL_RESULTS = {1: "unhandled CUDA error", 2: "system error", 3: "internal error", 4: "invalid argument",
-                5: "invalid usage", 6: "remote process error"}
+                5: "invalid usage", 6: "remote process error", 8: "timeout"}  # 8: ncclTimeout, NCCL >= 2.30
 
 
 class ReportError(ValueError):
@@ -117,7 +117,13 @@ def parse_json(text: str) -> RasReport:
                   f"rank{'s' if fixes != 1 else ''}, a bug of NCCL 2.28.7-2.28.9): repaired and read"),)
     if not isinstance(data, dict) or not isinstance(data.get("communicators"), list):
         raise ReportError("not a RAS JSON report (no 'communicators' list)")
-    comms = tuple(_json_comm(c) for c in data["communicators"] if isinstance(c, dict))
+    entries = [c for c in data["communicators"] if isinstance(c, dict)]
+    # A communicator NCCL could not fill (one being created: NVIDIA/nccl #2346) comes zeroed.
+    empty = [c for c in entries if _hash(c.get("hash")).strip("0?") == "" and not _int(c.get("size"))]
+    comms = tuple(_json_comm(c) for c in entries if c not in empty)
+    if empty:
+        notes += (f"NCCL RAS sent {len(empty)} empty communicator record{'s' if len(empty) != 1 else ''} "
+                  "(hash 0, size 0: one being created, NVIDIA/nccl #2346): not read",)
     ras = data.get("ras") if isinstance(data.get("ras"), dict) else {}
     return RasReport("json", _str(data.get("nccl_version")), comms, timeouts=_int(ras.get("timeouts_count")) or 0,
                      notes=notes)

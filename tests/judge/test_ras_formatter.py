@@ -164,3 +164,16 @@ def test_an_unsure_report_still_names_its_culprit_with_a_caveat():
     assert judged.verdict.kind == "straggler" and judged.verdict.culprits == (2,)
     assert "not matched to this job for sure" in judged.verdict.summary
     assert owner.note in judged.collectives.ras.notes
+
+
+def test_newer_nccl_timeout_code_and_zeroed_communicators():
+    """NCCL 2.30 adds ncclTimeout (8); #2346 can leave a communicator record zeroed in JSON."""
+    import json
+    data = json.loads((RECORDINGS / "asyncerror.json.v1").read_text())
+    data["communicators"][0]["ranks"][2]["status"]["async_error"] = 8
+    data["communicators"].append({"hash": "0x0", "secondary_hash": "0x0:0x0", "size": 0, "ranks_count": 0,
+                                  "missing_ranks_count": 0, "ranks": [], "missing_ranks": []})
+    report = ras_report.parse(json.dumps(data))
+    [comm] = report.comms
+    assert next(r for r in comm.ranks if r.rank == 2).error == "asynchronous error: timeout"
+    assert any("empty communicator record" in n and "#2346" in n for n in report.notes)

@@ -131,7 +131,8 @@ def test_the_nccl_version_is_read_from_what_the_rank_has_mapped(fake_libnccl):
 
 def test_a_version_a_query_can_crash_is_not_asked_unless_told(monkeypatch, tmp_path):
     """The version is read from the libnccl the rank has mapped (a real process mapping a library
-    named as NCCL names its own): 2.28.9 (NVIDIA/nccl #1762) is not asked by default."""
+    named as NCCL names its own): 2.28.9 (NVIDIA/nccl #1762) is not asked by default; 2.29.5 is,
+    and a server that refuses JSON then is not asked for its text report (#2346)."""
     def rank_mapping(version: str) -> tuple[subprocess.Popen, JobProcesses]:
         lib = tmp_path / f"libnccl.so.{version}"
         shutil.copy("/lib/x86_64-linux-gnu/libm.so.6" if Path("/lib/x86_64-linux-gnu/libm.so.6").exists()
@@ -153,7 +154,8 @@ def test_a_version_a_query_can_crash_is_not_asked_unless_told(monkeypatch, tmp_p
             assert server.queries == 0 and any("runs NCCL 2.28.9" in n and "#1762" in n and "--ras always" in n
                                                for n in notes), notes
             nccl_ras.Source(FeedOptions()).fetch(new_job)
-            assert server.queries == 1  # 2.29.5: no known crash
+            assert server.queries == 1  # 2.29.5: asked, for JSON only (its text report can crash: #2346)
+            assert server.commands[-2:] == ["SET FORMAT json", "VERBOSE STATUS"]
             time.sleep(ras.MIN_GAP_S)
             monkeypatch.setenv("TRAINWATCH_RAS", "always")
             nccl_ras.Source(FeedOptions()).fetch(old_job)
@@ -166,3 +168,10 @@ def test_a_version_a_query_can_crash_is_not_asked_unless_told(monkeypatch, tmp_p
             for proc in (old, new):
                 proc.kill()
                 proc.wait()
+
+
+def test_json_only_never_falls_back_to_text():
+    with RasServer(takes("healthy"), json_supported=False) as server:
+        reply = ras.query("127.0.0.1", server.port, text_fallback=False)
+    assert reply.report is None and "refused JSON" in reply.note
+    assert "VERBOSE STATUS" not in server.commands and server.queries == 0

@@ -29,17 +29,20 @@ from .. import nccl_state, procfacts, ras, ras_report
 from ..process import JobProcesses, RankProcess
 from ...observed import ObservedRas
 
-# NCCL versions whose RAS service a client's query is known to crash or corrupt, with the report
-# (NVIDIA/nccl issues, read 2026-11): (low, high, what): low <= version < high. A version read as
-# unknown is asked (RAS itself needs NCCL >= 2.24).
+# NCCL versions whose RAS service a client's query is known to crash or corrupt, from NVIDIA's own
+# issues and the code at each tag (read 2026-11): (low, high, what), low <= version < high. A version
+# read as unknown is asked (RAS itself needs NCCL >= 2.24).
 UNSAFE: tuple[tuple[tuple[int, ...], tuple[int, ...], str], ...] = (
-    ((2, 24), (2, 27, 3), "crash the job when it comes while a communicator initializes (NVIDIA/nccl #1669, "
+    ((2, 26), (2, 27, 3), "crash the job when it comes while a communicator initializes (NVIDIA/nccl #1669, "
                           "#1718; fixed in 2.27.3)"),
-    ((2, 24), (2, 29, 2), "corrupt the job's memory when a communicator has missing ranks, as in a hang "
+    ((2, 26), (2, 29, 2), "corrupt the job's memory when a communicator has missing ranks, as in a hang "
                           "(NVIDIA/nccl #1762; fixed in 2.29.2)"),
-    ((2, 29, 7), (2, 29, 8), "crash the job when it comes while communicators are being created (NVIDIA/nccl "
-                             "#2346, open; reported on 2.29.7 at 256 GPUs)"),
 )
+# From 2.27.3 on, the *text* report can crash the job while communicators are being created (a
+# zero status indexes past NCCL's status names; NVIDIA/nccl #2346, open, still in 2.30.7). The JSON
+# report returns before that code: with a version from here on, only JSON is asked for.
+TEXT_UNSAFE_FROM = (2, 27, 3)
+TEXT_UNSAFE = "NCCL's text report can crash the job while communicators are being created (NVIDIA/nccl #2346)"
 FOLLOW_UP_WITHIN_S = 30.0  # a reply with unreachable ranks and no other reply this recent is asked again at once
 LOCK_WAIT_S = 0.5  # live polls: how long to wait for another trainwatch's query to end (one-shots wait longer)
 
@@ -92,6 +95,7 @@ class Source(CollectiveSource):
             if self.options.bundle:
                 self._notes.append(f"NCCL RAS: {refused}")
             return
+        json_only = self._json_only(ranks[0])
         factor = max(ras.timeout_factor(env) for env in envs)
         for host, port in sorted({ras.address(env) for env in envs}):
             lock = ras.QueryLock(host, port)
@@ -100,24 +104,26 @@ class Source(CollectiveSource):
                 self._skipped = f"NCCL RAS at {host}:{port}: {why}"
                 continue
             try:
-                if self.options.bundle:
+                if self.options.bundle and not json_only:
                     self._text_report(host, port, factor)
-                reply, at = self._ask(host, port, factor)
+                elif self.options.bundle:
+                    self._notes.append(f"NCCL RAS: no text report asked for ({TEXT_UNSAFE}); the JSON one is kept")
+                reply, at = self._ask(host, port, factor, json_only)
                 if self.options.bundle and reply.format == "json" and reply.raw:
                     self._files["host/ras.json"] = reply.raw
                 if self.options.bundle and reply.note and reply.raw is not None:
                     self._notes.append(f"NCCL RAS: {reply.note}")
                 if self._needs_second(reply, at) and not self._closed.is_set():
-                    self._ask(host, port, factor)
+                    self._ask(host, port, factor, json_only)
             finally:
                 lock.release()
 
-    def _ask(self, host: str, port: int, factor: float) -> tuple[ras.RasReply, float]:
+    def _ask(self, host: str, port: int, factor: float, json_only: bool = False) -> tuple[ras.RasReply, float]:
         """One query, visible as pending while it runs; the reply kept with when it was asked."""
         at = time.time()
         self._pending = _Pending(f"{host}:{port}", time.monotonic(), ras.reply_bound(factor=factor))
         try:
-            reply = ras.query(host, port, factor=factor)
+            reply = ras.query(host, port, factor=factor, text_fallback=not json_only)
         finally:
             self._pending = None
         with self._lock:
@@ -132,6 +138,16 @@ class Source(CollectiveSource):
             earlier = [a for r, a in self._replies if a < at and r.report is not None]
         return not earlier or at - max(earlier) > FOLLOW_UP_WITHIN_S
 
+    def _version(self, proc: RankProcess) -> tuple[str | None, tuple[int, ...]]:
+        if proc.pid not in self._nccl:
+            self._nccl[proc.pid] = procfacts.loaded_nccl(proc.pid)
+        version = self._nccl[proc.pid][1]
+        return version, ras_report.version_tuple(version)
+
+    def _json_only(self, proc: RankProcess) -> bool:
+        """A version whose text report can crash the job: ask for JSON only (whatever the policy)."""
+        return self._version(proc)[1] >= TEXT_UNSAFE_FROM
+
     def _refused(self, proc: RankProcess) -> str | None:
         """Why RAS is not asked for this job: turned off, or an NCCL version a query can crash."""
         policy = (os.environ.get("TRAINWATCH_RAS") or "auto").strip().lower()
@@ -139,10 +155,7 @@ class Source(CollectiveSource):
             return "not asked (TRAINWATCH_RAS=never)"
         if policy == "always" or not UNSAFE:
             return None
-        if proc.pid not in self._nccl:
-            self._nccl[proc.pid] = procfacts.loaded_nccl(proc.pid)
-        _, version = self._nccl[proc.pid]
-        found = ras_report.version_tuple(version)
+        version, found = self._version(proc)
         for low, high, why in UNSAFE:
             if found and low <= found < high:
                 return (f"not asked: the job runs NCCL {version}, where a RAS client's query is known to {why}; "
