@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from .errors import AccessDenied, ToolMissing
 from .observed import ObservedRank
-from .read import procfs
+from .read import kernel_view, procfs
 from .read.discover import expected_local_ranks
 from .read.exits import ExitLedger
 from .read.gpu import GpuProbe
@@ -17,7 +17,7 @@ from .read.process import JobProcesses, RankProcess, collective_timeout_s
 from .read.sampler import StackSample
 from .read.usage import CpuMeter
 from .sampling import Sampler
-from .snapshot import HostInfo
+from .snapshot import HostInfo, KernelState
 
 
 class LocalEvidence:
@@ -27,6 +27,7 @@ class LocalEvidence:
         self.sampler, self.exits, self.gpu = sampler, exits, gpu
         self.seen: dict[int, RankProcess] = {}  # pid -> rank process, everything ever seen
         self._cpu = CpuMeter()
+        self._io: dict[int, int] = {}  # pid -> storage bytes read + written at the last poll
 
     def cpu_baseline(self, job: JobProcesses) -> None:
         """A CPU reading now, so the first snapshot has CPU% too."""
@@ -69,6 +70,8 @@ class LocalEvidence:
             notes.append(f"rank {proc.rank}: {sample.read}")
         step, period = self.sampler.steps.fields(proc.pid)
         cpu, rss = self._cpu.read(proc.pid, now)
+        kernel = kernel_view.kernel_state(proc.pid)
+        self._io_progress(proc.pid, kernel, now)
         return ObservedRank(
             rank=proc.rank, pid=proc.pid, host=socket.gethostname(), local_rank=proc.local_rank,
             phase=cls.phase if cls else "unknown",
@@ -82,7 +85,19 @@ class LocalEvidence:
             native=bool(threads) and any(f.native for t in threads[:1] for f in t.frames),
             log=self.sampler.log_activity(proc.log_path, now),
             collective_timeout_s=collective_timeout_s(proc.env or {}),
+            kernel=kernel,
         )
+
+    def _io_progress(self, pid: int, kernel: KernelState | None, now: float) -> None:
+        """A rank in a file read or write whose storage counters grew is making progress (a big
+        checkpoint, a slow data shard), however still its stack."""
+        if kernel is None or kernel.read_bytes is None or kernel.write_bytes is None:
+            return
+        moved = kernel.read_bytes + kernel.write_bytes
+        before = self._io.get(pid)
+        self._io[pid] = moved
+        if before is not None and moved > before and kernel.syscall in kernel_view.FILE_CALLS:
+            self.sampler.memory.progress.mark_progress(pid, now)
 
     def _with_exits(self, ranks: list[ObservedRank], job: JobProcesses, now: float) -> list[ObservedRank]:
         """Live ranks (a lingering one that raised carries its exception) and exited ones (with their last step)."""

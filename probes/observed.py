@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from .errors import TrainwatchError
-from .snapshot import (CollectiveState, ExitInfo, Job, LogActivity, Phase, Rank, RankCollective, RankGpu, Snapshot,
-                       State, ThreadStack)
+from .snapshot import (CollectiveState, ExitInfo, Job, KernelState, LogActivity, Phase, Rank, RankCollective, RankGpu,
+                       Snapshot, State, ThreadStack)
 
 
 SIGNAL_REASONS = {"SIGSEGV": "segmentation fault", "SIGBUS": "bus error", "SIGABRT": "aborted",
@@ -83,6 +83,7 @@ class ObservedRank:
     step_period_s: float | None = None
     log: LogActivity | None = None  # growth of the file at log_path
     collective_timeout_s: float | None = None  # from the rank's environment
+    kernel: KernelState | None = None  # the kernel's view of its main thread (read/kernel_view.py)
     longest_quiet_s: float | None = None  # as reported (bundles, other nodes); live: the judge's memory
 
     def as_rank(self, state: State, stuck_for_s: float | None) -> Rank:

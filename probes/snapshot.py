@@ -78,6 +78,31 @@ class ExitInfo:
     last_seen: float | None = None  # unix time it was last seen alive (a death not witnessed lies after it)
 
 
+# Syscalls on files (a path or a file descriptor): a rank stuck in one waits on its storage.
+FILE_SYSCALLS = frozenset({
+    "open", "openat", "openat2", "creat", "stat", "lstat", "newfstatat", "statx", "fstat", "access", "statfs",
+    "fstatfs", "read", "pread64", "readv", "write", "pwrite64", "writev", "close", "fsync", "fdatasync", "sync",
+    "sync_file_range", "truncate", "ftruncate", "rename", "renameat", "renameat2", "unlink", "unlinkat", "mkdir",
+    "mkdirat", "rmdir", "link", "readlink", "chmod", "getdents", "getdents64", "lseek", "flock", "fcntl"})
+
+
+@dataclass(frozen=True)
+class KernelState:
+    """What the kernel says a rank's main thread is doing (``read/kernel_view.py``)."""
+
+    letter: str | None = None  # the process state: R running, S sleeping, D uninterruptible, T stopped, t traced
+    wchan: str | None = None  # the kernel function it sleeps in
+    syscall: str | None = None  # the call it is blocked in: "newfstatat", "futex", "read", ...
+    target: str | None = None  # what the call is on: "/mnt/ckpt/x.pt (fuse on /mnt/ckpt)", a socket's peer
+    fs_type: str | None = None  # the filesystem of a file target: ext4, nfs4, fuse.gcsfuse, lustre, ...
+    tracer: str | None = None  # who traces it: "gdb (PID 812)"
+    read_bytes: int | None = None  # /proc/PID/io: bytes it made storage read and write, and all it read/wrote
+    write_bytes: int | None = None
+    rchar: int | None = None
+    wchar: int | None = None
+    kernel_stack: tuple[str, ...] = ()  # innermost first, where readable (root)
+
+
 @dataclass(frozen=True)
 class RankGpu:
     index: int | None = None  # physical device the rank runs on
@@ -177,6 +202,7 @@ class Rank:
     log: LogActivity | None = None  # growth of the file at log_path
     longest_quiet_s: float | None = None  # longest stretch without progress that ended in progress (live)
     collective_timeout_s: float | None = None  # the job's collective timeout, where its environment shows it
+    kernel: KernelState | None = None  # the kernel's view of its main thread
 
     @property
     def key(self) -> str:

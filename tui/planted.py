@@ -19,6 +19,7 @@ import time
 SCENARIOS = (
     "healthy", "straggler", "mismatch", "uneven", "dataloader", "lock",
     "segfault", "assert", "slowstep", "skipstep", "raise", "linger", "longstep", "sigkill", "oom",
+    "checkpoint",
 )
 STALL_STEP = 40  # skipstep: the culprit stalls when its own counter reaches this
 
@@ -190,6 +191,8 @@ def train(scenario: str, step_s: float, stop_at: float, ddp: bool = False) -> No
         if scenario == "segfault" and rank == culprit and step == 3:
             import ctypes
             ctypes.string_at(0)  # SIGSEGV
+        if scenario == "checkpoint" and rank == culprit and step == 3:  # into $TW_CKPT_DIR (a mount that may hang)
+            torch.save(model.state_dict(), os.path.join(os.environ.get("TW_CKPT_DIR", "."), "ckpt.pt"))
         if scenario == "sigkill" and rank == culprit and step == 3:
             os.kill(os.getpid(), 9)  # as a watchdog or a person's `kill -9` does: nothing runs after it
         if scenario == "oom" and rank == culprit and step == 3:

@@ -9,6 +9,7 @@ from . import exits
 from .exits import TEARDOWN_SIGNALS, raised_while_alive
 from .gpuwait import judge_gpu_wait, span
 from .groups import group_key
+from .kernel import from_kernel
 from .steps import step_note
 from ..snapshot import PROBLEM_VERDICTS, CollectiveState, Job, Phase, Rank, Verdict, VerdictKind, age_text, who
 
@@ -88,7 +89,9 @@ def judge(ranks: Sequence[Rank], job: Job | None = None,
     ``now``: the time the ranks were observed, for the age of pending collectives.
     """
     familiar = familiar or {}
-    verdict = (_crashed(ranks) or _rendezvous(ranks, job) or _from_collectives(ranks, collectives, familiar, now)
+    verdict = (_crashed(ranks) or _rendezvous(ranks, job)
+               or from_kernel(ranks, lambda waiting: waits(by_place(waiting)[0], collectives, now))
+               or _from_collectives(ranks, collectives, familiar, now)
                or _from_ras(ranks, collectives, familiar, now) or _from_stacks(ranks, collectives, familiar, now))
     # Which ranks are at another step; not said of a healthy job (ranks read a few ms apart straddle steps).
     note = step_note(ranks) if verdict.kind in PROBLEM_VERDICTS else None
@@ -265,6 +268,12 @@ def _from_stacks(ranks: Sequence[Rank], collectives: CollectiveState | None,
         text = (f"{each_at(culprits)} while {who(_numbers(waiting))} "
                 f"{waits(by_place(waiting)[0], collectives, now)}")
         return Verdict("straggler", tuple(_numbers(culprits)), text)
+    unread = [r for r in ranks if r.state == "unknown" and r.pid is not None]
+    if waiting and len(waiting) == len(live) and unread:  # never "no local culprit" while a rank is unread
+        text = (f"{who(_numbers(waiting))} {waits(by_place(waiting)[0], collectives, now)}; "
+                f"{who(_numbers(unread))} could not be read, so {'it' if len(unread) == 1 else 'they'} may be "
+                f"what {'it waits' if len(waiting) == 1 else 'they wait'} for (see the notes for why)")
+        return Verdict("hang", tuple(_numbers(unread)), text)
     if waiting and len(waiting) == len(live):
         return _mismatch_or_hang(waiting, collectives, familiar, now)
     culprits = [r for r in stuck if r.phase not in PEER_WAITS]

@@ -72,6 +72,11 @@ def _socket_inodes() -> dict[str, str]:
     return found
 
 
+def socket_description(inode: str) -> str | None:
+    """``tcp 127.0.0.1:29500 -> 127.0.0.1:41234 ESTABLISHED`` for a socket inode, where known."""
+    return _socket_inodes().get(inode)
+
+
 def _addr(hexaddr: str) -> str:
     host, _, port = hexaddr.partition(":")
     try:

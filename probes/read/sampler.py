@@ -8,8 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 from ..errors import AccessDenied, TrainwatchError
 from ..observed import StackSample, ThreadCounters
 from . import procfs
+from .kernel_view import current_syscall
 from .pyspy import DEFAULT_TIMEOUT, PySpyTimeout, RankGone, dump_stacks, tracer_of
-from ..snapshot import ThreadStack
+from ..snapshot import FILE_SYSCALLS, ThreadStack
 
 MAX_PARALLEL = 32
 
@@ -62,7 +63,12 @@ def no_pause_reason(pid: int) -> str | None:
     if state in NO_PAUSE_STATES:
         return NO_PAUSE_STATES[state]
     tracer = tracer_of(pid)
-    return f"traced by {tracer}" if tracer else None
+    if tracer:
+        return f"traced by {tracer}"
+    call = current_syscall(pid)
+    if call in FILE_SYSCALLS:  # a stop would interrupt the request (FUSE, NFS): the job could see EINTR
+        return f"in {call}(), a file call"
+    return None
 
 
 Request = tuple[int, bool, "tuple[ThreadStack, ...] | None", bool, "ThreadCounters | None"]

@@ -15,8 +15,8 @@ import json
 from typing import Any
 
 from ..snapshot import (
-    CollectiveState, ExitInfo, Frame, HostInfo, Job, Rank, RankGpu, Snapshot, SnapshotError, ThreadStack, Verdict,
-    _decoder, _encode,
+    CollectiveState, ExitInfo, Frame, HostInfo, Job, KernelState, Rank, RankGpu, Snapshot, SnapshotError, ThreadStack,
+    Verdict, _decoder, _encode,
 )
 
 WIRE_KIND = "trainwatch-node"
@@ -98,6 +98,7 @@ _VERDICT = _decoder(Verdict)
 _THREADS = _decoder(tuple[ThreadStack, ...])
 _GPU = _decoder(RankGpu | None)
 _EXIT = _decoder(ExitInfo | None)
+_KERNEL = _decoder(KernelState | None)
 # Scalar rank fields and the JSON types they may hold; checked, not rebuilt, so decoding stays cheap.
 _SCALARS: dict[str, tuple[type, ...]] = {
     "rank": (int,), "pid": (int,), "local_rank": (int,), "state": (str,), "phase": (str,), "op": (str,),
@@ -135,6 +136,8 @@ def _rank(record: dict[str, Any], host: str, threads: tuple[ThreadStack, ...]) -
             kwargs[key] = _GPU(value)
         elif key == "exit":
             kwargs[key] = _EXIT(value)
+        elif key == "kernel":
+            kwargs[key] = _KERNEL(value)
         elif key == "children":
             kwargs[key] = tuple(int(pid) for pid in value)
     return Rank(**kwargs)

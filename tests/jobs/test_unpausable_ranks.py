@@ -1,15 +1,19 @@
-"""Ranks py-spy must not pause: a stopped rank (SIGSTOP: `scontrol suspend`, job control) and a rank
-held by someone's debugger (`gdb -p`). Both are read without pausing (`py-spy --nonblocking`), say
-so, and are left exactly as found."""
+"""When py-spy cannot (or must not) pause a rank: a rank stopped (SIGSTOP: `scontrol suspend`, job
+control), held by someone's debugger (`gdb -p`), the whole job stopped, a rank blocked on a hung
+FUSE mount, and trainwatch itself in a container without ptrace (a seccomp filter). Each is read
+without pausing, left exactly as found, and judged from the kernel's view: the right culprit with
+the reason, through `trainwatch snapshot` with default options."""
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -20,53 +24,171 @@ from watching import rank_pid
 
 pytestmark = [pytest.mark.job]
 TRAINWATCH = [sys.executable, "-m", "trainwatch.tui.cli"]
+MEMFS = Path(__file__).parents[1] / "infra" / "memfs.py"
 
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
-    with PlantedJob(tmp_path_factory.mktemp("unpausable"), "straggler", nproc=2, deadline=90) as planted:
+    """A healthy 2-rank job the tests stop, trace and resume (each leaves it running)."""
+    with PlantedJob(tmp_path_factory.mktemp("unpausable"), "healthy", nproc=2, deadline=120) as planted:
         planted.wait_for_ranks()
         yield planted
 
 
-def snapshot(pid: int) -> dict:
-    proc = subprocess.run([*TRAINWATCH, "snapshot", str(pid), "--json", "--window", "0"], capture_output=True,
-                          text=True, timeout=60)
+def snapshot(pid: int, *prefix: str) -> dict:
+    proc = subprocess.run([*prefix, *TRAINWATCH, "snapshot", str(pid), "--json"], capture_output=True,
+                          text=True, timeout=90)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     return json.loads(proc.stdout)
 
 
-def test_a_stopped_rank_is_read_without_pausing_and_left_stopped(job):
-    zero = rank_pid(job, 0)
-    os.kill(zero, signal.SIGSTOP)
+def stopped(pids: list[int]):
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    for pid in pids:
+        wait_until(lambda p=pid: procfs.state_letter(p) == "T", 10, f"PID {pid} to stop")
+
+
+def test_a_stopped_rank_is_the_culprit_read_without_pausing_and_left_stopped(job):
+    one = rank_pid(job, 1)
+    stopped([one])
     try:
-        wait_until(lambda: procfs.state_letter(zero) == "T", 10, "rank 0 to stop")
         data = snapshot(job.pid)
-        assert procfs.state_letter(zero) == "T"  # still stopped: trainwatch never resumes what it did not stop
+        assert procfs.state_letter(one) == "T"  # still stopped: trainwatch never resumes what it did not stop
     finally:
-        os.kill(zero, signal.SIGCONT)
-    rank0 = next(r for r in data["ranks"] if r["rank"] == 0)
-    assert rank0["where"], rank0  # its stack was read
-    assert "rank 0: read without pausing (stopped (T))" in data["notes"], data["notes"]
+        os.kill(one, signal.SIGCONT)
+    verdict = data["verdict"]
+    assert verdict["kind"] == "straggler" and verdict["culprits"] == [1], verdict
+    assert verdict["summary"].startswith("rank 1 is stopped (T: SIGSTOP or job control; left so) while rank 0 "
+                                         "waits in all_reduce"), verdict
+    rank1 = next(r for r in data["ranks"] if r["rank"] == 1)
+    assert rank1["where"] and rank1["kernel"]["letter"] == "T", rank1
+    assert "rank 1: read without pausing (stopped (T))" in data["notes"], data["notes"]
+
+
+def test_the_whole_job_stopped_is_suspended_not_hung(job):
+    ranks = [rank_pid(job, 0), rank_pid(job, 1)]
+    stopped(ranks)
+    try:
+        data = snapshot(job.pid)
+        assert all(procfs.state_letter(pid) == "T" for pid in ranks)
+    finally:
+        for pid in ranks:
+            os.kill(pid, signal.SIGCONT)
+    assert data["verdict"]["kind"] == "unknown" and data["verdict"]["culprits"] == [], data["verdict"]
+    assert data["verdict"]["summary"].startswith("every rank is stopped (T): the job is suspended"), data["verdict"]
 
 
 @pytest.mark.skipif(shutil.which("gdb") is None, reason="gdb is not installed")
-def test_a_rank_held_by_a_debugger_is_read_and_the_debugger_named(job):
+def test_a_rank_held_by_a_debugger_is_the_culprit_and_the_debugger_named(job):
     one = rank_pid(job, 1)
     gdb = subprocess.Popen(["gdb", "-p", str(one), "-batch", "-ex", "shell sleep 60"], stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        wait_until(lambda: procfs.status_fields(one).get("TracerPid", "0").strip() not in ("0", ""), 20,
+        wait_until(lambda: procfs.status_fields(one).get("TracerPid", "0").strip() not in ("0", ""), 30,
                    "gdb to attach")
         data = snapshot(job.pid)
     finally:
         os.killpg(gdb.pid, signal.SIGKILL)  # gdb's death detaches it; the rank runs on
         gdb.wait()
     wait_until(lambda: procfs.state_letter(one) not in ("t", "T"), 10, "rank 1 to run again")
-    rank1 = next(r for r in data["ranks"] if r["rank"] == 1)
-    assert rank1["where"], rank1
+    verdict = data["verdict"]
+    assert verdict["culprits"] == [1] and f"rank 1 is held by gdb (PID {gdb.pid})" in verdict["summary"], verdict
     said = [n for n in data["notes"] if n.startswith("rank 1: read without pausing (")]
-    assert said and ("held by a tracer (t)" in said[0] or "traced by gdb (PID" in said[0]), data["notes"]
+    assert said, data["notes"]
+
+
+# -- a hung filesystem ------------------------------------------------------------------------------
+def _fuse_ready() -> str | None:
+    if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
+        return "needs root and /dev/fuse"
+    if shutil.which("fusermount3") is None:
+        return "fuse3 is not installed (apt-get install fuse3)"
+    try:
+        import mfusepy  # noqa: F401
+    except (ImportError, OSError) as exc:
+        return f"mfusepy (libfuse 3 bindings) unavailable: {exc}"
+    return None
+
+
+@pytest.mark.skipif(_fuse_ready() is not None, reason=str(_fuse_ready()))
+def test_a_rank_blocked_on_a_hung_fuse_mount_is_the_culprit(tmp_path):
+    """Rank 1 saves a checkpoint into a FUSE mount whose daemon was stopped (a hung gcsfuse/s3fs/NFS
+    does the same to a job); rank 0 waits in all_reduce. The kernel names the call, the file and its
+    filesystem; the rank is read without pausing (a stop would interrupt the FUSE request)."""
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    daemon = subprocess.Popen([sys.executable, str(MEMFS), str(mount)], start_new_session=True,
+                              stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: os.path.ismount(mount), 20, "the FUSE mount")
+        with PlantedJob(tmp_path / "job", "checkpoint", nproc=2, deadline=90, step_s=1.0,
+                        extra_env={"TW_CKPT_DIR": str(mount)}) as planted:
+            planted.wait_for_ranks(steps=0)
+            os.kill(daemon.pid, signal.SIGSTOP)  # the filesystem stops answering before step 3's save
+            one = rank_pid(planted, 1)
+            wait_until(lambda: (procfs.wchan(one) or "").startswith("request_wait_answer"), 30,
+                       "rank 1 to wait for the FUSE daemon")
+            data = snapshot(planted.pid)
+            state_after = procfs.state_letter(one)
+            os.kill(daemon.pid, signal.SIGCONT)
+    finally:
+        os.kill(daemon.pid, signal.SIGCONT)
+        subprocess.run(["fusermount3", "-u", "-z", str(mount)], capture_output=True)
+        daemon.terminate()
+        daemon.wait(10)
+    verdict = data["verdict"]
+    assert verdict["kind"] == "straggler" and verdict["culprits"] == [1], verdict
+    summary = verdict["summary"]  # torch.save stats the folder, then opens the file: either, on the mount
+    assert summary.startswith("rank 1 blocked") and f"() on {mount}" in summary and f"(fuse on {mount})" in summary
+    assert "while rank 0 waits in all_reduce" in verdict["summary"], verdict
+    rank1 = next(r for r in data["ranks"] if r["rank"] == 1)
+    assert rank1["kernel"]["wchan"] == "request_wait_answer" and rank1["kernel"]["fs_type"] == "fuse", rank1
+    assert any(n.startswith("rank 1: read without pausing (in ") for n in data["notes"]), data["notes"]
+    assert state_after == "S"  # never turned into D by a ptrace stop
+
+
+# -- a container without ptrace ----------------------------------------------------------------------
+DENIED = {"x86_64": (101, 310, 311)}  # ptrace, process_vm_readv, process_vm_writev
+# Installs a seccomp filter returning EPERM for those calls (what Docker's default profile does
+# without SYS_PTRACE), then the command that follows runs under it, and so do its children (py-spy).
+
+
+SECCOMP = '''
+import ctypes, os, struct, sys
+BPF_LD_W_ABS, BPF_JEQ_K, BPF_RET_K = 0x20, 0x15, 0x06
+deny = %r
+prog = [(BPF_LD_W_ABS, 0, 0, 0)]
+for i, nr in enumerate(deny):
+    prog.append((BPF_JEQ_K, len(deny) - i, 0, nr))
+prog.append((BPF_RET_K, 0, 0, 0x7fff0000))            # SECCOMP_RET_ALLOW
+prog.append((BPF_RET_K, 0, 0, 0x00050000 | 1))        # SECCOMP_RET_ERRNO | EPERM
+raw = b"".join(struct.pack("HBBI", *f) for f in prog)
+buf = ctypes.create_string_buffer(raw)
+class Prog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+fprog = Prog(len(prog), ctypes.addressof(buf))
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.prctl(38, 1, 0, 0, 0) == 0                # PR_SET_NO_NEW_PRIVS
+assert libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0, ctypes.get_errno()  # PR_SET_SECCOMP, FILTER
+'''
+
+
+@pytest.mark.skipif(platform.machine() not in DENIED, reason="the seccomp filter is written for x86_64")
+def test_without_ptrace_a_straggler_is_judged_the_same(tmp_path):
+    with PlantedJob(tmp_path / "job", "straggler", nproc=2, deadline=90) as planted:
+        planted.wait_for_ranks()
+        wait_until(lambda: planted.log.exists(), 10, "the log")
+        plain = snapshot(planted.pid)
+        code = (f"os.execv(sys.executable, [sys.executable, '-m', 'trainwatch.tui.cli', 'snapshot', "
+                f"'{planted.pid}', '--json'])")
+        proc = subprocess.run([sys.executable, "-c", (SECCOMP % (DENIED["x86_64"],)) + code],
+                              capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    denied = json.loads(proc.stdout)
+    assert plain["verdict"]["kind"] == "straggler" and plain["verdict"]["culprits"] == [1], plain["verdict"]
+    assert (denied["verdict"]["kind"], denied["verdict"]["culprits"]) == ("straggler", [1]), denied["verdict"]
+    assert any("read without pausing (a pausing attach failed" in n for n in denied["notes"]), denied["notes"]
 
 
 def test_pyspys_error_line_not_its_backtrace():

@@ -1,0 +1,70 @@
+"""Verdicts from the kernel's view of the ranks (``Rank.kernel``): a rank stopped, held by a
+debugger, or blocked on its storage is the culprit, whatever its Python stack says. Pure.
+
+* every local rank stopped (T): the job is suspended (SIGSTOP, ``scontrol suspend``), not hung;
+* a rank stopped (T) or held by a tracer (t) while others wait for it: the culprit, with how;
+* a rank stuck in a file call on a filesystem (or in an uninterruptible wait, D): the culprit
+  ("rank 1 blocked 43 s in stat() on /mnt/ckpt/x.pt (fuse.gcsfuse on /mnt/ckpt) from torch.save
+  at train.py:88").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from ..snapshot import FILE_SYSCALLS, Rank, Verdict, age_text, who
+
+# How a syscall reads in a sentence.
+CALL_WORDS = {"newfstatat": "stat", "statx": "stat", "lstat": "stat", "fstat": "stat", "openat": "open",
+              "openat2": "open", "pread64": "read", "readv": "read", "pwrite64": "write", "writev": "write",
+              "fdatasync": "fsync", "renameat": "rename", "renameat2": "rename", "unlinkat": "unlink",
+              "mkdirat": "mkdir", "getdents64": "getdents"}
+
+
+def from_kernel(ranks: Sequence[Rank], waits_text: Callable[[list[Rank]], str]) -> Verdict | None:
+    """The kernel's verdict, or None when it shows nothing wrong. ``waits_text``: how the ranks
+    waiting for the culprits wait, in words (``verdict.waits``)."""
+    local = [r for r in ranks if r.state in ("running", "stuck", "unknown") and r.kernel is not None]
+    if not local:
+        return None
+    stopped = [r for r in local if r.kernel.letter in ("T", "t")]
+    if stopped and len(stopped) == len(local) and all(r.kernel.letter == "T" for r in stopped):
+        return Verdict("unknown", (), "every rank is stopped (T): the job is suspended (SIGSTOP, `scontrol "
+                                      "suspend`, job control), not hung; `kill -CONT` resumes it")
+    blocked = [r for r in local if r not in stopped and r.state == "stuck" and _on_storage(r)]
+    culprits = stopped + blocked
+    if not culprits:
+        return None
+    waiting = [r for r in local if r not in culprits and r.state == "stuck" and r.phase in ("collective", "gpu_wait")]
+    text = "; ".join(_why(r) for r in culprits)
+    if waiting:
+        return Verdict("straggler", _numbers(culprits), f"{text} while {who(_numbers(waiting))} {waits_text(waiting)}")
+    if blocked or len(stopped) < len(local):
+        return Verdict("hang", _numbers(culprits), text)
+    return None
+
+
+def _on_storage(rank: Rank) -> bool:
+    kernel = rank.kernel
+    return kernel is not None and (kernel.letter == "D" or (kernel.syscall in FILE_SYSCALLS and bool(kernel.fs_type)))
+
+
+def _why(rank: Rank) -> str:
+    kernel = rank.kernel
+    name = who([rank.rank]) if rank.rank is not None else f"PID {rank.pid}"
+    if kernel.letter == "T":
+        return f"{name} is stopped (T: SIGSTOP or job control; left so)"
+    if kernel.letter == "t":
+        return f"{name} is held by {kernel.tracer}" if kernel.tracer else f"{name} is stopped by a tracer (t)"
+    since = f" {age_text(rank.stuck_for_s)}" if rank.stuck_for_s else ""
+    if kernel.syscall in FILE_SYSCALLS:
+        call = CALL_WORDS.get(kernel.syscall, kernel.syscall)
+        text = f"{name} blocked{since} in {call}() on {kernel.target or 'a file'}"
+    else:
+        text = f"{name} is in an uninterruptible kernel wait (D){since} in {kernel.wchan or 'the kernel'}"
+    frame = rank.user_frame or rank.where
+    return text + (f" from {frame}" if frame else "")
+
+
+def _numbers(ranks: Sequence[Rank]) -> tuple[int, ...]:
+    return tuple(sorted({r.rank for r in ranks if r.rank is not None}))

@@ -1,0 +1,171 @@
+"""The kernel's view of a rank, from /proc alone: what its main thread is blocked in, on what.
+
+When py-spy cannot read a rank (a pause would hurt, ptrace is denied, the rank is stopped or
+traced), and even when it can, the kernel says what the thread waits for: its state (R, S, D, T,
+t, Z), ``wchan``, the syscall it is in (``/proc/PID/syscall``, decoded for the calls that matter:
+the file behind an fd or a path argument, with the mount and filesystem type it lives on; the
+peer of a socket), who traces it (``TracerPid``), its I/O counters (``/proc/PID/io``) and, where
+readable (root), its kernel stack. Cheap: a few small reads a rank a poll; a path argument is read
+from ``/proc/PID/mem`` (the same access ``py-spy --nonblocking`` needs), never by stopping it.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+
+from ..snapshot import FILE_SYSCALLS, KernelState
+from . import procfs
+
+# Syscalls worth naming, by number, for the two architectures trainwatch meets.
+_X86_64 = {0: "read", 1: "write", 2: "open", 3: "close", 4: "stat", 5: "fstat", 6: "lstat", 7: "poll", 8: "lseek",
+           17: "pread64", 18: "pwrite64", 19: "readv", 20: "writev", 21: "access", 23: "select", 35: "nanosleep",
+           42: "connect", 43: "accept", 44: "sendto", 45: "recvfrom", 46: "sendmsg", 47: "recvmsg", 61: "wait4",
+           72: "fcntl", 73: "flock", 74: "fsync", 75: "fdatasync", 76: "truncate", 77: "ftruncate", 78: "getdents",
+           82: "rename", 83: "mkdir", 84: "rmdir", 85: "creat", 86: "link", 87: "unlink", 89: "readlink",
+           90: "chmod", 137: "statfs", 138: "fstatfs", 162: "sync", 202: "futex", 217: "getdents64",
+           230: "clock_nanosleep", 232: "epoll_wait", 257: "openat", 258: "mkdirat", 262: "newfstatat",
+           263: "unlinkat", 264: "renameat", 270: "pselect6", 271: "ppoll", 277: "sync_file_range",
+           281: "epoll_pwait", 288: "accept4", 316: "renameat2", 332: "statx", 426: "io_uring_enter",
+           437: "openat2", 441: "epoll_pwait2"}
+_AARCH64 = {22: "epoll_pwait", 25: "fcntl", 32: "flock", 34: "mkdirat", 35: "unlinkat", 38: "renameat",
+            43: "statfs", 44: "fstatfs", 45: "truncate", 46: "ftruncate", 56: "openat", 57: "close",
+            61: "getdents64", 62: "lseek", 63: "read", 64: "write", 65: "readv", 66: "writev", 67: "pread64",
+            68: "pwrite64", 72: "pselect6", 73: "ppoll", 79: "newfstatat", 80: "fstat", 81: "sync", 82: "fsync",
+            83: "fdatasync", 98: "futex", 101: "nanosleep", 115: "clock_nanosleep", 202: "accept", 203: "connect",
+            206: "sendto", 207: "recvfrom", 211: "sendmsg", 212: "recvmsg", 242: "accept4", 260: "wait4",
+            276: "renameat2", 291: "statx", 426: "io_uring_enter", 437: "openat2", 441: "epoll_pwait2"}
+SYSCALLS = _AARCH64 if platform.machine() in ("aarch64", "arm64") else _X86_64
+
+# Which argument names the file: a path (index) or an fd (index); *at calls take (dirfd, path).
+PATH_ARG = {"open": 0, "stat": 0, "lstat": 0, "access": 0, "truncate": 0, "mkdir": 0, "rmdir": 0, "creat": 0,
+            "unlink": 0, "readlink": 0, "chmod": 0, "statfs": 0, "rename": 0, "link": 0,
+            "openat": 1, "mkdirat": 1, "newfstatat": 1, "unlinkat": 1, "renameat": 1, "statx": 1, "openat2": 1,
+            "renameat2": 1}
+FD_ARG = {name: 0 for name in ("read", "write", "close", "fstat", "lseek", "pread64", "pwrite64", "readv", "writev",
+                               "fsync", "fdatasync", "ftruncate", "getdents", "getdents64", "flock", "fcntl",
+                               "fstatfs", "sync_file_range", "sendto", "recvfrom", "sendmsg", "recvmsg", "connect",
+                               "accept", "accept4")}
+FILE_CALLS = FILE_SYSCALLS
+AT_FDCWD = (1 << 64) - 100  # -100 as the kernel prints it: an unsigned 64-bit hex
+STACK_FRAMES = 8
+
+
+def current_syscall(pid: int) -> str | None:
+    """The name of the syscall ``pid``'s main thread is in, from one small read; None: running or none."""
+    text = (procfs.read_text(f"/proc/{pid}/syscall") or "").split()
+    if not text or not text[0].isdigit():
+        return None
+    return SYSCALLS.get(int(text[0]), f"syscall {text[0]}")
+
+
+def kernel_state(pid: int, tid: int | None = None) -> KernelState | None:
+    """The kernel's view of ``pid``'s thread ``tid`` (default: the main thread); None when gone."""
+    tid = tid or pid
+    base = f"/proc/{pid}/task/{tid}"
+    stat = procfs.read_text(f"{base}/stat")
+    if not stat:
+        return None
+    state = stat.rsplit(")", 1)[1].split()[0]
+    wchan = procfs.wchan(pid, tid)
+    syscall, target, fs_type = _syscall(pid, base)
+    status = procfs.status_fields(pid)
+    tracer_pid = status.get("TracerPid", "0").strip()
+    tracer = None
+    if tracer_pid.isdigit() and tracer_pid != "0":
+        tracer = f"{(procfs.read_text(f'/proc/{tracer_pid}/comm') or '?').strip()} (PID {tracer_pid})"
+    io = _io(pid)
+    return KernelState(letter=state, wchan=wchan if wchan not in (None, "0") else None, syscall=syscall,
+                       target=target, fs_type=fs_type, tracer=tracer, read_bytes=io.get("read_bytes"),
+                       write_bytes=io.get("write_bytes"), rchar=io.get("rchar"), wchar=io.get("wchar"),
+                       kernel_stack=_stack(base))
+
+
+def _syscall(pid: int, base: str) -> tuple[str | None, str | None, str | None]:
+    """(syscall name, what it is on, filesystem type) from ``/proc/PID/task/TID/syscall``."""
+    text = (procfs.read_text(f"{base}/syscall") or "").split()
+    if not text or text[0] in ("running", "-1"):
+        return None, None, None
+    try:
+        number, args = int(text[0]), [int(a, 16) for a in text[1:7]]
+    except ValueError:
+        return None, None, None
+    name = SYSCALLS.get(number, f"syscall {number}")
+    path = None
+    if name in PATH_ARG and len(args) > PATH_ARG[name]:
+        path = _string_at(pid, args[PATH_ARG[name]])
+        if path and not path.startswith("/"):
+            index = PATH_ARG[name]
+            directory = _fd_path(pid, args[0]) if index == 1 and args[0] != AT_FDCWD else _link(f"/proc/{pid}/cwd")
+            path = os.path.normpath(os.path.join(directory, path)) if directory else path
+    elif name in FD_ARG and args:
+        path = _fd_path(pid, args[0])
+    if path is None:
+        return name, None, None
+    if path.startswith("socket:["):
+        return name, _socket(path), None
+    mount, fs_type = _mount_of(pid, path)
+    return name, f"{path} ({fs_type} on {mount})" if mount else path, fs_type
+
+
+def _string_at(pid: int, address: int, limit: int = 4096) -> str | None:
+    """A NUL-terminated string from the process's memory, without stopping it."""
+    if address <= 0:
+        return None
+    try:
+        with open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
+            mem.seek(address)
+            data = mem.read(limit)
+    except (OSError, OverflowError, ValueError):  # no access, or an address outside its mappings
+        return None
+    return data.split(b"\0", 1)[0].decode(errors="replace") or None
+
+
+def _link(path: str) -> str | None:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
+
+
+def _fd_path(pid: int, fd: int) -> str | None:
+    return _link(f"/proc/{pid}/fd/{fd}") if 0 <= fd < (1 << 31) else None
+
+
+def _socket(link: str) -> str:
+    """``socket:[123]`` -> ``tcp 127.0.0.1:29500 -> 127.0.0.1:41234 ESTABLISHED`` where known."""
+    from .procfacts import socket_description
+    return socket_description(link[len("socket:["):-1]) or link
+
+
+def _mount_of(pid: int, path: str) -> tuple[str | None, str | None]:
+    """(mount point, filesystem type) of the longest mount point ``path`` lies under."""
+    best, fs_type = None, None
+    for line in (procfs.read_text(f"/proc/{pid}/mountinfo") or "").splitlines():
+        left, _, right = line.partition(" - ")
+        fields = left.split()
+        if len(fields) < 5 or not right:
+            continue
+        point = fields[4].replace("\\040", " ")
+        if (path == point or path.startswith(point.rstrip("/") + "/")) and (best is None or len(point) > len(best)):
+            best, fs_type = point, right.split()[0]
+    return best, fs_type
+
+
+def _io(pid: int) -> dict[str, int]:
+    found = {}
+    for line in (procfs.read_text(f"/proc/{pid}/io") or "").splitlines():
+        key, _, value = line.partition(":")
+        if value.strip().isdigit():
+            found[key.strip()] = int(value)
+    return found
+
+
+def _stack(base: str) -> tuple[str, ...]:
+    """The thread's kernel stack, innermost first (root only): ``request_wait_answer``, …"""
+    frames = []
+    for line in (procfs.read_text(f"{base}/stack") or "").splitlines()[:STACK_FRAMES]:
+        name = line.split("]", 1)[-1].strip().split("+", 1)[0]
+        if name:
+            frames.append(name)
+    return tuple(frames)
