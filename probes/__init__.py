@@ -36,7 +36,7 @@ _EXPORTS: dict[str, str] = {
     # words the views share with bundles
     "step_label": ".judge.steps",
     "group_what": ".judge.groups",
-    **dict.fromkeys(("NA", "na", "how_ended", "duration", "size", "pct", "log_activity"), ".wording"),
+    **dict.fromkeys(("NA", "na", "how_ended", "duration", "size", "pct", "log_activity", "kernel_words"), ".wording"),
     # `trainwatch run`: the armed run directory
     "rundir": ".rundir",
     "signal_name": ".rundir",

@@ -3,7 +3,7 @@ plain ``snapshot`` table and ``summary.md`` alike (an unreadable value is always
 
 from __future__ import annotations
 
-from .snapshot import ExitInfo, LogActivity, age_text
+from .snapshot import FILE_SYSCALLS, ExitInfo, KernelState, LogActivity, age_text
 
 NA = "n/a"
 
@@ -71,3 +71,25 @@ def log_activity(log: LogActivity | None) -> str | None:
         rate = f"{log.bar_s:.3g} s/it" if log.bar_s >= 1 else f"{1 / log.bar_s:.3g} it/s"
         text += f"; its progress bar ran at {rate}"
     return text if log.own else text + " (a shared log)"
+
+
+KERNEL_LETTERS = {"R": "running", "S": "sleeping", "D": "uninterruptible wait (D)", "T": "stopped (T)",
+                  "t": "stopped by a tracer (t)", "Z": "zombie"}
+
+
+def kernel_words(kernel: KernelState | None) -> str | None:
+    """``sleeping in newfstatat() on /mnt/x (fuse on /mnt), wchan request_wait_answer`` when the
+    kernel's view says something worth reading (a stop, a tracer, D, a file call); else None."""
+    if kernel is None:
+        return None
+    notable = kernel.letter in ("D", "T", "t") or kernel.tracer or kernel.syscall in FILE_SYSCALLS
+    if not notable:
+        return None
+    text = KERNEL_LETTERS.get(kernel.letter or "", kernel.letter or "?")
+    if kernel.syscall:
+        text += f" in {kernel.syscall}()" + (f" on {kernel.target}" if kernel.target else "")
+    if kernel.wchan:
+        text += f", wchan {kernel.wchan}"
+    if kernel.tracer:
+        text += f", traced by {kernel.tracer}"
+    return text

@@ -68,7 +68,12 @@ def no_pause_reason(pid: int) -> str | None:
     call = current_syscall(pid)
     if call in FILE_SYSCALLS:  # a stop would interrupt the request (FUSE, NFS): the job could see EINTR
         return f"in {call}(), a file call"
+    if call in NETWORK_SYSCALLS:
+        return f"in {call}(), a network call"
     return None
+
+
+NETWORK_SYSCALLS = frozenset({"connect", "accept", "accept4", "recvfrom", "recvmsg", "sendto", "sendmsg"})
 
 
 Request = tuple[int, bool, "tuple[ThreadStack, ...] | None", bool, "ThreadCounters | None"]

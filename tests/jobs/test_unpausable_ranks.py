@@ -197,3 +197,39 @@ def test_pyspys_error_line_not_its_backtrace():
     assert error_line(message) == "Error: Operation not permitted (os error 1)"
     assert error_line("Failed to find python version from target process\n") == (
         "Failed to find python version from target process")
+
+
+async def test_the_live_view_shows_the_stopped_rank_as_the_culprit(job):
+    """The live view once: rank 1 stopped while rank 0 waits; the verdict and the detail pane say so."""
+    import io
+
+    from rich.console import Console
+
+    from trainwatch.probes.live import LocalSource
+    from trainwatch.tui.app import TrainwatchApp
+
+    def screen_text(app: TrainwatchApp) -> str:
+        console = Console(width=app.size[0], file=io.StringIO(), record=True, color_system=None, force_terminal=True)
+        console.print(app.screen._compositor.render_update(full=True))
+        return console.export_text()
+
+    async def until(pilot, condition, timeout: float) -> None:
+        for _ in range(int(timeout / 0.1)):
+            if condition():
+                return
+            await pilot.pause(0.1)
+        raise AssertionError(f"not on screen in time:\n{screen_text(app)}")
+
+    one = rank_pid(job, 1)
+    stopped([one])
+    source = LocalSource(job.pid, window=1.0, gpu=False)
+    try:
+        app = TrainwatchApp(source, interval=1.0)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await until(pilot, lambda: "rank 1 is stopped" in screen_text(app), timeout=30)
+            text = screen_text(app)
+        assert procfs.state_letter(one) == "T"
+    finally:
+        os.kill(one, signal.SIGCONT)
+        source.close()
+    assert "STRAGGLER" in text and "kernel: stopped (T)" in text, text

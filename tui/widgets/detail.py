@@ -8,7 +8,7 @@ from textual.widgets import Static
 
 from ...probes import Frame, Rank, RankGpu, ThreadStack, compact_ranks
 
-from ...probes import how_ended, log_activity
+from ...probes import how_ended, kernel_words, log_activity
 
 from . import format as fmt
 from .lines import phase_text, state_text
@@ -140,6 +140,9 @@ def detail_text(rank: Rank | None, now: float, native: bool = False,
         parts.append(Text.assemble(("your code: ", "dim"), (rank.user_frame, "yellow")))
     if rank.detail:
         parts.append(Text(rank.detail, style="italic"))
+    kernel = kernel_words(rank.kernel)
+    if kernel:
+        parts.append(Text.assemble(("kernel: ", "dim"), (kernel, "magenta")))
     exit = exit_text(rank, now)
     if exit is not None:
         parts.append(exit)
