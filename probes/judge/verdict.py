@@ -137,8 +137,10 @@ def _raised(rank: Rank) -> str:
 
 def _rendezvous(ranks: Sequence[Rank], job: Job | None) -> Verdict | None:
     if job is not None and job.waiting_rendezvous:
+        others = ("other nodes have not joined" if (job.nnodes or 1) > 1 else
+                  "a single-node job: the launcher is still starting its workers")
         return Verdict("rendezvous", (), f"{job.launcher} (PID {job.pid}) "
-                       "is waiting in rendezvous: no rank has started on this node yet; other nodes have not joined")
+                       f"is waiting in rendezvous: no rank has started on this node yet; {others}")
     live = [r for r in ranks if r.state in ("running", "stuck")]
     missing = [r for r in ranks if r.state == "missing"]
     if live and all(r.phase == "init" and r.state == "stuck" for r in live):

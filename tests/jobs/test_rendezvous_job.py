@@ -30,6 +30,7 @@ def test_launcher_waiting_for_a_missing_node(tmp_path):
         data = wait_until(in_rendezvous, 25, "the launcher to wait in rendezvous", interval=0.5)
         assert data["verdict"]["kind"] == "rendezvous", data["verdict"]
         assert "waiting in rendezvous" in data["verdict"]["summary"]
+        assert "other nodes have not joined" in data["verdict"]["summary"]  # --nnodes 2
         assert data["job"]["waiting_rendezvous"] is True and data["job"]["world_size"] == 4
     finally:
         os.killpg(proc.pid, signal.SIGKILL)

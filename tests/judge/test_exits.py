@@ -178,3 +178,12 @@ def test_kernel_oom_kill_names_the_pid(tmp_path):
     assert crashlog.classify(line) == exits.OOM_KILLED
     assert first_to_die([(0, ExitInfo(signal="SIGTERM", at=5.0)),
                          (proc.rank, ExitInfo(signal=sig, at=5.1, reason=exits.OOM_KILLED))]) == 3
+
+
+def test_a_single_node_job_in_rendezvous_is_not_said_to_wait_for_other_nodes():
+    from trainwatch.probes.judge.verdict import judge
+    one = judge([], Job(launcher="torchrun", pid=7, host="h", nnodes=1, waiting_rendezvous=True))
+    two = judge([], Job(launcher="torchrun", pid=7, host="h", nnodes=2, waiting_rendezvous=True))
+    assert one.kind == two.kind == "rendezvous"
+    assert "other nodes" not in one.summary and "still starting its workers" in one.summary
+    assert two.summary.endswith("other nodes have not joined")
