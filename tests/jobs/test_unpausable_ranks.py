@@ -63,6 +63,7 @@ def test_a_stopped_rank_is_the_culprit_read_without_pausing_and_left_stopped(job
                                          "waits in all_reduce"), verdict
     rank1 = next(r for r in data["ranks"] if r["rank"] == 1)
     assert rank1["where"] and rank1["kernel"]["letter"] == "T", rank1
+    assert "read without pausing (stopped (T))" in rank1["detail"], rank1  # the rank's own detail says how
     assert "rank 1: read without pausing (stopped (T))" in data["notes"], data["notes"]
 
 
