@@ -19,7 +19,7 @@ import time
 SCENARIOS = (
     "healthy", "straggler", "mismatch", "uneven", "dataloader", "lock",
     "segfault", "assert", "slowstep", "skipstep", "raise", "linger", "longstep", "sigkill", "oom",
-    "checkpoint",
+    "checkpoint", "async", "pipeline",
 )
 STALL_STEP = 40  # skipstep: the culprit stalls when its own counter reaches this
 
@@ -74,6 +74,29 @@ def sync_gradients(model, dist) -> None:
     for param in model.parameters():
         if param.grad is not None:
             dist.all_reduce(param.grad)
+
+
+def sync_async(model, dist) -> None:
+    """Overlapped gradient sync, as frameworks do it: launch every all_reduce, then wait on each
+    (the wait is ``Work.wait``, a C++ method: no collective name on the Python stack)."""
+    works = [dist.all_reduce(p.grad, async_op=True) for p in model.parameters() if p.grad is not None]
+    for work in works:
+        work.wait()
+
+
+def pass_activations(loss, rank: int, world: int, dist) -> None:
+    """A pipeline: each stage sends its activations to the next (isend) and receives from the one
+    before (irecv), then waits on both."""
+    import torch
+    out = torch.full((4,), float(rank))
+    incoming = torch.zeros(4)
+    works = []
+    if rank + 1 < world:
+        works.append(dist.isend(out, dst=rank + 1))
+    if rank > 0:
+        works.append(dist.irecv(incoming, src=rank - 1))
+    for work in works:
+        work.wait()
 
 
 def sync_metrics(loss, dist) -> None:
@@ -210,7 +233,13 @@ def train(scenario: str, step_s: float, stop_at: float, ddp: bool = False) -> No
             raise RuntimeError(f"planted failure at step {step}")
         if scenario == "mismatch" and rank == culprit and step == 3:
             sync_metrics(loss, dist)  # only this rank takes this code path
-        if not ddp:
+        if scenario in ("async", "pipeline") and rank == culprit and step == 3:
+            time.sleep(3600)  # the last stage, or one rank of an overlapped sync, stops in its own work
+        if scenario == "async":
+            sync_async(model, dist)
+        elif scenario == "pipeline":
+            pass_activations(loss, rank, world, dist)
+        elif not ddp:
             sync_gradients(model, dist)
         if (step % 20 == 0 or scenario == "longstep") and rank == 0:
             say(f"step {step} loss {loss.item():.4f}")

@@ -8,7 +8,8 @@ decides the judgement:
 
 * the rank's Python stack did not change since the last sample (a moving rank needs none);
 * its place is ambiguous: compute (``backward``, ``forward``, a user line that may hide a CUDA
-  call) or unknown; a Python-visible collective, DataLoader, lock or sleep is clear already;
+  call), unknown, or a lock (``work.wait()`` of an async collective or a point-to-point op reads
+  as a lock from the Python line alone); a Python-visible collective, DataLoader or sleep is clear;
 * it did not block and wake up since the last look (a rank that keeps waking is working);
 * no native sample exists yet for this exact Python stack. A cached result that said "compute"
   is retaken after ``RECHECK_COMPUTE_S`` (the line may have moved on to a sync point since).
@@ -29,7 +30,9 @@ from .progress import ProgressTracker
 from ..observed import StackSample
 from ..snapshot import Phase, ThreadStack
 
-AMBIGUOUS_PHASES: frozenset[Phase] = frozenset({"compute", "unknown"})
+# A "lock" read from the Python line alone (``work.wait()``, ``.acquire(``) may be a c10d work wait:
+# the native frames tell (``c10d::Work::wait``, ``ProcessGroupGloo::RecvWork::wait``).
+AMBIGUOUS_PHASES: frozenset[Phase] = frozenset({"compute", "unknown", "lock"})
 RECHECK_COMPUTE_S = 15.0
 MAX_PER_POLL = 8
 PARALLEL = 4

@@ -168,7 +168,9 @@ def _canonical_op(func: str) -> str:
 
 def _native_op(symbol: str) -> str:
     match = re.search(r"(allreduce|allgather|reduce_scatter|broadcast|barrier|alltoall|send|recv)", symbol, re.I)
-    return match.group(1).lower() if match else "collective"
+    if match:
+        return match.group(1).lower()
+    return "Work.wait (async collective)" if "Work::wait" in symbol or "Work::synchronize" in symbol else "collective"
 
 
 def _no_source(frame: Frame) -> str:
