@@ -80,7 +80,8 @@ class LocalSource:
                 yield
             finally:
                 for proc in self.job.ranks:
-                    self.memory.progress.rebaseline(proc.pid, procfs.thread_counters(proc.pid))
+                    tid = self._sampler.train_tid.get(proc.pid)
+                    self.memory.progress.rebaseline(proc.pid, procfs.thread_counters(proc.pid, tid))
 
     def poll(self, native_for: frozenset[int] = frozenset()) -> Snapshot:
         """Rediscover, sample (several times within the window on the first poll), judge."""

@@ -38,6 +38,7 @@ class Sampler:
         self.steps = StepReader(every=FULL_REFRESH_EVERY)
         self.stacks: dict[int, tuple] = {}
         self.classes: dict[int, Classification] = {}
+        self.train_tid: dict[int, int] = {}  # pid -> the thread that trains, when not the main one
         self.pyspy_missing: ToolMissing | None = None
         self._logs = LogGrowthWatch()
         self._growth: dict[str, LogGrowth] = {}  # path -> its growth at the last look
@@ -58,9 +59,10 @@ class Sampler:
             if procfs.state_letter(proc.pid) in (None, "Z", "X"):
                 continue
             native = proc.rank in native_for
-            counters = procfs.thread_counters(proc.pid)
+            tid = self.train_tid.get(proc.pid)
+            counters = procfs.thread_counters(proc.pid, tid)
             skip = poll % FULL_REFRESH_EVERY and not self.memory.progress.needs_dump(proc.pid, counters)
-            requests.append((proc.pid, native, self.stacks.get(proc.pid), bool(skip), counters))
+            requests.append((proc.pid, native, self.stacks.get(proc.pid), bool(skip), counters, tid))
         samples = sample_all(requests, locals_for=self._steps_due(requests, poll))
         now = time.time()
         self._read_steps(samples, now)
@@ -77,8 +79,21 @@ class Sampler:
             self.classes[pid] = cls
             self.memory.progress.observe(pid, stack_signature(main_thread(sample.threads)), cls.phase, sample.before,
                                          sample.after, now, dumped=not sample.reused)
+            self._follow_training_thread(pid, sample.threads)
         self._look_at_logs(job, now)
         return samples
+
+    def _follow_training_thread(self, pid: int, threads: tuple) -> None:
+        """Count the progress of the thread that trains (Ray's TrainingThread, say) from now on: the
+        main thread of such a rank only waits, its counters never move."""
+        trains = main_thread(threads)
+        tid = trains.tid if trains is not None and not trains.is_main and trains.tid else None
+        if tid != self.train_tid.get(pid):
+            if tid is None:
+                self.train_tid.pop(pid, None)
+            else:
+                self.train_tid[pid] = tid
+            self.memory.progress.rebaseline(pid, procfs.thread_counters(pid, tid))  # compare like with like
 
     def log_activity(self, path: str | None, now: float) -> LogActivity | None:
         """The growth of the log at ``path`` as last looked at."""
@@ -107,7 +122,7 @@ class Sampler:
         last = self.memory.verdict
         problem = last is not None and last.kind in PROBLEM_VERDICTS
         force, now = poll % FULL_REFRESH_EVERY == 0 or problem, time.time()
-        return frozenset(pid for pid, native, _prev, _skip, counters in requests
+        return frozenset(pid for pid, native, _prev, _skip, counters, *_ in requests
                          if not native and self.steps.due(pid, counters, now, force=force))
 
     def _read_steps(self, samples: dict[int, StackSample], now: float) -> None:

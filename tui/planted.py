@@ -253,10 +253,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deadline", type=float, default=120.0, help="exit after this many seconds")
     parser.add_argument("--step-s", type=float, default=0.05, help="extra seconds of work per step")
     parser.add_argument("--ddp", action="store_true", help="wrap the model in DistributedDataParallel")
+    parser.add_argument("--in-thread", action="store_true",
+                        help="train in a thread, the main thread joining it (as Ray Train's TrainingThread)")
     args = parser.parse_args(argv)
     stop_at = time.time() + args.deadline
     _arm_deadline(args.deadline)
-    train(args.scenario, args.step_s, stop_at, ddp=args.ddp)
+    if args.in_thread:
+        worker = threading.Thread(target=train, args=(args.scenario, args.step_s, stop_at, args.ddp),
+                                  name="TrainingThread(train_func)")
+        worker.start()
+        worker.join()
+    else:
+        train(args.scenario, args.step_s, stop_at, ddp=args.ddp)
     return 0
 
 

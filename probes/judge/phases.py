@@ -76,10 +76,38 @@ def where_frame(frames: tuple[Frame, ...]) -> Frame | None:
 
 
 def main_thread(threads: tuple[ThreadStack, ...] | list[ThreadStack] | None) -> ThreadStack | None:
-    """The main thread (py-spy's thread whose id is the PID), else the first listed."""
+    """The thread that trains, the one judged: the main thread (py-spy's thread whose id is the
+    PID), unless it only waits for another thread (``join``, a queue, a future, Ray's task loop)
+    while a thread runs the training: Ray Train's ``TrainingThread``, or a thread in torch or the
+    user's code. Else the first listed."""
     if not threads:
         return None
-    return next((t for t in threads if t.is_main), threads[0])
+    main = next((t for t in threads if t.is_main), threads[0])
+    if not _only_waits_for_threads(main):
+        return main
+    others = [t for t in threads if t is not main and any(not f.native for f in t.frames)]
+    named = next((t for t in others if t.name.startswith("TrainingThread")), None)
+    if named is not None:
+        return named
+    training = [t for t in others if any("torch/" in f.file or is_user(f) for f in t.frames if not f.native)
+                and not _only_waits_for_threads(t)]
+    return training[0] if len(training) == 1 else main
+
+
+# Where a main thread sits while another thread does the work: threading's joins and waits, a
+# future's result, Ray's worker loop (an actor's tasks run on their own thread).
+_THREAD_WAITS = (("threading.py", ("join", "_wait_for_tstate_lock", "wait")),
+                 ("concurrent/futures/_base.py", ("result", "wait")),
+                 ("ray/_private/worker.py", ("main_loop",)))
+
+
+def _only_waits_for_threads(thread: ThreadStack) -> bool:
+    python = [f for f in thread.frames if not f.native]
+    if not python or any(is_exiting(f) for f in python):
+        return False  # interpreter shutdown waiting for threads is "exiting", judged as such
+    inner = python[0]
+    return any(inner.file.endswith(path) and bare_name(inner.function) in names for path, names in _THREAD_WAITS) \
+        or any(f.file.endswith("ray/_private/worker.py") and bare_name(f.function) == "main_loop" for f in python)
 
 
 def classify(threads: list[ThreadStack] | tuple[ThreadStack, ...],

@@ -16,12 +16,13 @@ MAX_PARALLEL = 32
 
 
 def sample_one(pid: int, native: bool, previous: tuple[ThreadStack, ...] | None,
-               skip: bool, before: ThreadCounters | None = None,
+               skip: bool, before: ThreadCounters | None = None, tid: int | None = None,
                timeout: float = DEFAULT_TIMEOUT, locals: bool = False) -> StackSample:
     """One rank: reuse ``previous`` when ``skip``, else a bounded py-spy dump between two counter
-    reads. ``before``: the counters if the caller has just read them. ``locals``: dump with
+    reads. ``before``: the counters if the caller has just read them; ``tid``: the thread whose
+    counters tell (the one that trains; default the main thread). ``locals``: dump with
     ``--locals`` (never skipped; not with ``native``) and keep the step-like integers."""
-    before = before or procfs.thread_counters(pid)
+    before = before or procfs.thread_counters(pid, tid)
     if before is None:
         return StackSample(pid, None, None, None, gone=True)
     locals = locals and not native
@@ -45,9 +46,9 @@ def sample_one(pid: int, native: bool, previous: tuple[ThreadStack, ...] | None,
     except RankGone as exc:
         return StackSample(pid, None, before, None, error=exc, gone=True)
     except TrainwatchError as exc:
-        return StackSample(pid, None, before, procfs.thread_counters(pid), error=exc)
+        return StackSample(pid, None, before, procfs.thread_counters(pid, tid), error=exc)
     at = (started + time.time()) / 2
-    return StackSample(pid, tuple(stacks), before, procfs.thread_counters(pid), ints=ints, at=at,
+    return StackSample(pid, tuple(stacks), before, procfs.thread_counters(pid, tid), ints=ints, at=at,
                        read=f"read without pausing ({why})" if why else None)
 
 
@@ -76,7 +77,8 @@ def no_pause_reason(pid: int) -> str | None:
 NETWORK_SYSCALLS = frozenset({"connect", "accept", "accept4", "recvfrom", "recvmsg", "sendto", "sendmsg"})
 
 
-Request = tuple[int, bool, "tuple[ThreadStack, ...] | None", bool, "ThreadCounters | None"]
+# (pid, native, previous stacks, skip the py-spy call, counters just read[, the thread that trains])
+Request = tuple
 
 
 def sample_all(requests: list[Request], timeout: float = DEFAULT_TIMEOUT,

@@ -40,3 +40,22 @@ def test_the_rank_not_waiting_is_the_culprit_and_no_wait_is_a_lock(tmp_path, sce
     phases = {r["rank"]: r["phase"] for r in data["ranks"]}
     assert "lock" not in phases.values(), phases
     assert all(phases[r] == "collective" for r in range(culprit)), phases
+
+
+@pytest.mark.parametrize("scenario, kind, culprits", [("straggler", "straggler", [1]), ("healthy", "healthy", [])])
+def test_the_thread_that_trains_is_the_one_judged(tmp_path, scenario, kind, culprits):
+    """Training in a thread the main thread joins (Ray Train's `TrainingThread`, a framework's
+    worker thread): that thread is judged, its stack and its progress; the main thread's join is
+    a detail, not a lock."""
+    with PlantedJob(tmp_path / "job", scenario, nproc=2, deadline=60, script_args=["--in-thread"]) as job:
+        job.wait_for_ranks()
+        if scenario == "straggler":
+            wait_until(lambda: rank_stuck_at(job.script, "# stuck in its own work"), 30, "the straggler")
+        data = snapshot(job.pid)
+    verdict = data["verdict"]
+    assert verdict["kind"] == kind and verdict["culprits"] == culprits, verdict
+    phases = {r["rank"]: r["phase"] for r in data["ranks"]}
+    assert "lock" not in phases.values(), phases
+    if scenario == "straggler":
+        assert phases == {0: "collective", 1: "sleep"}, phases
+        assert verdict["summary"].startswith("rank 1 is in sleep at train.py"), verdict
