@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
-from .evidence.watcher import CrashThread
+from .evidence.crash_catcher import CrashThread
 from .judge.gpu_warnings import gpu_phase_warnings
 from .judge.judgement import JudgeMemory, JudgeOptions, judge_job
 from .judge.phases import is_stdlib, is_user, main_thread, stack_signature, where_frame

@@ -34,8 +34,14 @@ def unavailable_reason() -> str | None:
 
 
 def up(timeout: float = 120.0) -> None:
-    """Start (or check) the cluster; raises with its output when it does not come up."""
-    done = subprocess.run([str(SLURM_UP)], capture_output=True, text=True, timeout=timeout, check=False)
+    """Start (or check) the cluster; raises with its output when it does not come up. One caller at a
+    time on this machine (pytest-xdist workers each ask)."""
+    import fcntl
+
+    RUN_DIR.mkdir(parents=True, exist_ok=True)
+    with open(RUN_DIR / "up.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = subprocess.run([str(SLURM_UP)], capture_output=True, text=True, timeout=timeout, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{SLURM_UP} failed ({done.returncode}):\n{done.stdout}{done.stderr}")
 

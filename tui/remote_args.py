@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..probes import (
-    DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, PARTIAL_EXIT, NodeSpec, Remote, detect_slurm, open_nodes, other_nodes,
-    slurm_job_here,
-)
+# Only what building the parser needs is imported here: the remote machinery loads when a command uses it.
+from ..probes import DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, PARTIAL_EXIT
 from .commands.common import count_between, positive_seconds
+
+if TYPE_CHECKING:
+    from ..probes import NodeSpec, Remote
 
 __all__ = ["PARTIAL_EXIT", "add_remote_arguments", "wants_remote", "remotes_from_args", "wrap_source",
            "detect_slurm", "slurm_job_here"]
@@ -46,7 +47,9 @@ def add_remote_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def wants_remote(args: argparse.Namespace) -> bool:
-    return node_spec(args).named
+    """Whether other nodes are named (``NodeSpec.named``, without loading the remote machinery)."""
+    return bool(getattr(args, "hosts", None) or getattr(args, "hostfile", None) or getattr(args, "slurm", None)
+                or getattr(args, "k8s", None))
 
 
 def ssh_options(values: list[str]) -> tuple[str, ...]:
@@ -57,8 +60,21 @@ def ssh_options(values: list[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def detect_slurm(job: Any) -> str | None:
+    """The SLURM job id a job runs under, if any (see ``trainwatch.probes.detect_slurm``)."""
+    from ..probes import detect_slurm as detect
+    return detect(job)
+
+
+def slurm_job_here(timeout: float) -> str:
+    """This shell's or this node's SLURM job (see ``trainwatch.probes.slurm_job_here``)."""
+    from ..probes import slurm_job_here as here
+    return here(timeout)
+
+
 def node_spec(args: argparse.Namespace) -> NodeSpec:
     """The other nodes named by the options of :func:`add_remote_arguments`."""
+    from ..probes import NodeSpec
     return NodeSpec(hosts=tuple(getattr(args, "hosts", None) or ()), hostfile=getattr(args, "hostfile", None),
                     slurm=getattr(args, "slurm", None), k8s=getattr(args, "k8s", None),
                     k8s_namespace=getattr(args, "k8s_namespace", None),
@@ -71,6 +87,7 @@ def node_spec(args: argparse.Namespace) -> NodeSpec:
 
 def remotes_from_args(args: argparse.Namespace, job: Any) -> list[Remote]:
     """The other nodes named on the command line, without this node."""
+    from ..probes import other_nodes
     return other_nodes(node_spec(args), job)
 
 
@@ -80,6 +97,9 @@ def wrap_source(args: argparse.Namespace, local_source: Any, job: Any, *, wait_s
     (see ``open_nodes``). Each node samples over ``window`` (default: ``args.window``), with this
     node's ``--samples`` and ``--stuck-after``. ``stream_interval`` (live views: attach, watch):
     one streaming agent per node, started once, writing a line every that many seconds."""
+    if not wants_remote(args):
+        return local_source
+    from ..probes import open_nodes
     if window is None:
         window = getattr(args, "window", None)
     return open_nodes(local_source, node_spec(args), job, wait_s=wait_s, window=window,

@@ -28,8 +28,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -189,6 +187,9 @@ def debug_server_urls(master_addr: str | None, master_port: int | None, ranks: l
 
 def fetch_debug_handler(url: str, handler: str, timeout: float = 5.0) -> Found:
     """POST ``<url>/handler/<handler>`` of a torch.distributed.debug worker server."""
+    import urllib.error  # here: loading urllib costs every command's start-up ~13 ms
+    import urllib.request
+
     full = f"{url.rstrip('/')}/handler/{handler}"
     try:
         with urllib.request.urlopen(urllib.request.Request(full, data=b"", method="POST"), timeout=timeout) as resp:

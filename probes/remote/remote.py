@@ -23,9 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..snapshot import Snapshot, SnapshotError
-
-DEFAULT_TIMEOUT_S = 30.0
-DEFAULT_PARALLEL = 32
+from .defaults import DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S
 _STDERR_KEEP = 4000
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from real_jobs import PlantedJob  # noqa: E402
+from real_jobs import PlantedJob, rank_stuck_at, wait_until  # noqa: E402
 
 from trainwatch.probes.live import LocalSource  # noqa: E402
 
@@ -106,8 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     job = ddp_job(root / "straggler", "straggler", args.ranks, deadline=240)
     try:
         job.wait_for_ranks(timeout=180)
-        wait_for_text(job, "step 20", timeout=120)
-        time.sleep(4)
+        # the straggler stops at step 3: wait for it in its planted sleep, not for a step that never comes
+        wait_until(lambda: rank_stuck_at(job.script, "# stuck in its own work"), 120, "the straggler's sleep")
+        time.sleep(2)
         _, rss0 = children_cpu_and_rss()
         on = polls(job.proc.pid, True, args.polls)
         _, rss_on = children_cpu_and_rss()

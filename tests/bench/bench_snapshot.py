@@ -1,12 +1,23 @@
-"""Benchmark (not a test): one sampling pass of trainwatch vs a sequential `py-spy dump` loop, same 8 ranks.
+"""Benchmark (not a test): one sampling pass of trainwatch vs a sequential `py-spy dump` loop, same ranks.
 
-    python tests/bench/bench_snapshot.py [--ranks 8] [--repeat 5]
+For each size in ``--ranks`` (a mismatch job: every rank blocked in a collective), median of
+``--repeat`` rounds, the three measured in turn in each round:
+
+- the sequential loop: ``py-spy dump --pid`` on each rank, one after another;
+- trainwatch's sampling pass in this process (discovery, parallel py-spy, judgement);
+- ``trainwatch snapshot --window 0 --json``, the whole command (interpreter start-up, imports, the pass).
+
+``--baseline DIR`` also times the whole command from another checkout of trainwatch (e.g. a
+``git worktree`` of the previous commit), in the same rounds, so the two are compared side by side.
+
+    python tests/bench/bench_snapshot.py [--ranks 8,32] [--repeat 5] [--baseline DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -20,37 +31,68 @@ from real_jobs import PlantedJob  # noqa: E402
 from trainwatch.probes.read.pyspy import find_pyspy  # noqa: E402
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--ranks", type=int, default=8)
-    parser.add_argument("--repeat", type=int, default=5)
-    args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp, PlantedJob(Path(tmp), "mismatch", nproc=args.ranks, deadline=300) as job:
-        pids = job.wait_for_ranks(timeout=180)
-        pyspy = find_pyspy()
-        from trainwatch.probes.live import LocalSource
-        loop, ours, inproc = [], [], []
-        for _ in range(args.repeat):
-            start = time.perf_counter()
-            snap = LocalSource(job.pid, window=0, gpu=False).poll()
-            assert len(snap.ranks) == args.ranks, snap.ranks
-            inproc.append(time.perf_counter() - start)
+def baseline_env(checkout: Path, shim: Path) -> dict[str, str]:
+    """An environment whose ``trainwatch`` package is ``checkout``'s probes/ and tui/ (found before
+    the installed one: the editable install's finder comes after PYTHONPATH)."""
+    package = shim / "trainwatch"
+    package.mkdir(parents=True, exist_ok=True)
+    (package / "__init__.py").touch()
+    for part in ("probes", "tui"):
+        link = package / part
+        if not link.exists():
+            link.symlink_to(checkout.resolve() / part)
+    return {**os.environ, "PYTHONPATH": str(shim)}
+
+
+def whole_command(job_pid: int, ranks: int, env: dict[str, str] | None = None) -> float:
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "trainwatch.tui.cli", "snapshot", str(job_pid), "--window", "0",
+                           "--json"], capture_output=True, timeout=120, check=True, env=env)
+    took = time.perf_counter() - start
+    assert len(json.loads(done.stdout)["ranks"]) == ranks
+    return took
+
+
+def one_size(ranks: int, repeat: int, baseline: dict[str, str] | None) -> dict[str, float]:
+    from trainwatch.probes.live import LocalSource
+    pyspy = find_pyspy()
+    times: dict[str, list[float]] = {"loop": [], "pass": [], "cli": [], "baseline": []}
+    with tempfile.TemporaryDirectory() as tmp, PlantedJob(Path(tmp), "mismatch", nproc=ranks, deadline=600) as job:
+        pids = job.wait_for_ranks(timeout=600)
+        for _ in range(repeat):
             start = time.perf_counter()
             for pid in pids:
                 subprocess.run([pyspy, "dump", "--pid", str(pid)], capture_output=True, timeout=30)
-            loop.append(time.perf_counter() - start)
+            times["loop"].append(time.perf_counter() - start)
             start = time.perf_counter()
-            done = subprocess.run([sys.executable, "-m", "trainwatch.tui.cli", "snapshot", str(job.pid), "--window",
-                                   "0", "--json"], capture_output=True, timeout=60, check=True)
-            assert len(json.loads(done.stdout)["ranks"]) == args.ranks
-            ours.append(time.perf_counter() - start)
-        a, b, c = statistics.median(loop), statistics.median(ours), statistics.median(inproc)
-        print(f"{len(pids)} ranks, median of {args.repeat}:")
-        print(f"  sequential py-spy dump loop        {a * 1000:7.0f} ms")
-        print(f"  trainwatch sampling pass           {c * 1000:7.0f} ms  (discovery + parallel py-spy + analysis, in process)")
-        print(f"  trainwatch snapshot --window 0     {b * 1000:7.0f} ms  (whole CLI: start-up, discovery, sampling, analysis)")
-        print(f"  ratio sampling pass / loop         {c / a:7.2f}")
-        print(f"  ratio whole CLI / loop             {b / a:7.2f}")
+            snap = LocalSource(job.pid, window=0, gpu=False).poll()
+            times["pass"].append(time.perf_counter() - start)
+            assert len(snap.ranks) == ranks, snap.ranks
+            times["cli"].append(whole_command(job.pid, ranks))
+            if baseline is not None:
+                times["baseline"].append(whole_command(job.pid, ranks, baseline))
+    return {name: statistics.median(values) for name, values in times.items() if values}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ranks", default="8", help="comma list of job sizes (default: 8)")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--baseline", type=Path, help="another checkout whose `snapshot` is timed beside this one")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as shim:
+        env = baseline_env(args.baseline, Path(shim)) if args.baseline else None
+        for ranks in (int(n) for n in args.ranks.split(",")):
+            m = one_size(ranks, args.repeat, env)
+            print(f"{ranks} ranks, median of {args.repeat}:")
+            print(f"  sequential py-spy dump loop        {m['loop'] * 1000:7.0f} ms")
+            print(f"  trainwatch sampling pass           {m['pass'] * 1000:7.0f} ms  "
+                  f"(discovery + parallel py-spy + analysis, in process)  {m['pass'] / m['loop']:.2f}x the loop")
+            print(f"  trainwatch snapshot --window 0     {m['cli'] * 1000:7.0f} ms  "
+                  f"(whole command: start-up, discovery, sampling, analysis)  {m['cli'] / m['loop']:.2f}x the loop")
+            if "baseline" in m:
+                print(f"  the same from {args.baseline}  {m['baseline'] * 1000:7.0f} ms  "
+                      f"{m['baseline'] / m['loop']:.2f}x the loop; this checkout's is {m['cli'] / m['baseline']:.2f}x it")
     return 0
 
 

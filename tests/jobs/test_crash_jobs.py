@@ -11,7 +11,8 @@ import psutil
 import pytest
 
 from real_jobs import PlantedJob
-from trainwatch.probes.evidence.watcher import CrashCatcher, Watcher
+from trainwatch.probes.evidence.crash_catcher import CrashCatcher
+from trainwatch.probes.evidence.watcher import Watcher
 from trainwatch.probes.live import LocalSource
 from trainwatch.probes.read import procfs
 

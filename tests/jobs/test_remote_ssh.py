@@ -143,6 +143,11 @@ def test_live_agents_over_ssh_name_the_remote_culprit_and_leave_nothing(world, s
     from trainwatch.probes.live import LocalSource
     from trainwatch.probes.remote.streams import StreamSource
 
+    def ours() -> list[int]:  # this test's agents (other tests may run agents beside it)
+        pinned = str(world.pids[1])  # the wrapper below puts node-b's launcher PID in the agent's command line
+        return [p.pid for p in psutil.process_iter(["cmdline"])
+                if "agent" in (cmd := p.info["cmdline"] or []) and pinned in cmd]
+
     local = LocalSource(world.pids[0], window=1.0, gpu=False)
     remote = SshRemote("node-b", options=("-F", str(sshd.config)))
     source = StreamSource(local, [remote], match=["--match", f"127.0.0.1:{world.port}"],
@@ -158,11 +163,11 @@ def test_live_agents_over_ssh_name_the_remote_culprit_and_leave_nothing(world, s
         assert {r.rank: r.host for r in merged.ranks}[1] == "node-b"
         assert merged.verdict.kind == "straggler" and merged.verdict.culprits == (1,), merged.verdict
         assert not any(h.error for h in merged.hosts)
-        agents = [p for p in psutil.process_iter(["cmdline"]) if "agent" in (p.info["cmdline"] or [])]
+        agents = ours()
         assert len(agents) == 1  # one agent, started once, for every poll
-        first_agent = agents[0].pid
+        first_agent = agents[0]
         merged = source.poll()
-        assert [p.pid for p in psutil.process_iter(["cmdline"]) if "agent" in (p.info["cmdline"] or [])] == [first_agent]
+        assert ours() == [first_agent]
     finally:
         source.close()
     deadline = time.monotonic() + 15

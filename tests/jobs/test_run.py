@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from real_jobs import PlantedJob, free_port
-from trainwatch.probes.evidence.watcher import EXIT_CRASH, CrashCatcher, Watcher
+from trainwatch.probes.evidence.crash_catcher import CrashCatcher
+from trainwatch.probes.evidence.watcher import EXIT_CRASH, Watcher
 from trainwatch.probes import rundir
 from trainwatch.probes.read import hookclient
 

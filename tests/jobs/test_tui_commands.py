@@ -99,12 +99,14 @@ def test_snapshot_closes_the_multi_node_source_it_wrapped(monkeypatch, capsys):
     """The wrapper (a MultiNodeSource in real life) is what gets closed: it ends remote calls."""
     from tui_samples import ListSource, straggler
 
+    import trainwatch.probes as probes
     import trainwatch.tui.commands.snapshot as snapshot_cmd
 
     local = ListSource(straggler())
     wrapped = ListSource(straggler())
-    monkeypatch.setattr(snapshot_cmd, "LocalSource", lambda pid, window, samples, **kwargs: local)
-    monkeypatch.setattr(snapshot_cmd, "find_pyspy", lambda: None)
+    # the command imports these from the probes API when it runs (not at start-up)
+    monkeypatch.setattr(probes, "LocalSource", lambda pid, window, samples, **kwargs: local)
+    monkeypatch.setattr(probes, "find_pyspy", lambda: None)
     monkeypatch.setattr(snapshot_cmd, "wrap_remote", lambda args, source: wrapped)
     assert main(["snapshot", "4242", "--json"]) == 0
     assert wrapped.closed and len(wrapped.calls) == 1

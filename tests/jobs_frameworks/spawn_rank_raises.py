@@ -2,6 +2,9 @@
 once the file ``raise-now`` appears in the working directory (the test creates it when it
 watches). The child prints nothing: mp.spawn's parent tears rank 0 down, then prints rank 1's
 traceback under "-- Process 1 terminated with the following error:", with no rank prefix.
+Rank 0 waits a second before its next collective once ``raise-now`` appears: else its all_reduce
+may fail on the closed connection before the parent sees rank 1 exit, and mp.spawn then prints
+rank 0's error instead (a race of mp.spawn's join, not of the job this stands for).
 Truth: crashed, rank 1, RuntimeError: boom, at the ``raise`` line in ``worker``.
 """
 
@@ -22,6 +25,8 @@ def worker(rank: int, port: str, seconds: float) -> None:
         log(f"step {step}")
         if rank == 1 and os.path.exists("raise-now"):
             raise RuntimeError("boom")  # planted: rank 1 raises
+        if rank == 0 and os.path.exists("raise-now"):
+            time.sleep(1.0)
         dist.all_reduce(total)
         time.sleep(0.1)
 

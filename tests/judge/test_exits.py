@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from trainwatch.probes.redact import MASK
-from trainwatch.probes.evidence.watcher import CrashCatcher
+from trainwatch.probes.evidence.crash_catcher import CrashCatcher
 from trainwatch.probes.judge import exits
 from trainwatch.probes.judge.exits import abnormal, death, first_to_die
 from trainwatch.probes.read.exits import CrashRecord, ExitLedger, read_exit

@@ -10,7 +10,6 @@ import argparse
 import os
 import sys
 
-from ...probes import LocalSource, run_agent
 from .common import add_ras, add_stuck_after, positive_seconds
 from .snapshot import COLLECTIVE_WAIT_S, resolve_pid
 
@@ -31,6 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ...probes import LocalSource, run_agent
+
     def open_source() -> LocalSource:
         return LocalSource(resolve_pid(args), window=args.window, samples=args.samples, stuck_after=args.stuck_after,
                            collective_wait=COLLECTIVE_WAIT_S if args.once else 0.0)

@@ -12,7 +12,10 @@ import sys
 import threading
 import time
 
-from ...probes import WatchEvent
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ...probes import WatchEvent
 
 MAX_RUNNING = 4  # alerts beyond this while the command is still busy are skipped, and said so
 KILL_GRACE_S = 2.0

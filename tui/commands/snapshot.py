@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-
-from ...probes import PARTIAL_EXIT, LocalSource, NotAJob, UsageError, find_job_matching, find_pyspy
+from ...probes import PARTIAL_EXIT, NotAJob, UsageError
 from .common import add_ras, add_stuck_after, add_window, count_between, pid_arg
+
+if TYPE_CHECKING:
+    from ...probes import LocalSource
 
 COLLECTIVE_WAIT_S = 2.0  # the ranks' Flight Recorder, fetched while the window is sampled
 
@@ -50,12 +52,15 @@ def resolve_pid(args: argparse.Namespace) -> int:
             args.slurm = slurm_job_here(args.remote_timeout)
         args.match_job_id = args.slurm  # ranks here, if any, and on every node: by SLURM_JOB_ID
     if getattr(args, "match", None) or getattr(args, "match_job_id", None):
+        from ...probes import find_job_matching
         return find_job_matching(master=args.match, job_id=args.match_job_id).root_pid
     raise UsageError("give a PID (or --match ADDR:PORT / --match-job-id ID)",
                      "e.g. `trainwatch snapshot $(pgrep -f torchrun | head -1)`")
 
 
 def run(args: argparse.Namespace) -> int:
+    from ...probes import LocalSource, find_pyspy
+
     try:
         pid = resolve_pid(args)
     except NotAJob:
@@ -75,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(snapshot.to_json() + "\n")
     else:
+        from rich.console import Console
+
         from ..render import render_table
         Console().print(render_table(snapshot))
     partial = any(h.error for h in snapshot.hosts)

@@ -5,11 +5,15 @@ from __future__ import annotations
 import argparse
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ...probes import PROBLEM_VERDICTS, VERDICTS, OutputError, Watcher, WatchEvent
+from ...probes import PROBLEM_VERDICTS, VERDICTS, OutputError
 from .common import add_ras, add_stuck_after, add_window, pid_arg, positive_seconds
 from .event_command import EventCommand, print_json
 from .snapshot import add_remote, wrap_remote
+
+if TYPE_CHECKING:
+    from ...probes import WatchEvent
 
 EPILOG = """\
 One line per event on stdout (--json: one JSON object per line). Exit status:
@@ -71,7 +75,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ...probes import open_source  # here: building the parser must not bind the source opener
+    # here, not at the top: building the parser must stay cheap (and must not bind the source opener)
+    from ...probes import Watcher, WatchEvent, open_source
 
     local = open_source(args.pid, args.window, catch_crashes=False, stuck_after=args.stuck_after)  # the watcher runs its own catcher
     job = local.job  # found from any PID, `trainwatch run`'s own included
