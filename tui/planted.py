@@ -19,7 +19,7 @@ import time
 SCENARIOS = (
     "healthy", "straggler", "mismatch", "uneven", "dataloader", "lock",
     "segfault", "assert", "slowstep", "skipstep", "raise", "linger", "longstep", "sigkill", "oom",
-    "checkpoint", "async", "pipeline",
+    "checkpoint", "async", "pipeline", "sendrecv", "subgroup",
 )
 STALL_STEP = 40  # skipstep: the culprit stalls when its own counter reaches this
 
@@ -97,6 +97,27 @@ def pass_activations(loss, rank: int, world: int, dist) -> None:
         works.append(dist.irecv(incoming, src=rank - 1))
     for work in works:
         work.wait()
+
+
+def pass_blocking(rank: int, world: int, dist) -> None:
+    """A pipeline with blocking calls: each stage receives from the one before (recv), then sends
+    to the next (send)."""
+    import torch
+    if rank > 0:
+        dist.recv(torch.zeros(4), src=rank - 1)
+    if rank + 1 < world:
+        dist.send(torch.full((4,), float(rank)), dst=rank + 1)
+
+
+def sync_in_pairs(model, rank: int, pairs: list, dist) -> None:
+    """Data parallel within a pair of ranks (process subgroups {0,1}, {2,3}, ...), then one
+    all_reduce over the whole world (the loss, for logging)."""
+    import torch
+    group = pairs[rank // 2]
+    for param in model.parameters():
+        if param.grad is not None:
+            dist.all_reduce(param.grad, group=group)
+    dist.all_reduce(torch.ones(1))
 
 
 def sync_metrics(loss, dist) -> None:
@@ -186,6 +207,8 @@ def train(scenario: str, step_s: float, stop_at: float, ddp: bool = False) -> No
         from torch.nn.parallel import DistributedDataParallel
         model = DistributedDataParallel(model)
     lock = threading.Lock()
+    # subgroup: every rank makes every group, in the same order (new_group is collective over the world)
+    pairs = [dist.new_group([r, r + 1]) for r in range(0, world - 1, 2)] if scenario == "subgroup" else []
     say(f"rank {rank}/{world} pid {os.getpid()} scenario {scenario}")
     step, skipped = 0, False
     if scenario == "skipstep":  # locals that look like secrets: trainwatch must never show them
@@ -233,12 +256,16 @@ def train(scenario: str, step_s: float, stop_at: float, ddp: bool = False) -> No
             raise RuntimeError(f"planted failure at step {step}")
         if scenario == "mismatch" and rank == culprit and step == 3:
             sync_metrics(loss, dist)  # only this rank takes this code path
-        if scenario in ("async", "pipeline") and rank == culprit and step == 3:
+        if scenario in ("async", "pipeline", "sendrecv", "subgroup") and rank == culprit and step == 3:
             time.sleep(3600)  # the last stage, or one rank of an overlapped sync, stops in its own work
         if scenario == "async":
             sync_async(model, dist)
         elif scenario == "pipeline":
             pass_activations(loss, rank, world, dist)
+        elif scenario == "sendrecv":
+            pass_blocking(rank, world, dist)
+        elif scenario == "subgroup":
+            sync_in_pairs(model, rank, pairs, dist)
         elif not ddp:
             sync_gradients(model, dist)
         if (step % 20 == 0 or scenario == "longstep") and rank == 0:

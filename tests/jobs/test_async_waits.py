@@ -1,5 +1,6 @@
-"""Waits that are not a collective call on the Python stack: `work.wait()` of an async all_reduce and
-a pipeline's isend/irecv `.wait()`. The waiting rank's top Python frame is the user's line (`Work.wait`
+"""Waits on a peer, whatever their shape: `work.wait()` of an async all_reduce and a pipeline's
+isend/irecv `.wait()` (no collective call on the Python stack), blocking send/recv, and process
+subgroups with one slow rank. The waiting rank's top Python frame is the user's line (`Work.wait`
 is a C++ method); the native frames decide (`c10d::Work::wait`, `gloo ... waitRecv/waitSend`): a c10d
 wait is never a lock, and the culprit is the rank that is not waiting."""
 
@@ -26,6 +27,8 @@ def snapshot(pid: int) -> dict:
 @pytest.mark.parametrize("scenario, nproc, waits", [
     ("async", 2, "wait in Work.wait (async collective)"),
     ("pipeline", 3, "wait in send"),
+    ("sendrecv", 3, "wait in send"),  # blocking send/recv: rank 1 blocks sending to rank 2, rank 0 sending to rank 1
+    ("subgroup", 4, "wait in all_reduce"),  # pairs {0,1}, {2,3}: rank 2 waits in its pair's, 0-1 in the world's
 ])
 def test_the_rank_not_waiting_is_the_culprit_and_no_wait_is_a_lock(tmp_path, scenario, nproc, waits):
     with PlantedJob(tmp_path / "job", scenario, nproc=nproc, deadline=60) as job:
