@@ -2,7 +2,7 @@
 
 ``add_remote_arguments(parser)`` adds the options to snapshot/attach/dump/watch;
 ``wrap_source(args, local_source, job)`` returns the local source unchanged when no other node
-was named, else a :class:`MultiNodeSource` over this node and the others.
+was named, else a ``StreamSource`` over this node and the others (one node agent each).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ __all__ = ["PARTIAL_EXIT", "add_remote_arguments", "wants_remote", "remotes_from
 
 def add_remote_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
-        "other nodes", "read the job's ranks on other nodes too (each node runs `trainwatch snapshot --json`)")
+        "other nodes", "read the job's ranks on other nodes too (each node runs a trainwatch node agent)")
     group.add_argument("--hosts", action="append", default=[], metavar="LIST",
                        help="other nodes, comma-separated; SLURM ranges work: node[01-04,07]")
     group.add_argument("--hostfile", metavar="FILE",
@@ -42,8 +42,8 @@ def add_remote_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--remote-timeout", type=positive_seconds, default=DEFAULT_TIMEOUT_S, metavar="S",
                        help=f"give up on a node after this many seconds (default: {DEFAULT_TIMEOUT_S:g})")
     group.add_argument("--remote-parallel", type=count_between(1, 1024), default=None, metavar="N",
-                       help=f"ask at most this many nodes at once (default: {DEFAULT_PARALLEL}; live views "
-                            "start at most 128 node agents at once)")
+                       help="start at most this many node agents at once (default: 128; bundles are "
+                            f"fetched {DEFAULT_PARALLEL} nodes at a time)")
 
 
 def wants_remote(args: argparse.Namespace) -> bool:

@@ -14,10 +14,9 @@ from ..errors import TrainwatchError
 from .hostlist import (
     parse_hosts, read_hostfile, slurm_hostnames, slurm_job_nodelist, slurm_running_jobs, unique,
 )
-from .multinode import MultiNodeSource
 from .streams import STREAM_START_PARALLEL, StreamSource
 from .remote import (
-    DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, KubeRemote, Remote, SlurmRemote, SshRemote, kubectl_get_pods_argv,
+    DEFAULT_TIMEOUT_S, KubeRemote, Remote, SlurmRemote, SshRemote, kubectl_get_pods_argv,
     match_args, parse_pods,
 )
 
@@ -35,7 +34,7 @@ class NodeSpec:
     k8s_container: str | None = None
     ssh_options: tuple[str, ...] = ()
     timeout: float = DEFAULT_TIMEOUT_S
-    parallel: int | None = None  # None: DEFAULT_PARALLEL one-shot calls, STREAM_START_PARALLEL agent starts
+    parallel: int | None = None  # agents started at once; None: STREAM_START_PARALLEL
     trainwatch: str = "trainwatch"  # the command that runs trainwatch on the other nodes
 
     @property
@@ -146,9 +145,9 @@ def open_nodes(local_source: Any, spec: NodeSpec, job: Any, *, wait_s: float | N
     ``job`` is the local JobProcesses (or Job). ``wait_s``: how long one poll waits for slow
     nodes (live views pass their refresh interval; one-shot commands leave it at the timeout).
     Each node samples over ``window`` with ``samples`` samples and ``stuck_after`` (every
-    judgement option reaches every node). ``stream_interval`` (live views): a StreamSource,
-    one agent per node started once, a line every that many seconds; else a MultiNodeSource
-    of one-shot calls."""
+    judgement option reaches every node). Either way one agent per node (the compact wire):
+    ``stream_interval`` (live views) keeps them, a line every that many seconds; without it
+    (one-shot commands) they are asked for every thread and stopped when the source closes."""
     if not spec.named:
         return local_source
     remotes = other_nodes(spec, job)
@@ -160,19 +159,16 @@ def open_nodes(local_source: Any, spec: NodeSpec, job: Any, *, wait_s: float | N
         raise TrainwatchError(str(exc), remedy="other nodes find the job by MASTER_ADDR:MASTER_PORT") from exc
     extra = (["--samples", str(samples)] if samples is not None else []) + (
         ["--stuck-after", f"{stuck_after:g}"] if stuck_after is not None else [])
-    if stream_interval is None and all(isinstance(r, SlurmRemote) for r in remotes):
-        # One-shot on SLURM: still one step for all nodes (agents asked for every thread), not one per node.
+    if stream_interval is None:
+        # One-shot (snapshot, dump): agents too, asked for every thread, so every engine speaks the compact
+        # wire and SLURM makes one step for all nodes; each agent writes its line and the source closes it.
         return StreamSource(local_source, remotes, match=match, trainwatch=spec.trainwatch, timeout=spec.timeout,
                             interval=max(1.0, window or 1.0), parallel=spec.parallel or STREAM_START_PARALLEL,
                             window=window, world_size=getattr(job, "world_size", None), extra_args=extra,
-                            full_stacks=True)
-    if stream_interval is not None:
-        return StreamSource(local_source, remotes, match=match, trainwatch=spec.trainwatch,
-                            timeout=spec.timeout, interval=stream_interval,
-                            parallel=spec.parallel or STREAM_START_PARALLEL,
-                            window=window, world_size=getattr(job, "world_size", None), extra_args=extra,
-                            # the first poll waits for the agents' first lines: a start and one window
-                            wait_s=(window or 0.0) + max(wait_s, 5.0) if wait_s is not None else None)
-    return MultiNodeSource(local_source, remotes, match=match, trainwatch=spec.trainwatch,
-                           timeout=spec.timeout, wait_s=wait_s, parallel=spec.parallel or DEFAULT_PARALLEL,
-                           window=window, world_size=getattr(job, "world_size", None), extra_args=extra)
+                            full_stacks=True, once=True)
+    return StreamSource(local_source, remotes, match=match, trainwatch=spec.trainwatch,
+                        timeout=spec.timeout, interval=stream_interval,
+                        parallel=spec.parallel or STREAM_START_PARALLEL,
+                        window=window, world_size=getattr(job, "world_size", None), extra_args=extra,
+                        # the first poll waits for the agents' first lines: a start and one window
+                        wait_s=(window or 0.0) + max(wait_s, 5.0) if wait_s is not None else None)

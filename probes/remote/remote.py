@@ -1,8 +1,9 @@
 """Reach other nodes of a job: build ssh/srun/kubectl command lines, run them bounded, read the answer.
 
-On each node ``trainwatch snapshot --json --match ADDR:PORT`` finds that node's ranks by job
-identity and prints a :class:`Snapshot`; this module only carries it back. Every call has a
-timeout, and on timeout the whole process group of the ssh/srun/kubectl child is killed.
+On each node ``trainwatch agent --match ADDR:PORT`` (``streams.py`` starts and reads it) finds
+that node's ranks by job identity; this module builds the command lines, runs bounded calls (the
+bundle fetch) and names failures. Every call has a timeout, and on timeout the whole process group
+of the ssh/srun/kubectl child is killed.
 """
 
 from __future__ import annotations
@@ -18,11 +19,10 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..snapshot import Snapshot, SnapshotError
 from .defaults import DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S
 _STDERR_KEEP = 4000
 
@@ -270,26 +270,6 @@ def classify_failure(remote: Remote, result: Result, timeout: float) -> str:
     return f"failed with exit status {rc}{detail}"
 
 
-@dataclass
-class NodeResult:
-    """One node's answer: a snapshot, or why there is none."""
-
-    remote: Remote
-    snapshot: Snapshot | None = None
-    error: str | None = None
-    note: str | None = None  # e.g. a non-zero exit that still printed a snapshot
-    elapsed_s: float = 0.0
-    at: float = field(default_factory=time.time)
-
-
-def snapshot_args(match: list[str], window: float | None = None, extra: list[str] | None = None) -> list[str]:
-    """Arguments of the probe run on each node."""
-    args = ["snapshot", "--json", *match]
-    if window is not None:
-        args += ["--window", f"{window:g}"]
-    return args + list(extra or [])
-
-
 def match_args(job: Any) -> list[str]:
     """How the probe on another node finds the same job: master address, else job id.
 
@@ -302,27 +282,6 @@ def match_args(job: Any) -> list[str]:
     if job_id and job_id != "none":  # torchrun's default rdzv id identifies nothing
         return ["--match-job-id", str(job_id)]
     raise ValueError("the job has neither MASTER_ADDR:MASTER_PORT nor a job id to find it on other nodes")
-
-
-def fetch_snapshot(remote: Remote, runner: Runner, trainwatch: str, args: list[str], timeout: float) -> NodeResult:
-    """Run the probe on ``remote`` and read its snapshot; never raises for remote failures."""
-    result = runner.run(remote.argv(trainwatch, args), timeout)
-    text = result.stdout.decode(errors="replace").strip()
-    snapshot = None
-    if text.startswith("{"):
-        try:
-            snapshot = Snapshot.from_json(text)
-        except SnapshotError:
-            snapshot = None
-    if snapshot is not None:
-        note = None
-        if result.returncode not in (0, None):
-            message = _last_message(result.stderr)
-            note = f"exit status {result.returncode}" + (f": {message}" if message else "")
-        return NodeResult(remote, snapshot, note=note, elapsed_s=result.elapsed_s)
-    if result.returncode == 0 and not result.timed_out:
-        return NodeResult(remote, error=f"answer is not a snapshot: {text[:120]!r}", elapsed_s=result.elapsed_s)
-    return NodeResult(remote, error=classify_failure(remote, result, timeout), elapsed_s=result.elapsed_s)
 
 
 # --- evidence bundles from other nodes ------------------------------------------------------

@@ -33,7 +33,7 @@ from ..errors import TrainwatchError
 from ..judge.judgement import JudgeMemory
 from ..snapshot import Snapshot, SnapshotError
 from .merge import NodeView, merge_nodes
-from .multinode import NodeEvidence, poll_accepts
+from .node_evidence import NodeEvidence, poll_accepts
 from .remote import (
     DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, Remote, Result, Runner, SlurmRemote, SshRemote,
     classify_failure, slurm_step_argv,
@@ -162,7 +162,7 @@ class StreamSource(NodeEvidence):
                  trainwatch: str = "trainwatch", timeout: float = DEFAULT_TIMEOUT_S, interval: float = 2.0,
                  window: float | None = None, wait_s: float | None = None, parallel: int = DEFAULT_PARALLEL,
                  world_size: int | None = None, extra_args: Sequence[str] = (),
-                 spawn: Any = None, reuse_ssh: bool = True, full_stacks: bool = False) -> None:
+                 spawn: Any = None, reuse_ssh: bool = True, full_stacks: bool = False, once: bool = False) -> None:
         self.local = local_source
         self.match = list(match)
         self.trainwatch = trainwatch
@@ -196,6 +196,7 @@ class StreamSource(NodeEvidence):
         self._selected: frozenset[int] = frozenset()
         self._native: frozenset[int] = frozenset()
         self.full_stacks = full_stacks  # every thread of every rank (one-shot snapshots), not only culprits
+        self.once = once  # a one-shot command: an agent that stopped is not started again
         self._polls = 0
         self._local_takes_native = poll_accepts(local_source, "native_for")
         _raise_fd_limit(3 * len(self.launches) + 64)
@@ -240,7 +241,10 @@ class StreamSource(NodeEvidence):
             proc = self._spawn(launch)
         except OSError as exc:
             self._fail(launch.names, f"cannot run {launch.argv[0]}: {exc.strerror or exc}", now)
-            self._backoff(index, now)
+            if self.once:
+                self._next_start[index] = float("inf")
+            else:
+                self._backoff(index, now)
             return
         run = Running(launch, index, proc, now)
         self._running[index] = run
@@ -262,8 +266,12 @@ class StreamSource(NodeEvidence):
         code = run.proc.poll()
         result = Result(code, stderr=run.stderr.decode(errors="replace")[-_STDERR_KEEP:])
         reason = classify_failure(run.launch.remote, result, self.timeout)
-        delay = self._backoff(index, now)
-        self._fail(run.launch.names, f"agent stopped: {reason} (starting it again in {delay:.0f}s)", now)
+        if self.once:
+            self._next_start[index] = float("inf")
+            self._fail(run.launch.names, reason, now)
+        else:
+            delay = self._backoff(index, now)
+            self._fail(run.launch.names, f"agent stopped: {reason} (starting it again in {delay:.0f}s)", now)
         for stream in (run.proc.stdin, run.proc.stdout, run.proc.stderr):
             with contextlib.suppress(OSError, AttributeError, ValueError):
                 stream.close()

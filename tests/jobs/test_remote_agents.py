@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
-import pytest
 
 from trainwatch.probes.remote.remote import SlurmRemote
 from trainwatch.probes.remote.streams import StreamSource

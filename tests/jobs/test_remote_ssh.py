@@ -20,10 +20,10 @@ import psutil
 import pytest
 
 from real_jobs import free_port
-from sshd import Sshd, TwoNodeJob, remote_trainwatch, unavailable_reason
+from sshd import Sshd, TwoNodeJob, unavailable_reason
 from trainwatch.probes.errors import PARTIAL_EXIT
 from trainwatch.probes.remote.remote import (
-    Runner, SshRemote, collect_remote_bundles, fetch_snapshot, snapshot_args,
+    SshRemote, collect_remote_bundles,
 )
 
 pytestmark = [pytest.mark.job, pytest.mark.slow,
@@ -109,16 +109,6 @@ def test_node_without_trainwatch_is_named_and_its_ranks_unknown(world, sshd):
     assert states[1] == ("unknown", "node-b") and states[0][0] not in ("missing", "unknown")
     assert 1 not in data["verdict"]["culprits"] and data["verdict"]["summary"].endswith("node not read: node-b")
     assert any("node-b" in n for n in data["notes"])
-
-
-def test_far_side_finds_the_job_by_master_address(world, sshd):
-    """Over real ssh, `--match ADDR:PORT` finds a job of this world (either loopback node)."""
-    remote = SshRemote("node-b", options=("-F", str(sshd.config)))
-    result = fetch_snapshot(remote, Runner(), remote_trainwatch(),
-                            snapshot_args(["--match", f"127.0.0.1:{world.port}"], window=0), timeout=60)
-    assert result.error is None, result.error
-    assert {r.rank for r in result.snapshot.ranks} & {0, 1}
-    assert result.snapshot.job.master_port == world.port
 
 
 def test_bundles_stream_back_over_ssh(sshd, tmp_path):

@@ -96,7 +96,7 @@ def test_demo_no_tui_prints_the_table_and_stops_its_job(monkeypatch, capsys):
 
 
 def test_snapshot_closes_the_multi_node_source_it_wrapped(monkeypatch, capsys):
-    """The wrapper (a MultiNodeSource in real life) is what gets closed: it ends remote calls."""
+    """The wrapper (a StreamSource over the nodes in real life) is what gets closed: it ends remote calls."""
     from tui_samples import ListSource, straggler
 
     import trainwatch.probes as probes

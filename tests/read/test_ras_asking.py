@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -69,7 +70,8 @@ def test_a_second_query_soon_after_is_not_sent(tmp_path):
         first.release()
         again = ras.QueryLock("127.0.0.1", server.port, directory=str(tmp_path))
         why = again.acquire()
-        assert why and "asked 0." in why and "not asked again so soon" in why
+        # "asked 0.0 s ago" on a quiet machine; a busy one may take longer between the two lines
+        assert why and re.search(r"asked [01]\.\d s ago: not asked again so soon", why), why
         time.sleep(ras.MIN_GAP_S)
         assert again.acquire() is None
         again.release()

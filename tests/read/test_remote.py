@@ -11,9 +11,9 @@ import pytest
 
 from trainwatch.probes.remote.remote import (
     KubeRemote, Result, Runner, SlurmRemote, SshRemote, classify_failure, collect_remote_bundles,
-    dump_script, fetch_snapshot, kubectl_get_pods_argv, match_args, parse_pods, snapshot_args,
+    dump_script, kubectl_get_pods_argv, match_args, parse_pods,
 )
-from trainwatch.probes.snapshot import Job, Rank, Snapshot
+from trainwatch.probes.snapshot import Job
 
 TW = "trainwatch"
 ARGS = ["snapshot", "--json", "--match", "10.0.0.1:29500"]
@@ -79,7 +79,6 @@ def test_match_args_prefers_master_then_job_id():
     assert match_args(Job(launcher="torchrun", pid=1, host="h", job_id="77")) == ["--match-job-id", "77"]
     with pytest.raises(ValueError):
         match_args(Job(launcher="torchrun", pid=1, host="h", job_id="none"))
-    assert snapshot_args(["--match", "a:1"], window=2.0) == ["snapshot", "--json", "--match", "a:1", "--window", "2"]
 
 
 @pytest.mark.parametrize("remote, rc, stderr, expected", [
@@ -130,36 +129,6 @@ def test_runner_close_kills_running_calls():
 def test_missing_local_tool_is_named():
     result = Runner().run(["/nonexistent/ssh"], timeout=5)
     assert "cannot run /nonexistent/ssh" in classify_failure(SshRemote("n"), result, 5)
-
-
-def _snapshot_json() -> str:
-    job = Job(launcher="torchrun", pid=10, host="far", world_size=2)
-    return Snapshot(job=job, ranks=(Rank(rank=1, pid=11, host="far", state="stuck"),)).to_json(indent=None)
-
-
-def test_fetch_snapshot_reads_the_answer(tmp_path):
-    fake = tmp_path / "tw"
-    fake.write_text(f"#!/bin/sh\ncat <<'EOF'\n{_snapshot_json()}\nEOF\n")
-    fake.chmod(0o755)
-    result = fetch_snapshot(ShellRemote("far"), Runner(), str(fake), ARGS, timeout=10)
-    assert result.error is None and result.snapshot.ranks[0].rank == 1
-
-
-def test_fetch_snapshot_keeps_a_snapshot_printed_with_nonzero_exit(tmp_path):
-    fake = tmp_path / "tw"
-    fake.write_text(f"#!/bin/sh\necho '{_snapshot_json()}'\necho 'trainwatch: py-spy could not read rank 1' >&2\nexit 6\n")
-    fake.chmod(0o755)
-    result = fetch_snapshot(ShellRemote("far"), Runner(), str(fake), ARGS, timeout=10)
-    assert result.snapshot is not None and "exit status 6" in result.note
-
-
-def test_fetch_snapshot_failures(tmp_path):
-    result = fetch_snapshot(ShellRemote("far"), Runner(), "/nonexistent/trainwatch", ARGS, timeout=10)
-    assert result.snapshot is None and "trainwatch not installed" in result.error
-    result = fetch_snapshot(ShellRemote("far"), Runner(), "echo not-json #", ARGS, timeout=10)
-    assert "not a snapshot" in result.error
-    result = fetch_snapshot(ShellRemote("far"), Runner(), "sleep 30 #", ARGS, timeout=0.5)
-    assert result.error.startswith("timeout")
 
 
 def test_dump_script_streams_a_bundle_back(tmp_path):

@@ -13,7 +13,7 @@ import pytest
 
 from trainwatch.probes.errors import TrainwatchError
 from trainwatch.probes.read.process import JobProcesses, RankProcess
-from trainwatch.probes.remote.multinode import MultiNodeSource
+from trainwatch.probes.remote.streams import StreamSource
 from trainwatch.probes.remote.remote import KubeRemote, SlurmRemote, SshRemote
 from trainwatch.tui.remote_args import (
     add_remote_arguments, detect_slurm, remotes_from_args, slurm_job_here, ssh_options, wants_remote, wrap_source,
@@ -62,14 +62,15 @@ def test_ssh_options():
     assert ssh_options(["User=me", "-i ~/.ssh/k"]) == ("-o", "User=me", "-i", "~/.ssh/k")
 
 
-def test_wrap_source_builds_a_multinode_source():
+def test_a_one_shot_over_ssh_asks_agents_for_the_compact_wire():
+    """snapshot/dump --hosts: one agent per node (the compact wire, every thread), as over SLURM."""
     args = parse("1", "--hosts", "w1", "--remote-trainwatch", "/opt/tw", "--remote-timeout", "7", "--window", "1")
     source = wrap_source(args, None, job())
     try:
-        assert isinstance(source, MultiNodeSource)
+        assert isinstance(source, StreamSource) and source.full_stacks
         assert source.match == ["--match", "10.0.0.1:29500"] and source.trainwatch == "/opt/tw"
         assert source.timeout == 7 and source.world_size == 4
-        assert source.args == ["snapshot", "--json", "--match", "10.0.0.1:29500", "--window", "1"]
+        assert source.args == ["agent", "--match", "10.0.0.1:29500", "--interval", "1", "--window", "1"]
     finally:
         source.close()
 
@@ -84,7 +85,7 @@ def test_every_judgement_option_reaches_the_nodes():
     args = parser.parse_args(["1", "--hosts", "w1", "--window", "2", "--samples", "5", "--stuck-after", "45"])
     source = wrap_source(args, None, job())
     try:
-        assert source.args == ["snapshot", "--json", "--match", "10.0.0.1:29500", "--window", "2",
+        assert source.args == ["agent", "--match", "10.0.0.1:29500", "--interval", "2", "--window", "2",
                                "--samples", "5", "--stuck-after", "45"]
     finally:
         source.close()

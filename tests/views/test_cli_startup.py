@@ -11,7 +11,7 @@ import sys
 
 # Loaded by a local `snapshot` before this work, none of it used by one: ~170 ms of start-up in all.
 NOT_FOR_A_SNAPSHOT = ("trainwatch.probes.evidence.bundle", "trainwatch.probes.evidence.watcher",
-                      "trainwatch.probes.remote.multinode", "trainwatch.probes.remote.streams",
+                      "trainwatch.probes.remote.nodes", "trainwatch.probes.remote.streams",
                       "trainwatch.tui.commands.watch", "trainwatch.tui.commands.attach", "textual",
                       "urllib.request", "importlib.metadata")
 

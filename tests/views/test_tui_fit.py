@@ -8,7 +8,7 @@ from textual.widgets._footer import FooterKey
 
 from trainwatch.tui.app import TrainwatchApp
 from trainwatch.tui.widgets.groups import GroupsPane
-from trainwatch.tui.widgets.ranks import RanksTable, plan_columns
+from trainwatch.tui.widgets.ranks import plan_columns
 
 from test_tui_app import make_app, screen_text, until
 from tui_samples import ListSource, clock, ddp_straggler

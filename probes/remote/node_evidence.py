@@ -1,0 +1,62 @@
+"""What every source over several nodes does alike (``streams.StreamSource`` is the one source):
+read this node with the local probe, pause its judgement while evidence is taken, and fetch the
+other nodes' bundles."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import socket
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+from ..errors import TrainwatchError
+from .merge import NodeView
+from .remote import collect_remote_bundles
+
+
+class NodeEvidence:
+    """What every multi-node source does alike: pause the local probe's judgement while evidence is
+    taken (other nodes judge their own progress), and fetch the other nodes' bundles one-shot."""
+
+    local: Any
+    remotes: Sequence[Any]
+    timeout: float
+    trainwatch: Any
+    match: Any
+    parallel: Any
+    runner: Any
+    _local_takes_native: bool
+
+    def _poll_local(self, native_for: frozenset[int]) -> NodeView:
+        """This node, read by the local source (a failure is this node's error, not the view's)."""
+        name = socket.gethostname()
+        try:
+            snap = self.local.poll(native_for=native_for) if self._local_takes_native else self.local.poll()
+        except TrainwatchError as exc:
+            return NodeView(name=name, error=exc.message, local=True)
+        return NodeView(name=snap.job.host or name, snapshot=snap, local=True)
+
+    def paused_judgement(self) -> AbstractContextManager[None]:
+        if self.local is None:
+            return contextlib.nullcontext()
+        return self.local.paused_judgement()
+
+    def collect_bundles(self, bundle_dir: Path, timeout: float | None = None) -> list[str]:
+        """Fetch every other node's evidence bundle into ``<bundle_dir>/hosts/<node>/``."""
+        return collect_remote_bundles(self.remotes, Path(bundle_dir), timeout or self.timeout,
+                                      trainwatch=self.trainwatch, match=self.match,
+                                      parallel=self.parallel, runner=self.runner)
+
+
+def poll_accepts(obj: Any, keyword: str) -> bool:
+    """Whether ``obj.poll`` takes ``keyword`` (local sources of older shapes do not)."""
+    poll = getattr(obj, "poll", None)
+    if poll is None:
+        return False
+    try:
+        return keyword in inspect.signature(poll).parameters
+    except (TypeError, ValueError):
+        return False
