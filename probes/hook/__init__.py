@@ -52,23 +52,26 @@ _SOCKET_PATH_MAX = 100  # sun_path is 108 bytes on Linux
 _state: dict[str, object] = {}
 
 
-def should_arm(env: dict[str, str] | None = None) -> bool:
-    """True for a rank's main process; False for launchers and for a rank's children."""
+def should_arm(env: dict[str, str] | None = None, rank: int | None = None) -> bool:
+    """True for a rank's main process (``RANK`` set, or ``rank`` known from its process group);
+    False for launchers and for a rank's children."""
     env = os.environ if env is None else env
-    if "RANK" not in env:
+    if "RANK" not in env and rank is None:
         return False
     # Set: this is an armed rank's DataLoader worker or subprocess (or armed already).
     return not env.get(ARMED_PID_ENV)
 
 
-def install(run_dir: str | Path | None = None) -> bool:
-    """Arm this process if it is a rank. Returns whether it is armed now."""
-    if _state or not should_arm():
+def install(run_dir: str | Path | None = None, rank: int | None = None) -> bool:
+    """Arm this process if it is a rank. ``rank``: its global rank when ``RANK`` is not in its
+    environment (read from its process group once it has one). Returns whether it is armed now."""
+    if _state or not should_arm(rank=rank):
         return bool(_state)
-    try:
-        rank = int(os.environ["RANK"])
-    except ValueError:
-        return False
+    if rank is None:
+        try:
+            rank = int(os.environ["RANK"])
+        except ValueError:
+            return False
     run_dir = Path(run_dir or os.environ.get("TRAINWATCH_RUN_DIR") or _implicit_run_dir()).resolve()
     own = rundir.rank_dir(run_dir, rank)
     own.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -205,7 +205,7 @@ def _find_below(start: psutil.Process, jobs_only: bool = False) -> tuple[psutil.
     """From a shell, `timeout`, srun or tmux pane: the first launcher or Python process beneath.
     With ``jobs_only``, only a launcher or a process with RANK counts (below a Python wrapper)."""
     me = os.getpid()  # never descend into trainwatch itself (`trainwatch snapshot $$` from a shell)
-    frontier = [c for c in _safe(start.children, []) if c.pid != me]
+    frontier = [c for c in _safe(start.children, []) if c.pid != me and not _is_helper(c.pid)]
     while frontier:
         for child in sorted(frontier, key=lambda p: p.pid):
             kind = launcher_kind(_safe(child.cmdline, []))
@@ -214,11 +214,13 @@ def _find_below(start: psutil.Process, jobs_only: bool = False) -> tuple[psutil.
         for child in sorted(frontier, key=lambda p: p.pid):
             if jobs_only and _lightning_children(child):  # `trainwatch run -- python train.py` (Lightning)
                 return child, "lightning"
+            if jobs_only and _spawn_ranks(child):  # `trainwatch run -- python train.py` (mp.spawn)
+                return child, "mp.spawn"
             if jobs_only and "RANK" in (job_env(child) or {}):
                 return _find_root(child)
             if not jobs_only and is_python(child):
                 return _find_root(child)
-        frontier = [g for c in frontier for g in _safe(c.children, []) if g.pid != me]
+        frontier = [g for c in frontier for g in _safe(c.children, []) if g.pid != me and not _is_helper(g.pid)]
     return None, ""
 
 
@@ -372,6 +374,8 @@ def _ranks_below(root: psutil.Process) -> list[RankProcess]:
     while frontier:
         nxt = []
         for pid in frontier:
+            if _is_helper(pid):  # trainwatch's tee: it inherits the RANK a rank set at run time (mp.spawn)
+                continue
             try:
                 child = psutil.Process(pid)
             except psutil.Error:

@@ -438,3 +438,26 @@ def test_mp_spawn_crash_reason_from_the_parents_report(framework_job, tmp_path):
     assert len(records) == 1, said
     assert records[0]["exit"]["reason"] == "RuntimeError" and records[0]["exit"]["message"] == "RuntimeError: boom"
     assert records[0]["exit"]["frame"].endswith(f"{script}:{raise_line} worker"), records[0]
+
+
+@pytest.mark.parametrize("script, launcher, args", [
+    pytest.param("lightning_ddp.py", "lightning", ["--devices", "2", "--fault", "callback", "--odd", "1"],
+                 marks=needs("lightning"), id="lightning"),
+    pytest.param("spawn_rank_raises.py", "python", [], id="mp.spawn"),
+])
+def test_trainwatch_run_arms_ranks_that_have_no_RANK_at_start(tmp_path, script, launcher, args):
+    """Lightning's launcher and mp.spawn start ranks with no RANK in their environment: each is armed
+    when it joins its process group (and the process that started them only then, if it is a rank)."""
+    run_dir = tmp_path / "run"
+    prefix = [sys.executable, "-m", "trainwatch.tui.cli", "run", "--out", str(run_dir), "--"]
+    with PlantedJob(tmp_path / "job", nproc=2, deadline=60, launcher=launcher, script=FRAMEWORK_JOBS / script,
+                    script_args=args, extra_env=OFFLINE_ENV, prefix=prefix) as job:
+        job.wait_for_log(r"^\[rank 0\] (batch|step) 3", r"^\[rank 1\] (batch|step) 3", timeout=90)
+        hooks = {rank: json.loads((run_dir / "ranks" / str(rank) / "hook.json").read_text()) for rank in (0, 1)}
+        ranks = {p.pid: p for p in find_job(job.pid).ranks}
+        for rank, hook in hooks.items():
+            assert hook["pid"] in ranks and ranks[hook["pid"]].rank == rank, (hook, ranks)
+            assert psutil.pid_exists(hook["pid"])
+        assert not (run_dir / "ranks" / "2").exists()  # nothing else armed (no launcher, no worker)
+        data = snapshot(job.pid)
+    assert {r["rank"] for r in data["ranks"]} == {0, 1}, describe(data)
