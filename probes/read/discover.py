@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from dataclasses import replace
@@ -292,8 +293,13 @@ def describe_job(root: psutil.Process, launcher: str) -> JobProcesses:
     notes: list[str] = []
     if launcher == "mp.spawn":
         procs = sorted(_spawn_ranks(root), key=lambda p: _safe(p.create_time, 0))
-        ranks = [_rank_process(p, job_env(p) or {}, default_rank=i) for i, p in enumerate(procs)]
-        notes.append("mp.spawn job: rank numbers inferred from start order")
+        armed = _armed_ranks((job_env(root) or {}).get("TRAINWATCH_RUN_DIR"))
+        if procs and all(p.pid in armed for p in procs):
+            ranks = [_rank_process(p, job_env(p) or {}, default_rank=armed[p.pid]) for p in procs]
+            notes.append("mp.spawn job: rank numbers from trainwatch's hook (each rank's process group)")
+        else:
+            ranks = [_rank_process(p, job_env(p) or {}, default_rank=i) for i, p in enumerate(procs)]
+            notes.append("mp.spawn job: rank numbers inferred from start order")
     elif launcher in LAUNCHERS:
         ranks = _ranks_below(root)
     elif launcher == "lightning":
@@ -442,6 +448,20 @@ def _import_armed_dir(ranks: list[RankProcess]) -> str | None:
         if path.is_dir():
             return str(path)
     return None
+
+
+def _armed_ranks(run_dir: str | None) -> dict[int, int]:
+    """PID -> rank of the ranks the hook armed in ``run_dir`` (each ``ranks/<rank>/hook.json``)."""
+    found: dict[int, int] = {}
+    if not run_dir:
+        return found
+    for path in Path(run_dir).glob("ranks/*/hook.json"):
+        try:
+            record = json.loads(path.read_text())
+            found[int(record["pid"])] = int(record["rank"])
+        except (OSError, ValueError, KeyError, TypeError):  # a record being written, or damaged: not used
+            continue
+    return found
 
 
 def _armed_log(env: dict[str, str], rank: int | None) -> str | None:

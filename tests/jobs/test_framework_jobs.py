@@ -460,4 +460,8 @@ def test_trainwatch_run_arms_ranks_that_have_no_RANK_at_start(tmp_path, script, 
             assert psutil.pid_exists(hook["pid"])
         assert not (run_dir / "ranks" / "2").exists()  # nothing else armed (no launcher, no worker)
         data = snapshot(job.pid)
-    assert {r["rank"] for r in data["ranks"]} == {0, 1}, describe(data)
+    assert {r["rank"]: r["pid"] for r in data["ranks"]} == {rank: hook["pid"] for rank, hook in hooks.items()}, \
+        describe(data)
+    if launcher == "python":  # mp.spawn: the rank numbers come from the hook, no longer from start order
+        notes = json.dumps(data.get("notes")) + json.dumps(data["job"])
+        assert "rank numbers from trainwatch's hook" in notes and "inferred from start order" not in notes, notes
