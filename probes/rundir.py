@@ -152,6 +152,12 @@ def read_json(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+def hook_records(run_dir: Path) -> list[dict]:
+    """Every rank's ``hook.json`` in ``run_dir`` (unreadable ones left out), in rank-folder order."""
+    records = (read_json(path) for path in sorted(Path(run_dir).glob("ranks/*/hook.json")))
+    return [record for record in records if record]
+
+
 def write_json(path: Path, data: dict) -> None:
     """Write atomically so a reader never sees half a file."""
     path = Path(path)

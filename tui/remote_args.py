@@ -12,11 +12,11 @@ import shlex
 from typing import TYPE_CHECKING, Any
 
 # Only what building the parser needs is imported here: the remote machinery loads when a command uses it.
-from ..probes import DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, PARTIAL_EXIT
+from ..probes import DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, PARTIAL_EXIT, NodeSpec
 from .commands.common import count_between, positive_seconds
 
 if TYPE_CHECKING:
-    from ..probes import NodeSpec, Remote
+    from ..probes import Remote
 
 __all__ = ["PARTIAL_EXIT", "add_remote_arguments", "wants_remote", "remotes_from_args", "wrap_source",
            "detect_slurm", "slurm_job_here"]
@@ -47,9 +47,7 @@ def add_remote_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def wants_remote(args: argparse.Namespace) -> bool:
-    """Whether other nodes are named (``NodeSpec.named``, without loading the remote machinery)."""
-    return bool(getattr(args, "hosts", None) or getattr(args, "hostfile", None) or getattr(args, "slurm", None)
-                or getattr(args, "k8s", None))
+    return node_spec(args).named
 
 
 def ssh_options(values: list[str]) -> tuple[str, ...]:
@@ -74,7 +72,6 @@ def slurm_job_here(timeout: float) -> str:
 
 def node_spec(args: argparse.Namespace) -> NodeSpec:
     """The other nodes named by the options of :func:`add_remote_arguments`."""
-    from ..probes import NodeSpec
     return NodeSpec(hosts=tuple(getattr(args, "hosts", None) or ()), hostfile=getattr(args, "hostfile", None),
                     slurm=getattr(args, "slurm", None), k8s=getattr(args, "k8s", None),
                     k8s_namespace=getattr(args, "k8s_namespace", None),

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-
 from .bundle import remembered_places, write_bundle
 from .crash_catcher import CrashCatcher
 from ..judge import exits
@@ -305,5 +304,3 @@ def _is_cause(info: ExitInfo) -> bool:
     if info.signal is not None:
         return info.signal not in exits.TEARDOWN_SIGNALS
     return bool(info.reason) and info.reason not in exits.CONSEQUENCES and info.reason != exits.VANISHED
-
-

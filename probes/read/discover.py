@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 from dataclasses import replace
@@ -14,7 +13,7 @@ from ..errors import AccessDenied, NoSuchProcess, NotAJob
 from . import procfs
 from .process import JOB_ENV, JobProcesses, RankProcess
 from .pyspy import ptrace_remedy
-from ..rundir import implicit_run_dir, rank_log_file
+from ..rundir import hook_records, implicit_run_dir, rank_log_file
 
 LAUNCHER_MODULES = {
     "torch.distributed.run": "torchrun", "torch.distributed.launch": "torchrun",
@@ -453,13 +452,10 @@ def _import_armed_dir(ranks: list[RankProcess]) -> str | None:
 def _armed_ranks(run_dir: str | None) -> dict[int, int]:
     """PID -> rank of the ranks the hook armed in ``run_dir`` (each ``ranks/<rank>/hook.json``)."""
     found: dict[int, int] = {}
-    if not run_dir:
-        return found
-    for path in Path(run_dir).glob("ranks/*/hook.json"):
+    for record in hook_records(Path(run_dir)) if run_dir else ():
         try:
-            record = json.loads(path.read_text())
             found[int(record["pid"])] = int(record["rank"])
-        except (OSError, ValueError, KeyError, TypeError):  # a record being written, or damaged: not used
+        except (KeyError, TypeError, ValueError):  # a damaged record: that rank keeps its start-order number
             continue
     return found
 

@@ -27,9 +27,8 @@ class HookReply:
 def armed_ranks(run_dir: Path) -> dict[int, Path]:
     """Rank -> control socket path, for every rank whose hook has a socket in ``run_dir``."""
     found: dict[int, Path] = {}
-    for record_path in sorted(Path(run_dir).glob("ranks/*/hook.json")):
-        record = rundir.read_json(record_path)
-        if not record or record.get("socket") is None:
+    for record in rundir.hook_records(run_dir):
+        if record.get("socket") is None:
             continue
         sock = Path(record["socket"])
         if sock.exists():
@@ -71,8 +70,8 @@ def faulthandler_signal(run_dir: Path) -> int | None:
     value = (record.get("faulthandler") or {}).get("signal")
     if isinstance(value, int):
         return value
-    for hook_path in sorted(Path(run_dir).glob("ranks/*/hook.json")):  # armed by import
-        value = (rundir.read_json(hook_path) or {}).get("faulthandler_signal")
+    for hook in rundir.hook_records(run_dir):  # armed by import
+        value = hook.get("faulthandler_signal")
         if isinstance(value, int):
             return value
     return None

@@ -7,7 +7,6 @@ import os
 import shutil
 import socket
 import subprocess
-from dataclasses import dataclass
 from typing import Any
 
 from ..errors import TrainwatchError
@@ -15,31 +14,11 @@ from .hostlist import (
     parse_hosts, read_hostfile, slurm_hostnames, slurm_job_nodelist, slurm_running_jobs, unique,
 )
 from .streams import STREAM_START_PARALLEL, StreamSource
+from .node_spec import NodeSpec
 from .remote import (
-    DEFAULT_TIMEOUT_S, KubeRemote, Remote, SlurmRemote, SshRemote, kubectl_get_pods_argv,
+    KubeRemote, Remote, SlurmRemote, SshRemote, kubectl_get_pods_argv,
     match_args, parse_pods,
 )
-
-
-@dataclass(frozen=True)
-class NodeSpec:
-    """The other nodes as named by a person: ``hosts`` (SLURM ranges allowed), a ``hostfile``,
-    a SLURM job (``slurm``: its id, or ``auto``), pods matching a ``k8s`` selector."""
-
-    hosts: tuple[str, ...] = ()
-    hostfile: str | None = None
-    slurm: str | None = None
-    k8s: str | None = None
-    k8s_namespace: str | None = None
-    k8s_container: str | None = None
-    ssh_options: tuple[str, ...] = ()
-    timeout: float = DEFAULT_TIMEOUT_S
-    parallel: int | None = None  # agents started at once; None: STREAM_START_PARALLEL
-    trainwatch: str = "trainwatch"  # the command that runs trainwatch on the other nodes
-
-    @property
-    def named(self) -> bool:
-        return bool(self.hosts or self.hostfile or self.slurm or self.k8s)
 
 
 def this_node() -> set[str]:
@@ -165,7 +144,7 @@ def open_nodes(local_source: Any, spec: NodeSpec, job: Any, *, wait_s: float | N
         return StreamSource(local_source, remotes, match=match, trainwatch=spec.trainwatch, timeout=spec.timeout,
                             interval=max(1.0, window or 1.0), parallel=spec.parallel or STREAM_START_PARALLEL,
                             window=window, world_size=getattr(job, "world_size", None), extra_args=extra,
-                            full_stacks=True, once=True)
+                            once=True)
     return StreamSource(local_source, remotes, match=match, trainwatch=spec.trainwatch,
                         timeout=spec.timeout, interval=stream_interval,
                         parallel=spec.parallel or STREAM_START_PARALLEL,

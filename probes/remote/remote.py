@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from .defaults import DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S
+from .node_spec import DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S
 _STDERR_KEEP = 4000
 
 

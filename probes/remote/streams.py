@@ -162,7 +162,7 @@ class StreamSource(NodeEvidence):
                  trainwatch: str = "trainwatch", timeout: float = DEFAULT_TIMEOUT_S, interval: float = 2.0,
                  window: float | None = None, wait_s: float | None = None, parallel: int = DEFAULT_PARALLEL,
                  world_size: int | None = None, extra_args: Sequence[str] = (),
-                 spawn: Any = None, reuse_ssh: bool = True, full_stacks: bool = False, once: bool = False) -> None:
+                 spawn: Any = None, reuse_ssh: bool = True, once: bool = False) -> None:
         self.local = local_source
         self.match = list(match)
         self.trainwatch = trainwatch
@@ -195,8 +195,9 @@ class StreamSource(NodeEvidence):
         self._culprits: frozenset[int] = frozenset()
         self._selected: frozenset[int] = frozenset()
         self._native: frozenset[int] = frozenset()
-        self.full_stacks = full_stacks  # every thread of every rank (one-shot snapshots), not only culprits
-        self.once = once  # a one-shot command: an agent that stopped is not started again
+        # A one-shot command (snapshot, dump): every thread of every rank, not only the culprits'; and an
+        # agent that stopped is not started again.
+        self.once = once
         self._polls = 0
         self._local_takes_native = poll_accepts(local_source, "native_for")
         _raise_fd_limit(3 * len(self.launches) + 64)
@@ -410,7 +411,7 @@ class StreamSource(NodeEvidence):
 
     def request(self, full: frozenset[int], native: frozenset[int]) -> None:
         """Ask every agent for every thread of ``full`` and native frames of ``native`` (broadcast)."""
-        wanted: Any = "all" if self.full_stacks else sorted(full)
+        wanted: Any = "all" if self.once else sorted(full)
         data = (json.dumps({"full": wanted, "native": sorted(native)}) + "\n").encode()
         with self._lock:
             if data == self._request:

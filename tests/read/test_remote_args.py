@@ -67,7 +67,7 @@ def test_a_one_shot_over_ssh_asks_agents_for_the_compact_wire():
     args = parse("1", "--hosts", "w1", "--remote-trainwatch", "/opt/tw", "--remote-timeout", "7", "--window", "1")
     source = wrap_source(args, None, job())
     try:
-        assert isinstance(source, StreamSource) and source.full_stacks
+        assert isinstance(source, StreamSource) and source.once
         assert source.match == ["--match", "10.0.0.1:29500"] and source.trainwatch == "/opt/tw"
         assert source.timeout == 7 and source.world_size == 4
         assert source.args == ["agent", "--match", "10.0.0.1:29500", "--interval", "1", "--window", "1"]

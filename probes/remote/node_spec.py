@@ -1,0 +1,30 @@
+"""The other nodes a person named, and the defaults for reaching them: small, so the command line
+builds them without loading the remote machinery."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_TIMEOUT_S = 30.0  # give up on a node after this long
+DEFAULT_PARALLEL = 32  # nodes whose bundles are fetched at once
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """The other nodes as named by a person: ``hosts`` (SLURM ranges allowed), a ``hostfile``,
+    a SLURM job (``slurm``: its id, or ``auto``), pods matching a ``k8s`` selector."""
+
+    hosts: tuple[str, ...] = ()
+    hostfile: str | None = None
+    slurm: str | None = None
+    k8s: str | None = None
+    k8s_namespace: str | None = None
+    k8s_container: str | None = None
+    ssh_options: tuple[str, ...] = ()
+    timeout: float = DEFAULT_TIMEOUT_S
+    parallel: int | None = None  # agents started at once; None: STREAM_START_PARALLEL
+    trainwatch: str = "trainwatch"  # the command that runs trainwatch on the other nodes
+
+    @property
+    def named(self) -> bool:
+        return bool(self.hosts or self.hostfile or self.slurm or self.k8s)
