@@ -10,6 +10,10 @@ Layout (``<run>`` is ``trainwatch run --out``)::
     <run>/ranks/<rank>/faulthandler.log   fatal-signal and on-demand traces (appended)
     <run>/ranks/<rank>/output.log   the rank's stdout and stderr (appended)
     <run>/ranks/<rank>/exit.json    the uncaught exception that ended the rank, if any
+    <run>/ranks/<rank>/last-words.json    stacks and Flight Recorder at SIGTERM, SIGINT or an
+                                    uncaught exception (once per rank; see the hook)
+    <run>/ranks/<rank>/last-words.log     every thread's stack, written by faulthandler the moment
+                                    SIGTERM or SIGINT arrives (empty until one does)
     <run>/flight/                   Flight Recorder dumps (on timeout, or via the pipe)
 
 Only the standard library is used: the hook loads this logic inside user processes.
@@ -62,6 +66,17 @@ def rank_log_file(run_dir: Path, rank: int) -> Path:
 
 def exit_file(run_dir: Path, rank: int) -> Path:
     return rank_dir(run_dir, rank) / "exit.json"
+
+
+def last_words_file(run_dir: Path, rank: int) -> Path:
+    """The rank's last words: stacks and Flight Recorder as it was told to stop, or raised."""
+    return rank_dir(run_dir, rank) / "last-words.json"
+
+
+def last_words_log(run_dir: Path, rank: int) -> Path:
+    """faulthandler's all-thread trace at SIGTERM/SIGINT, from its C handler (even while the main
+    thread is blocked in C++); appended, one trace per signal."""
+    return rank_dir(run_dir, rank) / "last-words.log"
 
 
 def launcher_exit_file(run_dir: Path) -> Path:

@@ -12,6 +12,10 @@ workers and other helpers inherit ``RANK``) and then:
 * tees fd 1 and 2 into ``ranks/<rank>/output.log`` through a helper process, so the tail
   of the output survives the rank dying (a thread would die with it);
 * records an uncaught exception in ``ranks/<rank>/exit.json``;
+* leaves last words: on SIGTERM or SIGINT (a launcher's teardown, ``timeout``, SLURM, Ctrl-C), or an
+  uncaught exception, every thread's stack and the Flight Recorder go to
+  ``ranks/<rank>/last-words.json`` (and faulthandler's trace to ``last-words.log``) before the
+  signal does what it would have done anyway, at most ``LAST_WORDS_BUDGET_S`` later;
 * serves ``ping``, ``stacks`` and ``fr_trace`` on ``ranks/<rank>/control.sock`` from a
   daemon thread. It never imports torch: ``fr_trace`` works only when the job already did, and
   returns both the NCCL Flight Recorder and the generic one (gloo).
@@ -25,8 +29,11 @@ import atexit
 import faulthandler
 import hashlib
 import importlib.util
+import itertools
 import json
 import os
+import select
+import signal
 import socket
 import subprocess
 import sys
@@ -82,6 +89,7 @@ def install(run_dir: str | Path | None = None, rank: int | None = None) -> bool:
     signal_no = _arm_faulthandler(rundir.faulthandler_file(run_dir, rank), rank)
     tee_pid = _tee_output(rundir.rank_log_file(run_dir, rank))
     _hook_excepthook(rundir.exit_file(run_dir, rank))
+    last_words = _arm_last_words(run_dir, rank)
     sock_path = _serve(run_dir, rank)
     if not os.environ.get("TRAINWATCH_RUN_DIR"):
         os.environ["TRAINWATCH_RUN_DIR"] = str(run_dir)
@@ -99,6 +107,8 @@ def install(run_dir: str | Path | None = None, rank: int | None = None) -> bool:
         "tee_pid": tee_pid,
         "torchelastic_error_file": os.environ.get("TORCHELASTIC_ERROR_FILE"),
         "restart_count": os.environ.get("TORCHELASTIC_RESTART_COUNT"),
+        "last_words": last_words,
+        "last_words_file": str(rundir.last_words_file(run_dir, rank)),
     })
     return True
 
@@ -120,8 +130,6 @@ def _ensure_run_json(run_dir: Path, signal_no: int | None) -> None:
 
 def _arm_faulthandler(path: Path, rank: int) -> int | None:
     """Fatal signals and the on-demand signal both append to one file per rank."""
-    import signal
-
     out = open(path, "a", buffering=1)
     out.write(f"=== trainwatch: rank {rank} pid {os.getpid()} started {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
     _state["fault_file"] = out  # faulthandler keeps only the fd: keep the file object alive
@@ -188,7 +196,7 @@ def _hook_excepthook(path: Path) -> None:
 
     def record(kind, value, tb) -> None:
         try:
-            frames = traceback.extract_tb(tb)
+            frames = _job_frames(tb)
             last = frames[-1] if frames else None
             rundir.write_json(path, {
                 "pid": os.getpid(), "at": time.time(), "code": 1,
@@ -197,9 +205,329 @@ def _hook_excepthook(path: Path) -> None:
             })
         except Exception:
             pass
+        words = _state.get("last_words")
+        if isinstance(words, _LastWords) and os.getpid() == _state.get("pid"):
+            _speak(words, "exception", time.monotonic() + LAST_WORDS_BUDGET_S, tb=tb)
         previous(kind, value, tb)
 
     sys.excepthook = record
+
+
+def _job_frames(tb: object) -> traceback.StackSummary:
+    """The traceback's frames without the hook's own at its end: a KeyboardInterrupt raised by
+    default_int_handler, chained from the hook's SIGINT handler, is the job's."""
+    frames = traceback.extract_tb(tb)
+    while len(frames) > 1 and frames[-1].filename == __file__:
+        frames.pop()
+    return frames
+
+
+# -- last words ----------------------------------------------------------------------------------
+# A hung rank's main thread is blocked in C++ (a gloo or NCCL wait): a Python signal handler runs
+# only once that call returns, which may be never. So for SIGTERM and SIGINT, on top of a Python
+# handler that chains to the job's: faulthandler's C handler writes every thread's stack at once
+# (into last-words.log), and Python's wakeup fd wakes a daemon thread, which writes last-words.json
+# (stacks and Flight Recorder: the waits release the GIL) and, for a signal whose action was the
+# default one, makes the process die by that signal. Nothing runs until a signal comes.
+
+LAST_WORDS_FORMAT = "trainwatch-last-words/1"
+LAST_WORDS_SIGNALS = ("SIGTERM", "SIGINT")
+LAST_WORDS_BUDGET_S = 1.0  # the most a signal is delayed by the writing
+_POLL_S = 0.002
+
+
+class _LastWords:
+    """What the signal handlers, the listener thread and the excepthook share.
+
+    Only atomic operations under the GIL and Event.is_set() are used from the main thread: a
+    Python signal handler may run in the middle of any of this code there, so a lock taken by the
+    interrupted code would deadlock it."""
+
+    def __init__(self, path: Path, rank: int) -> None:
+        self.path = path
+        self.rank = rank
+        self.handlers: dict[int, object] = {}  # signal -> our Python handler
+        self.previous: dict[int, object] = {}  # signal -> the handler ours chains to
+        self.log = None  # faulthandler's file: kept alive (faulthandler keeps only the fd)
+        self.wakeup_fd: int | None = None  # the pipe's ends: Python's C handler writes, the listener reads
+        self.read_fd: int | None = None
+        self.listener: threading.Thread | None = None
+        self.reading = False  # the listener is taking bytes out of the pipe
+        self.libc_signal = None  # C signal(): resets a disposition from a thread other than main
+        self.heard = threading.Event()  # the listener read a signal of ours
+        self.done = threading.Event()  # the last words are written (or given up)
+        self._tickets = itertools.count()
+        self._times: dict[str, float] = {}
+
+    def claim(self) -> bool:
+        """True once per process: whoever gets it writes the last words."""
+        return next(self._tickets) == 0
+
+    def deadline(self) -> float:
+        """LAST_WORDS_BUDGET_S after the first signal (monotonic): the most any waits."""
+        return self._times.setdefault("first", time.monotonic()) + LAST_WORDS_BUDGET_S
+
+
+def _arm_last_words(run_dir: Path, rank: int) -> dict[str, str]:
+    """Arm SIGTERM and SIGINT for last words where the job's handler can be chained; returns
+    what was done to each (for hook.json)."""
+    words = _LastWords(rundir.last_words_file(run_dir, rank), rank)
+    _state["last_words"] = words  # the excepthook's last words, whatever happens below
+    if threading.current_thread() is not threading.main_thread():
+        why = "left alone: armed outside the main thread (Python sets signal handlers only there)"
+        return {name: why for name in LAST_WORDS_SIGNALS}
+    notes: dict[str, str] = {}
+    for name in LAST_WORDS_SIGNALS:
+        signum = int(getattr(signal, name))
+        previous = signal.getsignal(signum)
+        why = _not_chainable(previous)
+        if why is None and previous is signal.SIG_DFL and words.libc_signal is None:
+            words.libc_signal = _libc_signal()
+            if words.libc_signal is None:
+                why = "cannot restore the default action from a thread (no ctypes)"
+        if why:
+            notes[name] = f"left alone: {why}"
+            continue
+        try:
+            if words.log is None:
+                words.log = open(rundir.last_words_log(run_dir, rank), "a", buffering=1)
+            handler = _signal_handler(words, previous)
+            signal.signal(signum, handler)  # first: faulthandler chains to the handler it finds
+            faulthandler.register(signum, file=words.log, all_threads=True, chain=True)
+        except (OSError, ValueError, RuntimeError) as exc:
+            if signal.getsignal(signum) is not previous:
+                signal.signal(signum, previous)
+            notes[name] = f"left alone: {type(exc).__name__}: {exc}"
+            continue
+        words.handlers[signum], words.previous[signum] = handler, previous
+        notes[name] = "armed"
+    if words.handlers:
+        notes["listener"] = _start_listener(words)
+        os.register_at_fork(after_in_child=_forget_last_words)
+        atexit.register(_await_last_words)
+    return notes
+
+
+def _not_chainable(previous: object) -> str | None:
+    """Why a signal with this Python handler is left alone, or None when ours can chain to it."""
+    if previous is signal.SIG_IGN:
+        return "the job ignores it (SIG_IGN)"
+    if previous is None:
+        return "its handler was not installed from Python"
+    if previous is signal.SIG_DFL or callable(previous):  # default_int_handler is a callable too
+        return None
+    return f"unknown handler {previous!r}"
+
+
+def _libc_signal():  # noqa: ANN202 (a ctypes function)
+    try:
+        import ctypes
+        function = ctypes.CDLL(None).signal
+    except (ImportError, OSError, AttributeError):
+        return None
+    function.restype = ctypes.c_void_p
+    function.argtypes = (ctypes.c_int, ctypes.c_void_p)
+    return function
+
+
+def _signal_handler(words: _LastWords, previous: object):  # noqa: ANN202
+    def on_signal(signum: int, frame: object) -> object:
+        if os.getpid() == _state.get("pid"):  # not a forked child: those act exactly as before
+            deadline = words.deadline()
+            if words.listener is not None and _wait_for(words.heard, min(deadline, time.monotonic() + 0.2)):
+                _wait_for(words.done, deadline)  # the listener is writing them
+            else:  # no listener, or its wakeup fd was taken over: write them here
+                _speak(words, rundir.signal_name(signum), deadline, then_die=previous is signal.SIG_DFL,
+                       signum=signum)
+        if previous is signal.SIG_DFL:
+            _die_by(words, signum)
+            return None
+        return previous(signum, frame)  # the job's handler, or default_int_handler's KeyboardInterrupt
+
+    on_signal.__qualname__ = "trainwatch_last_words"
+    return on_signal
+
+
+def _wait_for(event: threading.Event, deadline: float) -> bool:
+    """Poll: Event.wait takes a lock that the code this signal handler interrupted may hold."""
+    while not event.is_set() and time.monotonic() < deadline:
+        time.sleep(_POLL_S)
+    return event.is_set()
+
+
+def _start_listener(words: _LastWords) -> str:
+    try:
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)  # as Python requires of a wakeup fd
+        os.set_blocking(read_fd, False)
+    except OSError as exc:
+        return f"not started: {exc}"
+    try:
+        old = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    except (ValueError, OSError) as exc:
+        os.close(read_fd)
+        os.close(write_fd)
+        return f"not started: {exc}"
+    if old != -1:  # someone's already (an event loop): keep theirs; the Python handler writes them
+        signal.set_wakeup_fd(old)
+        os.close(read_fd)
+        os.close(write_fd)
+        return f"not started: the wakeup fd is taken (fd {old}); last words only once the main thread runs Python"
+    listener = threading.Thread(target=_listen, args=(words, read_fd), name="trainwatch-last-words", daemon=True)
+    words.wakeup_fd, words.read_fd = write_fd, read_fd
+    try:
+        listener.start()
+    except RuntimeError as exc:  # can't start new thread
+        signal.set_wakeup_fd(-1)
+        words.wakeup_fd = words.read_fd = None
+        os.close(read_fd)
+        os.close(write_fd)
+        return f"not started: {exc}"
+    words.listener = listener
+    return "started"
+
+
+def _listen(words: _LastWords, read_fd: int) -> None:
+    """The listener thread: Python's C signal handler writes each signal's number to the pipe.
+    ``reading`` is set before a byte leaves the pipe, so the exit path knows it is in hand."""
+    poller = select.poll()  # not select.select: no limit on the fd's number
+    poller.register(read_fd, select.POLLIN)
+    while True:
+        try:
+            poller.poll()
+            words.reading = True
+            data = os.read(read_fd, 64)  # non-blocking: the exit path may have taken it meanwhile
+        except BlockingIOError:
+            words.reading = False
+            continue
+        except (OSError, ValueError):
+            return
+        if not data:
+            return
+        for signum in data:
+            if signum in words.handlers:
+                _heard(words, signum)
+        words.reading = False
+
+
+def _heard(words: _LastWords, signum: int) -> None:
+    words.heard.set()
+    deadline = words.deadline()
+    # Ours may have been replaced by the job's own handler since: then that one decides.
+    then_die = signal.getsignal(signum) is words.handlers[signum] and words.previous[signum] is signal.SIG_DFL
+    _speak(words, rundir.signal_name(signum), deadline, then_die=then_die, signum=signum)
+    if then_die:
+        _die_by(words, signum)
+
+
+def _speak(words: _LastWords, trigger: str, deadline: float, then_die: bool = False, signum: int = 0,
+           tb: object = None) -> None:
+    """Write the last words, once per process. With ``then_die``, off the main thread, a timer makes
+    the process die by ``signum`` at ``deadline`` should the writing take longer. (On the main
+    thread no timer: starting a thread takes a lock the interrupted code may hold.)"""
+    if not words.claim():
+        return
+    timer = None
+    try:
+        if then_die and threading.current_thread() is not threading.main_thread():
+            timer = threading.Timer(max(0.0, deadline - time.monotonic()), _die_by, args=(words, signum))
+            timer.name, timer.daemon = "trainwatch-last-words-deadline", True
+            timer.start()
+        _write_last_words(words, trigger, deadline, tb)
+    except Exception:  # last words never take the job down, nor keep it from ending
+        pass
+    finally:
+        words.done.set()
+        if timer is not None:
+            timer.cancel()
+
+
+def _write_last_words(words: _LastWords, trigger: str, deadline: float, tb: object) -> None:
+    """The stacks first, written at once; then again with the Flight Recorder, which a wedged
+    communicator could keep from ever returning (the process dies at ``deadline`` regardless)."""
+    started = time.monotonic()
+    record = {
+        "format": LAST_WORDS_FORMAT, "rank": words.rank, "pid": os.getpid(), "host": socket.gethostname(),
+        "trigger": trigger, "at": time.time(), "stacks": all_stacks(current=_job_frames(tb) if tb is not None else None),
+        "fr": None, "fr_error": f"the Flight Recorder dump did not finish within {LAST_WORDS_BUDGET_S:g} s",
+        "elapsed_s": None,
+    }
+    if "torch" in sys.modules and time.monotonic() < deadline:
+        record["elapsed_s"] = round(time.monotonic() - started, 4)
+        rundir.write_json(words.path, record)
+        reply = fr_trace()
+    elif time.monotonic() < deadline:
+        reply = fr_trace()  # cheap: says torch is not imported
+    else:
+        reply = _err(f"not asked: the stacks took the whole {LAST_WORDS_BUDGET_S:g} s")
+    record["fr"], record["fr_error"] = (reply["text"], None) if reply["ok"] else (None, reply["error"])
+    record["elapsed_s"] = round(time.monotonic() - started, 4)
+    rundir.write_json(words.path, record)
+
+
+def _die_by(words: _LastWords, signum: int) -> None:
+    """What the default action would have done: die by ``signum``, so the parent's wait status says so."""
+    try:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signum, signal.SIG_DFL)
+        else:  # Python's signal.signal works only in the main thread, which may be blocked in C++
+            words.libc_signal(signum, None)
+        os.kill(os.getpid(), signum)
+    except (OSError, ValueError, TypeError):
+        pass
+
+
+def _forget_last_words() -> None:
+    """In a forked child (a DataLoader worker): no faulthandler trace into the parent's file, no
+    wakeup byte into the parent's pipe (its listener would take the child's signal for its own).
+    The signals get back the handlers they had before arming (unless the job changed them since)."""
+    words = _state.get("last_words")
+    if not isinstance(words, _LastWords):
+        return
+    for signum, handler in words.handlers.items():
+        try:
+            faulthandler.unregister(signum)
+            if signal.getsignal(signum) is handler:  # the job's own disposition, as before arming
+                signal.signal(signum, words.previous[signum])
+        except (RuntimeError, ValueError, OSError):
+            pass
+    if words.wakeup_fd is not None:
+        try:
+            old = signal.set_wakeup_fd(-1)
+            if old != words.wakeup_fd:  # the job's since: keep it
+                signal.set_wakeup_fd(old)
+        except (ValueError, OSError):
+            pass
+
+
+def _await_last_words() -> None:
+    """At exit: the job's own handler (installed after ours) may end the process before the
+    listener has written; wait for it, within the budget, or write them here if the listener has
+    not read the signal yet. Nothing to wait for on an ordinary exit."""
+    words = _state.get("last_words")
+    if not isinstance(words, _LastWords) or os.getpid() != _state.get("pid") or words.done.is_set():
+        return
+    ours = [signum for signum in _pending_signals(words) if signum in words.handlers]
+    if ours:
+        _speak(words, rundir.signal_name(ours[0]), words.deadline())
+    until = time.monotonic() + LAST_WORDS_BUDGET_S
+    while words.reading and not words.heard.is_set() and time.monotonic() < until:
+        time.sleep(_POLL_S)  # the listener holds bytes it read: let it say whether one is ours
+    if words.heard.is_set() or "first" in words._times:
+        _wait_for(words.done, words.deadline())
+
+
+def _pending_signals(words: _LastWords) -> bytes:
+    """The signal numbers in the wakeup pipe that the listener has not read (taken out of it)."""
+    data = b""
+    if words.read_fd is None:
+        return data
+    try:
+        while chunk := os.read(words.read_fd, 64):  # non-blocking
+            data += chunk
+    except OSError:  # BlockingIOError: nothing (more) in it
+        pass
+    return data
 
 
 def _serve(run_dir: Path, rank: int) -> Path | None:
@@ -261,18 +589,28 @@ def handle(command: str) -> dict:
     return _err(f"unknown command {command!r}; expected one of {', '.join(COMMANDS)}")
 
 
-def all_stacks() -> str:
-    """Every Python thread's stack, in faulthandler's format, with thread names added."""
-    names = {t.ident: t.name for t in threading.enumerate()}
+def all_stacks(current: traceback.StackSummary | None = None) -> str:
+    """Every Python thread's stack, in faulthandler's format, with thread names added.
+    ``current``: the calling thread's stack to show instead of its own (an exception's)."""
+    names = _thread_names()
     me = threading.get_ident()
     parts = []
     for ident, frame in sys._current_frames().items():
         label = "Current thread" if ident == me else "Thread"
         parts.append(f'{label} 0x{ident:016x} "{names.get(ident, "?")}" (most recent call first):')
-        for entry in reversed(traceback.extract_stack(frame)):
+        for entry in reversed(current if current is not None and ident == me else traceback.extract_stack(frame)):
             parts.append(f'  File "{entry.filename}", line {entry.lineno} in {entry.name}')
         parts.append("")
     return "\n".join(parts)
+
+
+def _thread_names() -> dict[int, str]:
+    """Thread names by ident. Not threading.enumerate(): it takes a lock that the code a signal
+    handler interrupted may hold (last words are written from one)."""
+    active = getattr(threading, "_active", None)
+    if isinstance(active, dict):
+        return {ident: thread.name for ident, thread in list(active.items())}
+    return {thread.ident: thread.name for thread in threading.enumerate()}
 
 
 FR_FORMAT = "trainwatch-fr/2"  # read by trainwatch.probes.read.flightrec.hook_reply_traces
