@@ -12,11 +12,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from typing import Any
+import types
+import typing
+from typing import Any, Literal
 
 from ..snapshot import (
-    CollectiveState, ExitInfo, Frame, HostInfo, Job, KernelState, Rank, RankGpu, Snapshot, SnapshotError, ThreadStack,
-    Verdict, _decoder, _encode,
+    CollectiveState, Frame, HostInfo, Job, Rank, Snapshot, SnapshotError, ThreadStack, Verdict, _decoder, _encode,
 )
 
 WIRE_KIND = "trainwatch-node"
@@ -96,16 +97,29 @@ _HOSTS = _decoder(tuple[HostInfo, ...])
 _COLLECTIVES = _decoder(CollectiveState | None)
 _VERDICT = _decoder(Verdict)
 _THREADS = _decoder(tuple[ThreadStack, ...])
-_GPU = _decoder(RankGpu | None)
-_EXIT = _decoder(ExitInfo | None)
-_KERNEL = _decoder(KernelState | None)
-# Scalar rank fields and the JSON types they may hold; checked, not rebuilt, so decoding stays cheap.
-_SCALARS: dict[str, tuple[type, ...]] = {
-    "rank": (int,), "pid": (int,), "local_rank": (int,), "state": (str,), "phase": (str,), "op": (str,),
-    "where": (str,), "user_frame": (str,), "stuck_for_s": (int, float), "cpu_pct": (int, float),
-    "rss_bytes": (int,), "log_path": (str,), "detail": (str,), "step": (int,), "step_period_s": (int, float),
-    "native": (bool,), "host": (str,),
-}
+
+
+def _scalar_kinds(tp: Any) -> tuple[type, ...] | None:
+    """The JSON types a plain (optional) int, float, str, bool or vocabulary field may hold; None
+    for any other field (a record, a tuple), which the generic decoder rebuilds."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)] if typing.get_origin(tp) in (
+        typing.Union, types.UnionType) else [tp]
+    if len(args) != 1:
+        return None
+    kind = args[0]
+    if kind is float:
+        return (int, float)
+    if kind in (int, str, bool):
+        return (kind,)
+    return (str,) if typing.get_origin(kind) is Literal else None
+
+
+# Every rank field, from Rank itself (no hand list): plain ones are checked, not rebuilt, so decoding
+# stays cheap; the others (gpu, exit, log, kernel, children) go through the generic decoder.
+_RANK_HINTS = typing.get_type_hints(Rank)
+_SCALARS: dict[str, tuple[type, ...]] = {name: kinds for name, tp in _RANK_HINTS.items()
+                                         if (kinds := _scalar_kinds(tp)) is not None}
+_NESTED = {name: _decoder(tp) for name, tp in _RANK_HINTS.items() if name not in _SCALARS and name != "threads"}
 
 
 _JOB_TUPLES = ("cmdline",)
@@ -132,14 +146,8 @@ def _rank(record: dict[str, Any], host: str, threads: tuple[ThreadStack, ...]) -
             if value is not None and not isinstance(value, kinds):
                 raise TypeError(f"rank field {key}: {type(value).__name__}")
             kwargs[key] = value
-        elif key == "gpu":
-            kwargs[key] = _GPU(value)
-        elif key == "exit":
-            kwargs[key] = _EXIT(value)
-        elif key == "kernel":
-            kwargs[key] = _KERNEL(value)
-        elif key == "children":
-            kwargs[key] = tuple(int(pid) for pid in value)
+        elif key in _NESTED:
+            kwargs[key] = _NESTED[key](value)
     return Rank(**kwargs)
 
 

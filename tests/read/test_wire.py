@@ -72,3 +72,25 @@ def test_error_lines_and_other_versions():
     damaged["ranks"][0]["pid"] = "x"
     with pytest.raises(SnapshotError, match="damaged node answer"):
         decode_line(json.dumps(damaged))
+
+
+def test_every_rank_field_survives_the_wire():
+    """Every field of Rank, set to a value that is not its default, comes back equal: the wire's
+    field list is Rank's own, so a new fact cannot be dropped on the way (the log's growth and the
+    collective timeout once were, and the same node then merged to another verdict)."""
+    import dataclasses
+
+    from trainwatch.probes.snapshot import KernelState, LogActivity
+
+    full = Rank(rank=3, pid=103, host="n2", local_rank=1, state="stuck", phase="collective", op="all_reduce",
+                where="c10d.py:9 all_reduce", user_frame="train.py:5 step", stuck_for_s=42.0, cpu_pct=3.5,
+                rss_bytes=1 << 30, threads=WAIT, gpu=RankGpu(index=1, util_pct=99.0), exit=ExitInfo(code=1, reason="x"),
+                children=(301,), log_path="/job/log", detail="d", step=7, step_period_s=0.5, native=True,
+                log=LogActivity(age_s=30.0, every_s=1.0, longest_s=2.0, own=False, bar_s=0.5), longest_quiet_s=4.0,
+                collective_timeout_s=600.0, kernel=KernelState(letter="S", wchan="futex_wait", syscall="futex"))
+    defaults = Rank(rank=None)
+    unset = [f.name for f in dataclasses.fields(Rank) if getattr(full, f.name) == getattr(defaults, f.name)]
+    assert unset == [], f"set these in the test too: {unset}"
+    snap = Snapshot(job=Job(launcher="torchrun", pid=1, host="n1"), ranks=(full,), verdict=Verdict("straggler", (3,)))
+    got = decode_line(encode_line(snap, "n1")).snapshot.rank(3)
+    assert got == full
