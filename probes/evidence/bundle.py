@@ -43,7 +43,7 @@ from ..read.nccl_state import PIPE_WAIT_S
 from ..read.process import JobProcesses, RankProcess
 from ..read.sources import FeedOptions
 from ..observed import observed_snapshot
-from ..snapshot import UNJUDGED_VERDICTS, CollectiveState, Snapshot
+from ..snapshot import UNJUDGED_VERDICTS, CollectiveState, Snapshot, ThreadStack
 from ..source import Source
 
 BUNDLE_FORMAT = "trainwatch-bundle"
@@ -93,7 +93,7 @@ class _Writer:
 
 
 def _plans(job, snapshot: Snapshot, native: bool, fault_signal: int | None,
-           debug_urls: dict[int, str]) -> list[RankPlan]:
+           debug_urls: dict[int, str], early: Mapping[int, tuple[ThreadStack, ...]]) -> list[RankPlan]:
     run_dir = Path(job.run_dir) if job and job.run_dir else None
     sockets = hookclient.armed_ranks(run_dir) if run_dir else {}
     if job is not None:
@@ -102,10 +102,13 @@ def _plans(job, snapshot: Snapshot, native: bool, fault_signal: int | None,
     else:  # discovery failed: fall back to the snapshot's ranks
         procs = [(r.pid, r.rank, r.log_path) for r in snapshot.ranks if r.pid]
         launcher, host = None, snapshot.job.host
+    known = {pid for pid, _, _ in procs}
+    procs += [(r.pid, r.rank, r.log_path) for r in snapshot.ranks if r.pid in early and r.pid not in known]
     return [RankPlan(pid=pid, rank=rank, host=host, launcher_pid=launcher, run_dir=run_dir,
                      hook_socket=sockets.get(rank) if rank is not None else None, log_path=log,
                      native=native, fault_signal=fault_signal,
-                     debug_url=debug_urls.get(rank) if rank is not None else None)
+                     debug_url=debug_urls.get(rank) if rank is not None else None,
+                     early_stacks=early.get(pid, ()))
             for pid, rank, log in procs]
 
 
@@ -233,9 +236,12 @@ def remembered_places(source: object) -> Mapping[int, frozenset[str]] | None:
 
 def write_bundle(source_pid: int, snapshot: Snapshot, out_dir: Path, *, tar: bool = False,
                  redact: bool = True, reason: str | None = None, native: bool = True,
-                 fault_signal: int | None = None, familiar: Mapping[int, frozenset[str]] | None = None) -> Path:
+                 fault_signal: int | None = None, familiar: Mapping[int, frozenset[str]] | None = None,
+                 early_stacks: Mapping[int, tuple[ThreadStack, ...]] | None = None) -> Path:
     """Collect evidence about the job of ``source_pid`` and write the bundle; returns its path.
-    ``familiar``: the source judge's memory of where ranks ran (see :func:`rejudged`).
+    ``familiar``: the source judge's memory of where ranks ran (see :func:`rejudged`);
+    ``early_stacks``: per PID, stacks read at the job's first death (``watch``), kept for a rank
+    that is gone by now.
 
     Raises :class:`OutputError` when ``out_dir`` cannot hold it (nothing is left behind).
     """
@@ -266,7 +272,7 @@ def write_bundle(source_pid: int, snapshot: Snapshot, out_dir: Path, *, tar: boo
             notes.append(f"torch.distributed.debug: {why}")
     feed = _collective_evidence(job or _snapshot_job(snapshot), debug_urls)
     try:
-        evidence = _collect_all(_plans(job, snapshot, native, fault_signal, debug_urls), native)
+        evidence = _collect_all(_plans(job, snapshot, native, fault_signal, debug_urls, early_stacks or {}), native)
         feed.wait(COLLECTIVE_WAIT_S)
         collective = feed.evidence()
     finally:

@@ -64,6 +64,9 @@ def bounded(fn: Callable[[], Any], timeout: float) -> tuple[Any, str | None]:
     return box.get("result"), box.get("error")
 
 
+EARLY_HEADER = "# read at the job's first death, before the launcher tore the job down\n"
+
+
 def format_stacks(stacks: list[ThreadStack]) -> str:
     """py-spy's view as plain text, innermost frame first."""
     out = []
@@ -93,6 +96,7 @@ class RankPlan:
     debug_url: str | None = None  # dump_traceback of its torch.distributed.debug server
     step_timeout: float = 6.0
     native_timeout: float = 12.0
+    early_stacks: tuple[ThreadStack, ...] = ()  # read at the job's first death (watch), before its teardown
 
 
 def collect_rank(plan: RankPlan) -> RankEvidence:
@@ -126,6 +130,11 @@ def _stacks(plan: RankPlan, ev: RankEvidence) -> None:
         ev.stacks = list(stacks)
         ev.files["stacks.txt"] = format_stacks(ev.stacks)
         ev.worked.append("py-spy")
+    elif plan.early_stacks:
+        ev.stacks = list(plan.early_stacks)
+        ev.files["stacks.txt"] = EARLY_HEADER + format_stacks(ev.stacks)
+        ev.worked.append("py-spy at the first death")
+        ev.note(f"Python stacks (py-spy): {why}; these are the ones read at the job's first death")
     else:
         ev.note(f"Python stacks (py-spy): {why}")
     ev.versions = procfacts.job_versions(plan.pid, [f.file for t in ev.stacks for f in t.frames])

@@ -66,7 +66,7 @@ class CrashCatcher:
 
     @property
     def rank_pids(self) -> dict[int, int | None]:
-        return {pid: proc.rank for pid, proc in self._tracked.items()}
+        return {pid: proc.rank for pid, proc in self._tracked.copy().items()}
 
     def tick(self) -> list[CrashRecord]:
         """One cheap pass; returns the deaths found in it (also appended to ``records``)."""
@@ -95,6 +95,15 @@ class CrashCatcher:
         if new:
             self._mark_first(new)
         return new + [r for r in late if r not in new]
+
+    def wait_for_death(self, timeout: float) -> bool:
+        """Sleep up to ``timeout`` s, waking at once when a tracked rank exits (the kernel's exit
+        events); True when one did. Without exit events: a plain sleep, False."""
+        tracked = set(self._tracked.copy())  # copy(): tick() may change it in another thread
+        if self.exit_events is None or self.exit_events.unavailable is not None or not tracked:
+            time.sleep(timeout)
+            return False
+        return self.exit_events.wait_any(tracked, timeout) is not None
 
     def job_alive(self) -> bool:
         return psutil.pid_exists(self.root_pid) and procfs.state_letter(self.root_pid) not in (None, "Z")

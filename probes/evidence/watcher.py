@@ -9,10 +9,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 from .bundle import remembered_places, write_bundle
 from .crash_catcher import CrashCatcher
@@ -20,14 +21,19 @@ from ..judge import exits
 from ..read import exits as ended
 from ..read.exits import CrashRecord
 from ..judge.judgement import JudgeMemory, judge_job
+from ..judge.phases import classify
+from ..read import procfs
+from ..read.sampler import sample_all
+from ..read.source_lines import source_line
 from ..observed import observed_rank, observed_snapshot
 from .. import rundir
 from ..snapshot import (CRASH_VERDICTS, HANG_VERDICTS, HEALTHY_VERDICTS, PROBLEM_VERDICTS, ExitInfo, Job, Snapshot,
-                        Verdict)
+                        ThreadStack, Verdict)
 from ..source import Source
 
 
 SETTLE_S = 1.5  # the crash alert waits this long after the first death for the cause to be read
+EARLY_TIMEOUT_S = 2.0  # the survivors' stacks at the first death: py-spy's bound for each
 
 # `trainwatch watch` exit statuses (documented in its --help)
 EXIT_CLEAN, EXIT_PROBLEM, EXIT_CRASH = 0, 10, 11
@@ -80,11 +86,17 @@ class Episodes:
         return False
 
 
-def with_crashes(snapshot: Snapshot, records: list[CrashRecord]) -> Snapshot:
-    """The snapshot with each dead rank's exit filled in and a ``crashed`` verdict."""
+def with_crashes(snapshot: Snapshot, records: list[CrashRecord],
+                 early: Mapping[int, tuple[ThreadStack, ...]] | None = None) -> Snapshot:
+    """The snapshot with each dead rank's exit filled in and a ``crashed`` verdict. ``early``: per
+    PID, stacks read at the first death, newer than the snapshot's (where each rank was then)."""
     by_rank = {r.rank: r for r in records}
     evidence = []
     for rank in map(observed_rank, snapshot.ranks):
+        if early and rank.pid in early:
+            cls = classify(early[rank.pid], source_line)
+            rank = dataclasses.replace(rank, threads=early[rank.pid], phase=cls.phase, op=cls.op, where=cls.where,
+                                       user_frame=cls.user_frame, detail=cls.detail, native=False)
         record = by_rank.pop(rank.rank, None)
         evidence.append(dataclasses.replace(rank, seen="exited", exit=record.exit) if record else rank)
     for record in by_rank.values():  # died before any snapshot saw it
@@ -119,9 +131,13 @@ class Watcher:
         self._last_kind: str | None = None
         self._problems: list[str] = []  # problem verdicts seen, for job_ended
         self._told: set[int] = set()  # pids whose crash was emitted
+        self.early: dict[int, tuple[ThreadStack, ...]] = {}  # pid -> stacks read at the first death
+        self._early_read = False
+        self._early_lock = threading.Lock()
 
     def run(self) -> int:
         next_poll = 0.0
+        threading.Thread(target=self._at_first_death, name="tw-first-death", daemon=True).start()
         while True:
             for record in self.catcher.tick():
                 self._on_crash(record)
@@ -166,8 +182,38 @@ class Watcher:
                 if verdict.kind in self.dump_on else None
             self._say(WatchEvent("problem", "", verdict.kind, verdict.culprits, verdict.summary, path))
 
+    def _at_first_death(self) -> None:
+        """Wakes at the first rank's exit (the kernel's exit events), whatever the loop is doing."""
+        while not self._early_read and self.catcher.job_alive():
+            if self.catcher.wait_for_death(0.5):
+                self._read_survivors()
+
+    def _read_survivors(self) -> None:
+        """At the first death, before anything else: every other rank's stacks, read at once. A
+        launcher tears the rest down within its monitor interval (torchrun: 0.1 s), and a rank
+        killed while it waits takes its stacks with it. Once; a second caller waits for the first."""
+        with self._early_lock:
+            if not self._early_read:
+                self._early_read = True
+                self._read_them()
+
+    def _read_them(self) -> None:
+        started = time.monotonic()
+        alive = [pid for pid in self.catcher.rank_pids if procfs.state_letter(pid) not in (None, "Z", "X")]
+        samples = sample_all([(pid, False, None, False, None) for pid in alive], timeout=EARLY_TIMEOUT_S,
+                             parallel=max(1, len(alive)))
+        self.early = {pid: s.threads for pid, s in samples.items() if s.threads}
+        took = (time.monotonic() - started) * 1000
+        if not alive:
+            self._say(WatchEvent("note", "note: at the first death, every other rank had ended too: no stacks left "
+                                         "to read (start the job with `trainwatch run` to keep each rank's last words)"))
+            return
+        self._say(WatchEvent("note", f"note: at the first death, stacks of {len(self.early)} of {len(alive)} "
+                                     f"other ranks read in {took:.0f} ms"))
+
     def _on_crash(self, record: CrashRecord) -> None:
         self.saw_crash = True
+        self._read_survivors()  # without the kernel's exit events, the first the watcher hears of it
         first = " (first to die)" if record.exit.first else ""
         culprit = (record.rank,) if record.rank is not None else ()
         death = exits.death(record.rank, record.pid, record.exit)
@@ -196,7 +242,7 @@ class Watcher:
             return
         self._crash_bundled = True
         base = self.last or _bare_snapshot(self.pid)
-        self._alert_crash(with_crashes(base, self.catcher.records))
+        self._alert_crash(with_crashes(base, self.catcher.records, self.early))
 
     def _on_lingering_crash(self, snapshot: Snapshot) -> None:
         """A culprit raised and lingers (a non-daemon thread keeps it alive): no death for the
@@ -274,7 +320,7 @@ class Watcher:
         try:  # the dump's py-spy attaches are not the ranks' progress
             with self.source.paused_judgement() if self.source is not None else contextlib.nullcontext():
                 path = write_bundle(self.pid, snapshot, self.out_dir, reason=reason,
-                                    familiar=remembered_places(self.source))
+                                    familiar=remembered_places(self.source), early_stacks=self.early)
         except Exception as exc:
             self._say(WatchEvent("note", f"note: bundle failed: {type(exc).__name__}: {exc}"))
             return None

@@ -60,6 +60,19 @@ class ExitEvents:
                 self._heard.wait(left)
             return self._exits.get(pid)
 
+    def wait_any(self, pids: set[int], timeout: float) -> int | None:
+        """Block until one of ``pids`` exits (returns it) or ``timeout`` s pass (None): a watcher
+        wakes at the death itself, not at its next look."""
+        deadline = time.monotonic() + timeout
+        with self._heard:
+            while self.unavailable is None:
+                found = next((pid for pid in pids if pid in self._exits), None)
+                left = deadline - time.monotonic()
+                if found is not None or left <= 0:
+                    return found
+                self._heard.wait(left)
+        return None
+
     def _listen(self) -> None:
         while True:
             try:
