@@ -13,7 +13,8 @@ from typing import Any
 # name -> module (relative to this package) that defines it
 _EXPORTS: dict[str, str] = {
     # errors and exit statuses
-    **dict.fromkeys(("TrainwatchError", "UsageError", "OutputError", "NotAJob", "BadBundle", "PARTIAL_EXIT"),
+    **dict.fromkeys(("TrainwatchError", "UsageError", "OutputError", "NotAJob", "BadBundle", "BadLeftovers",
+                      "PARTIAL_EXIT"),
                     ".errors"),
     # the snapshot: the typed boundary and its vocabulary
     **dict.fromkeys(("Snapshot", "SnapshotError", "Job", "Rank", "Group", "Verdict", "Frame", "ThreadStack",
@@ -24,6 +25,7 @@ _EXPORTS: dict[str, str] = {
     "Source": ".source",
     **dict.fromkeys(("LocalSource", "open_source"), ".live"),
     "BundleSource": ".evidence.bundle_source",
+    "PostMortemSource": ".evidence.postmortem",
     **dict.fromkeys(("open_nodes", "other_nodes", "detect_slurm", "slurm_job_here"), ".remote.nodes"),
     "Remote": ".remote.remote",
     **dict.fromkeys(("NodeSpec", "DEFAULT_PARALLEL", "DEFAULT_TIMEOUT_S"), ".remote.node_spec"),

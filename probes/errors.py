@@ -11,7 +11,8 @@ Exit statuses of the ``trainwatch`` command (README "Exit status" has the same t
 4     not a training job (trainwatch itself, its shell, a process with no job)
 5     permission denied
 6     py-spy (or another tool) missing or unable to read the job
-7     not a trainwatch bundle, or a damaged one
+7     not a trainwatch bundle, or a damaged one; files of a dead job with nothing
+      to judge, or from two jobs mixed
 8     cannot write the output (full disk, read-only, permissions)
 9     partial: some node of the job could not be read; the rest is shown
 10    ``watch``: a hang-type problem was seen (and bundled)
@@ -65,6 +66,12 @@ class ToolMissing(TrainwatchError):
 
 
 class BadBundle(TrainwatchError):
+    exit_code = 7
+
+
+class BadLeftovers(TrainwatchError):
+    """Files a dead job left that cannot be judged: nothing of a job's there, or two jobs mixed."""
+
     exit_code = 7
 
 

@@ -23,6 +23,8 @@ from .snapshot import (CollectiveState, ExitInfo, Job, KernelState, LogActivity,
 
 SIGNAL_REASONS = {"SIGSEGV": "segmentation fault", "SIGBUS": "bus error", "SIGABRT": "aborted",
                   "SIGFPE": "floating point exception", "SIGILL": "illegal instruction"}
+# How a dead job's rank ended, when the files it left do not say (a dump, no log line about its end).
+UNTOLD = "how it ended is not in these files"
 FrameInts = dict[int, dict[str, int]]  # main-thread frame index (innermost = 0) -> {allowed name: value}
 
 

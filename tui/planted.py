@@ -188,14 +188,28 @@ def start_uploader(stop_at: float) -> None:
     threading.Thread(target=upload_metrics, args=(stop_at,), name="uploader").start()
 
 
-def train(scenario: str, step_s: float, stop_at: float, ddp: bool = False) -> None:
+def dump_flight_recorder(rank: int) -> None:
+    """What NCCL's TORCH_NCCL_DUMP_ON_TIMEOUT does, for gloo (which never dumps by itself): the
+    generic Flight Recorder as a pickle at ``${TORCH_FR_DUMP_TEMP_FILE}<rank>``."""
+    from torch._C._distributed_c10d import _dump_fr_trace
+
+    prefix = os.environ.get("TORCH_FR_DUMP_TEMP_FILE", "/tmp/nccl_trace_rank_")
+    with open(f"{prefix}{rank}", "wb") as out:
+        out.write(_dump_fr_trace(includeCollectives=True))
+
+
+def train(scenario: str, step_s: float, stop_at: float, ddp: bool = False, timeout_s: float | None = None) -> None:
     import warnings
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # CPU torch without numpy
     import torch
     import torch.distributed as dist
 
     if "RANK" in os.environ:
-        dist.init_process_group("gloo")
+        if timeout_s:
+            import datetime
+            dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
+        else:
+            dist.init_process_group("gloo")
     else:  # started with plain `python`: a world of one
         port = int(os.environ.get("MASTER_PORT", "29533"))
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
@@ -282,16 +296,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ddp", action="store_true", help="wrap the model in DistributedDataParallel")
     parser.add_argument("--in-thread", action="store_true",
                         help="train in a thread, the main thread joining it (as Ray Train's TrainingThread)")
+    parser.add_argument("--timeout", type=float, default=None, help="the collective timeout, seconds (gloo)")
+    parser.add_argument("--dump-on-error", action="store_true",
+                        help="on a collective error, dump the generic Flight Recorder as NCCL does on a timeout")
     args = parser.parse_args(argv)
     stop_at = time.time() + args.deadline
     _arm_deadline(args.deadline)
     if args.in_thread:
-        worker = threading.Thread(target=train, args=(args.scenario, args.step_s, stop_at, args.ddp),
+        worker = threading.Thread(target=train, args=(args.scenario, args.step_s, stop_at, args.ddp, args.timeout),
                                   name="TrainingThread(train_func)")
         worker.start()
         worker.join()
     else:
-        train(args.scenario, args.step_s, stop_at, ddp=args.ddp)
+        try:
+            train(args.scenario, args.step_s, stop_at, ddp=args.ddp, timeout_s=args.timeout)
+        except RuntimeError:  # a collective's error or timeout: dump, then die of it as before
+            if args.dump_on_error:
+                dump_flight_recorder(int(os.environ.get("RANK", "0")))
+            raise
     return 0
 
 

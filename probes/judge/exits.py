@@ -8,12 +8,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Hashable, TypeVar
 
-from ..observed import SIGNAL_REASONS, abnormal
+from ..observed import SIGNAL_REASONS, UNTOLD, abnormal
 from ..snapshot import ExitInfo, Rank
 from ..wording import how_ended
 
 __all__ = ["CONSEQUENCES", "OOM_KILLED", "SAME_MOMENT_S", "TEARDOWN_SIGNALS", "VANISHED", "abnormal", "death",
-           "describe_exit", "first_to_die", "headline", "how", "raised_while_alive"]
+           "describe_exit", "first_to_die", "headline", "how", "how_they_ended", "is_cause", "raised_while_alive"]
 
 TEARDOWN_SIGNALS = frozenset({"SIGTERM", "SIGKILL", "SIGINT", "SIGHUP"})
 # Deaths seen this close together are one moment: the most telling one is taken as the first.
@@ -81,25 +81,53 @@ def first_to_die(exits: Iterable[tuple[K, ExitInfo]]) -> K | None:
     """The key of the first crash. Crashes within :data:`SAME_MOMENT_S` of the earliest are one
     moment, ordered by how telling they are: a fatal signal, then an error of the rank's own, then
     errors that follow from a peer (lost connection, timeouts), then the launcher's teardown."""
-    crashes = [(key, info) for key, info in exits if abnormal(info)]
+    crashes = [(key, info) for key, info in exits if abnormal(info) and info.reason != UNTOLD]
     if not crashes:
         return None
     earliest = min(info.at or 0.0 for _, info in crashes)
     moment = [(key, info) for key, info in crashes if (info.at or 0.0) <= earliest + SAME_MOMENT_S]
 
-    # A launcher tears down with SIGTERM first (SIGKILL only for ranks that outlive its grace): a
-    # SIGKILL with no SIGTERM before it is a kill from outside (the OOM killer, a person, a scheduler).
-    first_term = min((info.at or 0.0 for _, info in crashes if info.signal in ("SIGTERM", "SIGINT", "SIGHUP")),
-                     default=None)
+    first_term = _first_term([info for _, info in crashes])
 
     def weight(item: tuple[K, ExitInfo]) -> tuple:
         key, info = item
-        killed_first = info.signal == "SIGKILL" and (first_term is None or (info.at or 0.0) <= first_term)
-        teardown = info.signal in TEARDOWN_SIGNALS and info.reason != OOM_KILLED and not killed_first
+        teardown = _teardown(info, first_term)
         fatal = info.signal is not None and not teardown
         return (teardown, info.reason in CONSEQUENCES, info.reason == VANISHED, not fatal, info.at or 0.0, str(key))
 
-    return min(moment, key=weight)[0]
+    best = min(moment, key=weight)
+    ties = [item for item in moment if weight(item)[:-1] == weight(best)[:-1]]
+    if len(ties) > 1 and best[1].reason in CONSEQUENCES:
+        return None  # several ranks timed out at one moment: which came first cannot be told
+    return best[0]
+
+
+def _first_term(infos: Iterable[ExitInfo]) -> float | None:
+    """When the first polite stop (SIGTERM, SIGINT, SIGHUP) came, if any did."""
+    return min((info.at or 0.0 for info in infos if info.signal in ("SIGTERM", "SIGINT", "SIGHUP")), default=None)
+
+
+def _teardown(info: ExitInfo, first_term: float | None) -> bool:
+    """Ended by a launcher's or a scheduler's stop. A launcher tears down with SIGTERM first (SIGKILL
+    only for ranks that outlive its grace): a SIGKILL with no SIGTERM before it is a kill from
+    outside (the OOM killer, a person, a scheduler)."""
+    killed_first = info.signal == "SIGKILL" and (first_term is None or (info.at or 0.0) <= first_term)
+    return info.signal in TEARDOWN_SIGNALS and info.reason != OOM_KILLED and not killed_first
+
+
+def is_cause(info: ExitInfo, deaths: list[ExitInfo]) -> bool:
+    """A death of the rank's own (a fatal signal, an error of its own), not a teardown among
+    ``deaths`` (the job's) nor an error that follows from a peer (a collective timeout)."""
+    if not abnormal(info) or info.reason in CONSEQUENCES or info.reason == UNTOLD:
+        return False
+    return not _teardown(info, _first_term(deaths))
+
+
+def how_they_ended(infos: list[ExitInfo]) -> str:
+    """``ranks killed by SIGTERM, collective timeout``: the distinct ways, in words."""
+    ways = dict.fromkeys((info.reason if info.reason in CONSEQUENCES or info.reason == UNTOLD else how(info))
+                         for info in infos)
+    return ", ".join(ways)
 
 
 def _cap(text: str, chars: int) -> str:

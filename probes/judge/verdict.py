@@ -11,7 +11,8 @@ from .gpuwait import judge_gpu_wait, span
 from .groups import group_key
 from .kernel import from_kernel
 from .steps import step_note
-from ..snapshot import PROBLEM_VERDICTS, CollectiveState, Job, Phase, Rank, Verdict, VerdictKind, age_text, who
+from ..observed import UNTOLD
+from ..snapshot import PROBLEM_VERDICTS, UNJUDGED_VERDICTS, CollectiveState, Job, Phase, Rank, Verdict, VerdictKind, age_text, who
 
 
 def verb(ranks: Sequence, singular: str, plural: str) -> str:
@@ -89,7 +90,7 @@ def judge(ranks: Sequence[Rank], job: Job | None = None,
     ``now``: the time the ranks were observed, for the age of pending collectives.
     """
     familiar = familiar or {}
-    verdict = (_crashed(ranks) or _rendezvous(ranks, job)
+    verdict = (_ended_while_hung(ranks, collectives, familiar, now) or _crashed(ranks) or _rendezvous(ranks, job)
                or from_kernel(ranks, lambda waiting: waits(by_place(waiting)[0], collectives, now))
                or _from_collectives(ranks, collectives, familiar, now)
                or _from_ras(ranks, collectives, familiar, now) or _from_stacks(ranks, collectives, familiar, now))
@@ -124,6 +125,54 @@ def _crashed(ranks: Sequence[Rank]) -> Verdict | None:
     if others:
         text += f"; {who(_numbers(others))} then ended too"
     return Verdict("crashed", tuple(numbers), text)
+
+
+def _ended_while_hung(ranks: Sequence[Rank], collectives: CollectiveState | None,
+                      familiar: Mapping[int, frozenset[str]], now: float | None) -> Verdict | None:
+    """A job that is over, where no rank died of a cause of its own: each ended by a teardown
+    (SIGTERM from a launcher, ``timeout`` or SLURM) or a collective timeout, which follow a hang.
+    The ranks are judged where they were when they ended (their last stacks, their pending
+    collectives), as stuck ranks of a live job are; a rank that left nothing is missing, and a
+    rank that had exited normally is absent from the collective the others waited in. Only when
+    some rank was waiting on its peers: a job stopped while every rank computed is not a hang."""
+    over = ranks and all(r.state in ("exited", "missing") for r in ranks)
+    dead = [r for r in ranks if r.state == "exited" and abnormal(r)]
+    if not over or not dead or any(exits.is_cause(r.exit, [d.exit for d in dead]) for r in dead if r.exit):
+        return None
+    held = [_as_left(r, collectives, now) for r in ranks]
+    if not any(r.state == "stuck" and r.phase in PEER_WAITS for r in held) and not (collectives and collectives.divergence):
+        if all(r.exit and r.exit.reason == UNTOLD for r in dead):
+            return Verdict("unknown", (), "these files do not say how the ranks ended, and no rank's last record "
+                                          "shows it waiting on its peers")
+        if all(r.phase == "unknown" for r in dead):
+            ended = exits.how_they_ended([r.exit for r in dead if r.exit])
+            return Verdict("unknown", (), f"every rank was stopped ({ended}) and none left its stacks or a Flight "
+                                          "Recorder trace: nothing shows which one the others waited for (start it "
+                                          "with `trainwatch run` to keep each rank's last words)")
+        return None
+    verdict = _from_collectives(held, collectives, familiar, now) or _from_stacks(held, collectives, familiar, now)
+    ended = exits.how_they_ended([r.exit for r in dead if r.exit])
+    if verdict.kind in UNJUDGED_VERDICTS:
+        return Verdict("hang", (), f"every rank waited on its peers when it ended ({ended}): no rank's last "
+                                   "stacks or collectives show which one held the others up")
+    return replace(verdict, summary=f"{verdict.summary}; then the job ended ({ended})")
+
+
+def _as_left(rank: Rank, collectives: CollectiveState | None, now: float | None) -> Rank:
+    """A dead rank as it was when it ended: stuck at its last place, or, with no stack, in the
+    collective its Flight Recorder shows pending; a rank that had exited normally counts as missing."""
+    if rank.state != "exited":
+        return rank
+    if not abnormal(rank):
+        return replace(rank, state="missing")
+    if rank.phase == "unknown" and collectives is not None:
+        rows = [r for r in collectives.ranks if r.rank == rank.rank and r.pending_seq is not None]
+        if rows:
+            row = min(rows, key=lambda r: r.pending_seq or 0)
+            waited = now - row.pending_since if now is not None and row.pending_since is not None else None
+            return replace(rank, state="stuck", phase="collective", op=row.pending_op,
+                           stuck_for_s=round(waited, 1) if waited is not None and waited >= 0 else None)
+    return replace(rank, state="stuck")
 
 
 def _raised(rank: Rank) -> str:
@@ -172,7 +221,8 @@ def _from_collectives(ranks: Sequence[Rank], state: CollectiveState | None,
     return Verdict("straggler", tuple(state.culprits), text)
 
 
-FLIGHT_RECORDER_SOURCES = frozenset({"hook", "flight-recorder-file", "pipe", "debug-server", "flight-recorder"})
+FLIGHT_RECORDER_SOURCES = frozenset({"hook", "flight-recorder-file", "pipe", "debug-server", "flight-recorder",
+                                     "last-words"})
 SOURCE_NAMES = {"watchdog": "NCCL watchdog timeouts in the logs"}  # others: the source's own name
 
 
@@ -302,7 +352,8 @@ def _mismatch_or_hang(waiting: list[Rank], collectives: CollectiveState | None,
             return Verdict("unknown", (), f"{subject} {where} for {span(secs)}; {evidence}")
     tail = f"; {evidence}" if evidence else ""
     if len(groups) == 1:
-        text = f"{subject} {waits(waiting, collectives, now)} for {secs:.0f}s+"
+        text = f"{subject} {waits(waiting, collectives, now)}"
+        text += f" for {secs:.0f}s+" if any(r.stuck_for_s is not None for r in waiting) else ""
         return Verdict("hang", (), f"{text}: no local culprit (a peer on another node, or the network){tail}")
     odd = _odd_group(groups, familiar)
     if odd is None:  # no majority and nothing else to go by: say so, blame nobody

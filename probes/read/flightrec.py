@@ -138,10 +138,11 @@ def merge_traces(traces: list[dict]) -> dict | None:
         groups = {_pg_key(e) for e in trace["entries"] if isinstance(e, dict)}
         new = groups - {_pg_key(e) for e in merged["entries"]}
         merged["entries"] += [e for e in trace["entries"] if isinstance(e, dict) and _pg_key(e) in new]
-        for key in ("pg_status", "pg_config"):
-            value = trace.get(key)
-            if isinstance(value, dict):
-                merged[key].update({k: v for k, v in value.items() if k in new and k not in merged[key]})
+        status, config = trace.get("pg_status"), trace.get("pg_config")
+        if isinstance(status, dict):
+            merged["pg_status"].update({k: v for k, v in status.items() if k in new and k not in merged["pg_status"]})
+        if isinstance(config, dict):  # keyed by group name, which gloo leaves empty: keep every one
+            merged["pg_config"].update({k: v for k, v in config.items() if k not in merged["pg_config"]})
         merged.setdefault("version", trace.get("version"))
     return merged if merged["entries"] else None
 
@@ -238,6 +239,18 @@ def _status(trace: dict, pg: str, calls: dict[int, _Call]) -> tuple[int | None, 
     return enqueued, completed
 
 
+def _never_finished(calls: dict[int, dict[int, _Call]]) -> int | None:
+    """The first sequence number the ranks hold as different collectives: it cannot have completed
+    anywhere, whatever a trace says. Gloo retires a collective that failed (timed out) as if it had
+    completed, and its pg_status counts it completed: a dump written after the timeout would
+    otherwise show the waiting ranks done and the odd rank behind."""
+    for seq in sorted({s for per in calls.values() for s in per}):
+        kinds = {(c.op, c.sizes, c.dtype) for per in calls.values() if (c := per.get(seq)) is not None}
+        if len(kinds) > 1:
+            return seq
+    return None
+
+
 def _plural(ranks: list[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {compact_ranks(ranks)}"
 
@@ -330,10 +343,14 @@ def analyze(traces: dict[int, dict], source: str = "flight-recorder") -> Collect
     findings: list[tuple[str, list[int]]] = []
     for pg in pgs:
         calls = {rank: groups[pg] for rank, groups in per_rank.items() if pg in groups}
+        unfinished = _never_finished(calls)
         enqueued: dict[int, int | None] = {}
         completed: dict[int, int | None] = {}
         for rank in sorted(calls):
             last_enq, last_done = _status(traces[rank], pg, calls[rank])
+            if unfinished is not None and last_done is not None and last_done >= unfinished:
+                last_done = unfinished - 1
+                calls[rank] = {s: replace(c, done=False) if s >= unfinished else c for s, c in calls[rank].items()}
             enqueued[rank], completed[rank] = last_enq, last_done
             last = calls[rank].get(last_enq) if last_enq else None
             pending_seq, pending = _pending(calls[rank], last_enq, last_done)

@@ -150,7 +150,7 @@ def test_open_with_stdout_redirected_points_at_summary(tmp_path):
     (bundle / "snapshot.json").write_text(straggler().to_json())
     proc = trainwatch("open", str(bundle))
     assert_clean_error(proc, "trainwatch: open shows a live screen and needs a terminal",
-                       "use `trainwatch open BUNDLE --summary`")
+                       "use `trainwatch open PATH --summary` (or --json)")
     assert proc.returncode == 2 and proc.stdout == ""
 
 
@@ -233,7 +233,7 @@ def test_the_name_is_said_once():
 
 def test_open_a_file_that_is_no_bundle(tmp_path):
     proc = trainwatch("open", "/etc/passwd", "--summary")
-    assert_clean_error(proc, "/etc/passwd is not a trainwatch bundle (not a tar archive)")
+    assert_clean_error(proc, "/etc/passwd is not a trainwatch bundle, nor anything a training job leaves")
     assert proc.returncode == 7 and "ReadError" not in proc.stderr and "method gz" not in proc.stderr
     cut = tmp_path / "cut.tar.gz"
     subprocess.run(["tar", "czf", str(tmp_path / "whole.tar.gz"), "-C", "/usr/lib/python3", "."], check=False,

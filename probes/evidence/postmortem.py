@@ -1,0 +1,216 @@
+"""A dead job's leftovers as evidence, judged by the one judge: ``trainwatch open`` on dumps and logs.
+
+``read/leftovers.py`` finds and reads the files; this module turns each rank's findings into the
+same evidence record a live rank has (its last stacks, how it ended, its Flight Recorder trace),
+calls ``judge_job``, and serves the snapshot to the same views (``--json``, ``summary.md``, the UI).
+A rank of the job that left nothing is kept as ``missing``: the rank that never dumped is often
+the one the others waited for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import socket
+import time
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+from ..judge.judgement import JudgeMemory, judge_job
+from ..judge.phases import classify
+from ..observed import UNTOLD, ObservedJob, ObservedRank
+from ..read import crashlog, flightrec, ranklog
+from ..read.leftovers import Leftovers, RankLeft, read_leftovers
+from ..read.source_lines import source_line
+from ..read.sources.watchdog import parse_watchdog, watchdog_state
+from ..read.stack_text import faulthandler_threads, traceback_thread, without_hook_frames
+from ..redact import scrub
+from ..snapshot import CollectiveState, ExitInfo, Job, Snapshot, ThreadStack
+from .bundle_rank import RankEvidence
+from .summary import render
+
+SOURCE_PREFIX = "post-mortem:"
+
+
+class PostMortemSource:
+    """``poll()`` returns the judged snapshot of what the job left (``source="post-mortem:<paths>"``)."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self.paths = [Path(p) for p in paths]
+        self.left = read_leftovers(self.paths)
+        self.evidence, self._stacks = observed_job(self.left)
+        now = ended_at(self.left)
+        if now is None:  # ages of pending collectives cannot be told: say none rather than a wrong one
+            self.evidence = dataclasses.replace(self.evidence, collectives=_ageless(self.evidence.collectives))
+        now = now or self.left.newest or time.time()
+        judged = judge_job(self.evidence, JudgeMemory(), now)
+        notes = [*self.left.notes, *(n for r in self.left.ranks.values() for n in r.notes), *_missing_notes(self.evidence)]
+        self.snapshot = Snapshot(job=self.evidence.job, ranks=judged.ranks, groups=judged.groups,
+                                 verdict=judged.verdict, collectives=judged.collectives,
+                                 notes=tuple(dict.fromkeys(scrub(n) for n in notes)), taken_at=now,
+                                 source=SOURCE_PREFIX + ",".join(str(p) for p in self.paths))
+
+    def poll(self, native_for: frozenset[int] = frozenset()) -> Snapshot:
+        return self.snapshot
+
+    def summary(self) -> str:
+        """``summary.md`` for the dead job, with what was read and what was missing."""
+        evidence = [RankEvidence(rank=r.rank, pid=r.pid or 0, faulthandler=self._stacks.get(r.rank, ("none", ""))[0],
+                                 files={"stacks.txt": self._stacks[r.rank][1]} if self._stacks.get(r.rank) else {})
+                    for r in self.snapshot.ranks if r.rank is not None]
+        text = render(self.snapshot, evidence, [], reason="post-mortem of what the job left", redacted=True,
+                      sources={})
+        read = [f"- {what}: `{path}`" for path, what in self.left.used[:200]]
+        more = len(self.left.used) - len(read)
+        read += [f"- … and {more} more"] if more > 0 else []
+        return text + "\n## Read\n\n" + "\n".join(read) + f"\n\n{self.left.examined:,} files looked at.\n"
+
+    def paused_judgement(self) -> AbstractContextManager[None]:
+        """Nothing is sampled: nothing to pause."""
+        return contextlib.nullcontext()
+
+    def close(self) -> None:
+        """Nothing held open."""
+
+
+def observed_job(left: Leftovers) -> tuple[ObservedJob, dict[int, tuple[str, str]]]:
+    """The evidence record of the dead job, and per rank (where its last stacks came from, their text)."""
+    numbers = sorted(set(left.ranks) | set(range(left.world_size or 0)))
+    by_rank = {f.rank: f for f in left.failures if f.rank is not None}
+    host = left.host or socket.gethostname()
+    ranks, stacks = [], {}
+    for number in numbers:
+        found = left.ranks.get(number)
+        if found is None or not _has_anything(found):
+            ranks.append(ObservedRank(rank=number, host=host, seen="missing"))
+            continue
+        threads, origin, text = _last_stacks(found)
+        if text:
+            stacks[number] = (origin, text)
+        ranks.append(_rank(found, threads, by_rank.get(number), host))
+    run = left.run or {}
+    job = Job(launcher=_launcher(left), pid=int(run.get("pid") or left.launcher_pid or 0), host=host,
+              world_size=left.world_size or (max(numbers) + 1 if numbers else None),
+              started_at=run.get("started_at"), cmdline=tuple(scrub(a) for a in run.get("command") or ()),
+              run_dir=next((p for p, what in left.used if what == "trainwatch run directory"), None))
+    return ObservedJob(job, tuple(ranks), collectives=_collectives(left), watchdog=_watchdog(left)), stacks
+
+
+def ended_at(left: Leftovers) -> float | None:
+    """When the job ended, as its files tell: the latest of the ranks' last words, the launcher's
+    failure report and the hook's exit records; None when only dumps (whose copies lose their
+    times) are there."""
+    times = [f.at for f in left.failures if f.at]
+    for found in left.ranks.values():
+        if found.last_words and found.last_words.at:
+            times.append(found.last_words.at)
+        if found.exit_record and isinstance(found.exit_record.get("at"), (int, float)):
+            times.append(float(found.exit_record["at"]))
+    return max(times, default=None)
+
+
+def _ageless(state: CollectiveState | None) -> CollectiveState | None:
+    if state is None:
+        return None
+    return dataclasses.replace(state, ranks=tuple(dataclasses.replace(r, pending_since=None) for r in state.ranks))
+
+
+def _has_anything(found: RankLeft) -> bool:
+    return bool(found.lines or found.dumps or found.last_words or found.fault_text or found.exit_record
+                or found.error_file)
+
+
+def _last_stacks(found: RankLeft) -> tuple[tuple[ThreadStack, ...], str, str]:
+    """The rank's last stacks: its last words, else a fatal faulthandler dump, else its last traceback."""
+    if found.last_words and found.last_words.stacks:
+        threads = without_hook_frames(faulthandler_threads(found.last_words.stacks))
+        if threads:
+            return threads, f"last words on {found.last_words.trigger}", found.last_words.stacks
+    fault = crashlog.parse_faulthandler(found.fault_text) if found.fault_text else None
+    if fault is not None:
+        threads = faulthandler_threads(fault.text)
+        if threads:
+            return threads, "faulthandler, on a fatal signal", fault.text
+    raised = traceback_thread(found.lines)
+    if raised is not None:
+        return (raised,), "the traceback in its log", "\n".join(f"{f.file}:{f.line} {f.function}" for f in raised.frames)
+    return (), "none", ""
+
+
+def _rank(found: RankLeft, threads: tuple[ThreadStack, ...], failure, host: str) -> ObservedRank:  # noqa: ANN001
+    cls = classify(threads, source_line) if threads else None
+    return ObservedRank(
+        rank=found.rank, pid=found.pid or (failure.pid if failure else None), host=found.host or host,
+        seen="exited", phase=cls.phase if cls else "unknown", op=cls.op if cls else None,
+        where=cls.where if cls else None, user_frame=cls.user_frame if cls else None,
+        detail=cls.detail if cls else None, threads=threads, exit=_exit(found, failure),
+        log_path=found.own_log or (found.log_files[0] if found.log_files else None))
+
+
+def _exit(found: RankLeft, failure) -> ExitInfo:  # noqa: ANN001
+    """How the rank ended, from everything that says: the launcher's report, its last words, its
+    uncaught exception, a fatal signal's faulthandler dump, its log's fatal line."""
+    code = signal = at = reason = message = frame = None
+    source = None
+    if failure is not None:
+        code, signal, at, source = failure.code, failure.signal, failure.at, "launcher log"
+    words = found.last_words
+    if words is not None:
+        at = at or words.at
+        if words.trigger.startswith("SIG") and signal is None and code is None:
+            signal, source = words.trigger, "last words"
+    fault = crashlog.parse_faulthandler(found.fault_text) if found.fault_text else None
+    if fault is not None and fault.signal:
+        signal, frame, reason = signal or fault.signal, crashlog.user_frame(fault), crashlog.classify(fault.text)
+    said = ranklog.reason_of(found.lines) if found.lines else None
+    if said is not None:
+        reason, message, frame = reason or said.reason, said.message, frame or said.frame
+    if found.exit_record and found.exit_record.get("exception"):
+        message = message or str(found.exit_record["exception"])
+        frame = frame or found.exit_record.get("frame")
+        at = at or found.exit_record.get("at")
+    if found.error_file:
+        message = message or found.error_file.splitlines()[0]
+    if code is None and signal is None and (said is not None and said.raised or found.exit_record):
+        code = 1  # an uncaught exception ends the interpreter with status 1
+    if code is None and signal is None and not (reason or message or frame):
+        reason = UNTOLD
+    return ExitInfo(code=code, signal=signal, at=at, reason=reason, frame=frame,
+                    message=scrub(message) if message else None, source=source)
+
+
+def _collectives(left: Leftovers) -> CollectiveState | None:
+    """Each rank's freshest Flight Recorder trace (``flightrec.fresher``), analysed across ranks."""
+    chosen: dict[int, flightrec.FoundTrace] = {}
+    for number, found in left.ranks.items():
+        for dump in found.dumps:
+            chosen[number] = flightrec.fresher(chosen.get(number), flightrec.FoundTrace(dump.trace, dump.source, dump.at))
+    if not chosen:
+        return None
+    sources = "+".join(sorted({f.source for f in chosen.values()}))
+    return flightrec.analyze({rank: f.trace for rank, f in chosen.items()}, source=sources)
+
+
+def _watchdog(left: Leftovers) -> CollectiveState | None:
+    rows: dict = {}
+    for text in left.logs.values():
+        rows.update(parse_watchdog(text, now=left.newest or time.time()))
+    return watchdog_state(rows)
+
+
+def _launcher(left: Leftovers) -> str:
+    if left.run is not None:
+        return "trainwatch run"
+    if left.failures:
+        return "torchrun"
+    return "dead job"
+
+
+def _missing_notes(evidence: ObservedJob) -> list[str]:
+    missing = [r.rank for r in evidence.ranks if r.seen == "missing"]
+    if not missing:
+        return []
+    from ..snapshot import compact_ranks
+    return [f"rank{'s' if len(missing) > 1 else ''} {compact_ranks(missing)} left nothing here (no dump, no log line, "
+            "no last words): gather its node's files too; a rank that never dumped is often the one the others "
+            "waited for"]

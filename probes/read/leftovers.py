@@ -1,0 +1,437 @@
+"""What a dead job left on disk, found and read (I/O only; the judge weighs it).
+
+Given files and folders (gathered from every node, or a ``trainwatch run`` directory), this finds:
+
+* Flight Recorder dumps: NCCL's on-timeout and pipe dumps (pickles, ``${TORCH_FR_DUMP_TEMP_FILE}<rank>``,
+  by default ``/tmp/nccl_trace_rank_<rank>``), JSON dumps, the generic recorder's; the rank is the
+  file name's last number (dumps do not say whose they are);
+* a ``trainwatch run`` directory: each rank's ``hook.json``, own ``output.log``, ``faulthandler.log``,
+  ``exit.json`` and ``last-words.json`` (stacks and Flight Recorder written as the rank was killed);
+* logs (launcher output, SLURM ``slurm-*.out``, ``--log-dir`` files): each rank's lines by their
+  ``[rankN]:`` prefix, torchrun's failure summary, NCCL watchdog timeout lines;
+* torchelastic error files (``…/attempt_N/<local rank>/error.json``).
+
+Everything is bounded: at most :data:`MAX_ENTRIES` directory entries looked at, the tail of each log,
+dumps up to :data:`MAX_DUMP_BYTES`. What could not be read is kept as a note, never dropped silently.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import crashlog, flightrec, launcher_log, ranklog
+from .logtail import read_tail
+from .. import rundir
+from ..errors import BadLeftovers
+from ..snapshot import compact_ranks
+
+MAX_ENTRIES = 50_000  # directory entries looked at, in all
+MAX_DEPTH = 8
+MAX_DUMP_BYTES = 256 * 1024 * 1024
+LOG_TAIL_BYTES = 4 * 1024 * 1024
+HEAD_BYTES = 4096
+SAME_JOB_SLACK_S = 120.0  # one job's dumps cover overlapping stretches of time; two jobs' do not
+
+_DUMP_NAME = re.compile(r"(?:rank|trace|dump|fr)[^/]*?[_\-.]?(\d{1,7})(?:\.(?:pkl|pickle|json|bin))?$", re.I)
+_LOG_SUFFIXES = (".log", ".out", ".err", ".txt")
+_LAUNCHER_PID = re.compile(r"^[WEIF]\d{4} [\d:.]+ (\d+) torch/distributed/(?:elastic|run)", re.M)
+_LOG_MARKERS = re.compile(r"\[rank\d+\]:|Traceback \(most recent call last\)|Watchdog caught|Fatal Python error|"
+                          r"torch\.distributed|Root Cause \(first observed failure\)|ProcessGroup|"
+                          r"terminated with the following error")
+
+
+@dataclass(frozen=True)
+class LeftDump:
+    """One rank's Flight Recorder trace, where it was found and when it was written."""
+
+    rank: int
+    path: str
+    trace: dict
+    at: float  # the file's modification time, or when the last words were written
+    source: str = "flight-recorder-file"  # or "last-words"
+
+
+@dataclass(frozen=True)
+class LastWords:
+    """What an armed rank wrote as it was killed (``last-words.json``)."""
+
+    rank: int
+    path: str
+    trigger: str  # SIGTERM, SIGINT, exception
+    at: float | None
+    pid: int | None
+    host: str | None
+    stacks: str  # every thread, faulthandler's format
+
+
+@dataclass
+class RankLeft:
+    """Everything found about one rank."""
+
+    rank: int
+    pid: int | None = None
+    host: str | None = None
+    lines: list[str] = field(default_factory=list)  # its log lines, prefixes stripped, file by file
+    log_files: list[str] = field(default_factory=list)
+    own_log: str | None = None
+    last_words: LastWords | None = None
+    fault_text: str | None = None  # its faulthandler file (fatal signals, on-demand dumps)
+    exit_record: dict | None = None  # the hook's exit.json: its uncaught exception
+    error_file: str | None = None  # torchelastic's error file message
+    dumps: list[LeftDump] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Leftovers:
+    """What a dead job left, by rank, and what was looked at."""
+
+    roots: tuple[str, ...]
+    ranks: dict[int, RankLeft] = field(default_factory=dict)
+    world_size: int | None = None
+    failures: list[launcher_log.LauncherFailure] = field(default_factory=list)  # the launcher's report
+    logs: dict[str, str] = field(default_factory=dict)  # path -> text tail (for the watchdog lines)
+    run: dict | None = None  # run.json of a trainwatch run directory
+    launcher_exit: dict | None = None
+    host: str | None = None
+    launcher_pid: int | None = None  # from the launcher's own log lines
+    examined: int = 0  # directory entries looked at
+    used: list[tuple[str, str]] = field(default_factory=list)  # (path, what it was read as)
+    notes: list[str] = field(default_factory=list)
+    newest: float = 0.0  # the newest modification time of anything used
+
+    def rank(self, number: int) -> RankLeft:
+        return self.ranks.setdefault(number, RankLeft(number))
+
+
+def read_leftovers(paths: list[Path], max_entries: int = MAX_ENTRIES) -> Leftovers:
+    """Find and read everything in ``paths``. Raises :class:`BadLeftovers` when nothing there is
+    a job's evidence, or when the Flight Recorder dumps come from two different jobs."""
+    found = Leftovers(roots=tuple(str(p) for p in paths))
+    files: list[Path] = []
+    for path in paths:
+        if not path.exists():
+            raise BadLeftovers(f"no such file or folder: {path}")
+        files += _walk(path, found, max_entries)
+    run_dirs = sorted({f.parent for f in files if f.name == "run.json" and (f.parent / "ranks").is_dir()})
+    inside_run = set()
+    for run_dir in run_dirs:
+        inside_run |= _read_run_dir(run_dir, found)
+    for file in files:
+        if file in inside_run or file.name in ("run.json", "launcher-exit.json", "bundle.json"):
+            continue
+        _read_file(file, found)
+    if not found.used and len(paths) == 1 and paths[0].is_file():
+        raise BadLeftovers(f"{paths[0]} is not a trainwatch bundle, nor anything a training job leaves "
+                           "(a Flight Recorder dump, a log with a rank's lines, an error file)",
+                           "open a bundle written by `trainwatch dump`, or the dead job's dumps, logs or "
+                           "`trainwatch run` directory")
+    if not found.used:
+        looked = f"{found.examined:,} file{'s' if found.examined != 1 else ''}"
+        stopped = [note for note in found.notes if note.startswith("stopped looking")]
+        raise BadLeftovers(f"nothing a training job leaves was found among {looked} in {', '.join(found.roots)}"
+                           + (f" ({stopped[0]})" if stopped else ""),
+                           "give the folder of Flight Recorder dumps (nccl_trace_rank_*), the job's logs, "
+                           "or its `trainwatch run` directory")
+    _check_one_job(found)
+    _world_size(found)
+    return found
+
+
+# -- finding files ------------------------------------------------------------------------------
+def _walk(root: Path, found: Leftovers, max_entries: int) -> list[Path]:
+    """Every regular file under ``root`` (or ``root`` itself), bounded; symlinks not followed."""
+    if root.is_file():
+        found.examined += 1
+        return [root]
+    out: list[Path] = []
+    stack = [(root, 0)]
+    while stack:
+        folder, depth = stack.pop()
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError as exc:
+            found.notes.append(f"{folder}: not readable ({exc.strerror or exc})")
+            continue
+        for entry in entries:
+            found.examined += 1
+            if found.examined > max_entries:
+                found.notes.append(f"stopped looking after {max_entries:,} files: give the folders that hold "
+                                   "the job's dumps and logs")
+                return out
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    if depth < MAX_DEPTH:
+                        stack.append((Path(entry.path), depth + 1))
+                elif entry.is_file(follow_symlinks=False):
+                    out.append(Path(entry.path))
+            except OSError as exc:
+                found.notes.append(f"{entry.path}: not readable ({exc.strerror or exc})")
+    return out
+
+
+def _head(path: Path) -> bytes | None:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(HEAD_BYTES)
+    except OSError:
+        return None
+
+
+def _tail(path: Path) -> list[str] | None:
+    """The last :data:`LOG_TAIL_BYTES` of a text file, as lines."""
+    lines = read_tail(str(path), lines=1_000_000, max_bytes=LOG_TAIL_BYTES)
+    return list(lines) if lines is not None else None
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+# -- one file -----------------------------------------------------------------------------------
+def _read_file(path: Path, found: Leftovers) -> None:
+    head = _head(path)
+    if head is None:
+        found.notes.append(f"{path}: not readable")
+        return
+    name_rank = _dump_rank(path.name)
+    if name_rank is not None and (head[:1] == b"\x80" or head.lstrip()[:1] == b"{"):
+        if _read_dump(path, name_rank, found):
+            return
+    if path.name == "error.json" and head.lstrip()[:1] == b"{":
+        _read_error_file(path, found)
+        return
+    if b"\0" in head:
+        return  # binary: not a log
+    if path.suffix in _LOG_SUFFIXES or path.name.startswith("slurm-") or not path.suffix:
+        _read_log(path, found)
+
+
+def _dump_rank(name: str) -> int | None:
+    match = _DUMP_NAME.search(name)
+    return int(match.group(1)) if match else None
+
+
+def _read_dump(path: Path, rank: int, found: Leftovers) -> bool:
+    """Read a Flight Recorder dump; a damaged one is named (the rank did dump) and kept as a note."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_DUMP_BYTES:
+            found.rank(rank).notes.append(f"{path}: {size >> 20} MiB, larger than a Flight Recorder dump: not read")
+            return True
+        trace = flightrec.load_trace(path.read_bytes())
+    except OSError as exc:
+        found.rank(rank).notes.append(f"{path}: not readable ({exc.strerror or exc})")
+        return True
+    except flightrec.TraceError as exc:
+        if (_head(path) or b"")[:1] != b"\x80" and b'"entries"' not in (_head(path) or b""):
+            return False  # some other JSON file with a number in its name
+        found.rank(rank).notes.append(f"rank {rank}'s Flight Recorder dump {path} is damaged ({exc}): not used")
+        found.used.append((str(path), f"rank {rank} Flight Recorder dump (damaged)"))
+        return True
+    at = _mtime(path)
+    found.rank(rank).dumps.append(LeftDump(rank, str(path), trace, at))
+    found.used.append((str(path), f"rank {rank} Flight Recorder dump"))
+    found.newest = max(found.newest, at)
+    return True
+
+
+def _read_error_file(path: Path, found: Leftovers) -> None:
+    """torchelastic's error file; its folder is the local rank (``attempt_0/3/error.json``)."""
+    try:
+        data = json.loads(path.read_text(errors="replace"))
+    except (OSError, ValueError) as exc:
+        found.notes.append(f"{path}: not readable as an error file ({exc})")
+        return
+    message = data.get("message") if isinstance(data, dict) else None
+    if isinstance(message, dict):
+        message = message.get("message")
+    if not isinstance(message, str) or not path.parent.name.isdigit():
+        return
+    local = int(path.parent.name)
+    left = found.rank(local)
+    left.error_file = message.strip()
+    left.notes.append(f"rank {local}: rank number from its error file's folder (a local rank; "
+                      "the global rank on a single node)")
+    found.used.append((str(path), f"rank {local} torchelastic error file"))
+
+
+def _read_log(path: Path, found: Leftovers) -> None:
+    lines = _tail(path)
+    if lines is None:
+        found.notes.append(f"{path}: not readable")
+        return
+    text = "\n".join(lines)
+    if not _LOG_MARKERS.search(text):
+        return
+    found.logs[str(path)] = text
+    found.newest = max(found.newest, _mtime(path))
+    failures = launcher_log.failures(text)
+    found.failures += list(failures.values())
+    launcher = _LAUNCHER_PID.search(text)
+    if launcher and found.launcher_pid is None:
+        found.launcher_pid = int(launcher.group(1))
+    own = _own_rank(path)
+    if own is not None:
+        _add_lines(found.rank(own), path, lines, own=True)
+        found.used.append((str(path), f"rank {own}'s own log"))
+        return
+    ranks = sorted({r for r in (ranklog.split_prefix(line)[0] for line in lines) if r is not None})
+    ranks += sorted({index for index, _, _ in crashlog.spawn_reports(lines)} - set(ranks))
+    for number in ranks:
+        _add_lines(found.rank(number), path, ranklog.rank_lines(lines, number, None, own=False), own=False)
+    what = f"log of ranks {compact_ranks(ranks)}" if ranks else "log"
+    found.used.append((str(path), what + (" with the launcher's failure report" if failures else "")))
+
+
+def _own_rank(path: Path) -> int | None:
+    """torchrun ``--log-dir``: ``<dir>/<run id>/attempt_N/<local rank>/stdout.log|stderr.log``."""
+    if path.parent.name.isdigit() and path.parent.parent.name.startswith("attempt_"):
+        return int(path.parent.name)
+    return None
+
+
+def _add_lines(left: RankLeft, path: Path, lines: list[str], own: bool) -> None:
+    if not lines:
+        return
+    left.lines += lines
+    left.log_files.append(str(path))
+    if own:
+        left.own_log = str(path)
+
+
+# -- a trainwatch run directory ------------------------------------------------------------------
+def _read_run_dir(run_dir: Path, found: Leftovers) -> set[Path]:
+    """Read ``trainwatch run``'s directory; returns the files it accounted for."""
+    found.run = rundir.read_json(rundir.run_json(run_dir))
+    found.launcher_exit = rundir.read_json(rundir.launcher_exit_file(run_dir))
+    found.host = (found.run or {}).get("host")
+    found.used.append((str(run_dir), "trainwatch run directory"))
+    taken: set[Path] = set()
+    for folder in sorted((run_dir / "ranks").iterdir()) if (run_dir / "ranks").is_dir() else []:
+        if not folder.name.isdigit():
+            continue
+        number = int(folder.name)
+        left = found.rank(number)
+        hook = rundir.read_json(rundir.hook_json(run_dir, number)) or {}
+        left.pid, left.host = hook.get("pid"), hook.get("host")
+        log = rundir.rank_log_file(run_dir, number)
+        if log.is_file():
+            lines = _tail(log) or []
+            _add_lines(left, log, lines, own=True)
+            found.logs[str(log)] = "\n".join(lines)
+            found.newest = max(found.newest, _mtime(log))
+        fault = rundir.faulthandler_file(run_dir, number)
+        if fault.is_file():
+            left.fault_text = "\n".join(_tail(fault) or [])
+        left.exit_record = rundir.read_json(rundir.exit_file(run_dir, number))
+        _read_last_words(rundir.last_words_file(run_dir, number), number, found)
+        if left.last_words is None:
+            _read_last_words_log(rundir.last_words_log(run_dir, number), number, found)
+        taken |= {p for p in folder.iterdir() if p.is_file()}
+    return taken
+
+
+def _read_last_words(path: Path, rank: int, found: Leftovers) -> None:
+    record = rundir.read_json(path) if path.is_file() else None
+    if record is None:
+        if path.is_file():
+            found.rank(rank).notes.append(f"rank {rank}'s last words {path} are damaged: not used")
+        return
+    at = record.get("at") if isinstance(record.get("at"), (int, float)) else None
+    words = LastWords(rank, str(path), str(record.get("trigger") or "?"), at, record.get("pid"),
+                      record.get("host"), str(record.get("stacks") or ""))
+    left = found.rank(rank)
+    left.last_words = words
+    found.used.append((str(path), f"rank {rank}'s last words ({words.trigger})"))
+    found.newest = max(found.newest, at or 0.0)
+    if isinstance(record.get("fr"), str):
+        try:
+            traces, notes = flightrec.hook_reply_traces(record["fr"])
+        except flightrec.TraceError as exc:
+            left.notes.append(f"rank {rank}'s last words: Flight Recorder unreadable ({exc})")
+            return
+        left.notes += [f"rank {rank}'s last words: {note}" for note in notes]
+        merged = flightrec.merge_traces([trace for _, trace in traces])
+        if merged is not None:
+            left.dumps.append(LeftDump(rank, str(path), merged, at or _mtime(path), source="last-words"))
+    elif record.get("fr_error"):
+        left.notes.append(f"rank {rank}'s last words: no Flight Recorder ({record['fr_error']})")
+
+
+def _read_last_words_log(path: Path, rank: int, found: Leftovers) -> None:
+    """faulthandler's trace at the stop signal, when the hook's thread could not write the rest."""
+    text = "\n".join(_tail(path) or []) if path.is_file() else ""
+    if not text.strip():
+        return
+    found.rank(rank).last_words = LastWords(rank, str(path), "a stop signal", _mtime(path), None, None, text)
+    found.used.append((str(path), f"rank {rank}'s last stacks (faulthandler, at a stop signal)"))
+
+
+# -- one job, and its size ----------------------------------------------------------------------
+def _span(trace: dict) -> tuple[float, float] | None:
+    """The first and last creation time (unix s) of a trace's entries."""
+    times = [e.get("time_created_ns") for e in trace.get("entries") or [] if isinstance(e, dict)]
+    stamps = [t / 1e9 for t in times if isinstance(t, int) and t > 1e18]
+    return (min(stamps), max(stamps)) if stamps else None
+
+
+def _check_one_job(found: Leftovers) -> None:
+    """Refuse dumps from two jobs: one job's ranks were busy at the same time (their dumps' spans
+    overlap); two jobs' dumps fall into spans apart from each other, or into different world sizes."""
+    dumps = [d for left in found.ranks.values() for d in left.dumps]
+    spans = sorted(((s, d) for d in dumps if (s := _span(d.trace))), key=lambda item: item[0][0])
+    clusters: list[list[LeftDump]] = []
+    end = None
+    for (start, stop), dump in spans:
+        if end is None or start > end + SAME_JOB_SLACK_S:
+            clusters.append([])
+            end = stop
+        clusters[-1].append(dump)
+        end = max(end, stop)
+    if len(clusters) > 1:
+        parts = "; ".join(f"{_when(c)}: {', '.join(sorted({Path(d.path).name for d in c})[:6])}" for c in clusters)
+        raise BadLeftovers(f"these Flight Recorder dumps come from {len(clusters)} different runs ({parts})",
+                           "give the dumps of one run only (one folder per run)")
+    sizes = {}
+    for dump in dumps:
+        size = _default_group_size(dump.trace)
+        if size:
+            sizes.setdefault(size, []).append(Path(dump.path).name)
+    if len(sizes) > 1:
+        parts = "; ".join(f"world size {size}: {', '.join(sorted(set(names))[:6])}" for size, names in sorted(sizes.items()))
+        raise BadLeftovers(f"these Flight Recorder dumps come from jobs of different sizes ({parts})",
+                           "give the dumps of one job only")
+
+
+def _when(dumps: list[LeftDump]) -> str:
+    start = min(s[0] for d in dumps if (s := _span(d.trace)))
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start))
+
+
+def _default_group_size(trace: dict) -> int | None:
+    """The number of ranks of the default process group, from ``pg_config``."""
+    config = trace.get("pg_config")
+    if not isinstance(config, dict):
+        return None
+    for key in ("0", ""):
+        group = config.get(key)
+        if isinstance(group, dict) and isinstance(group.get("ranks"), str):
+            try:
+                return len(json.loads(group["ranks"]))
+            except ValueError:
+                return None
+    return None
+
+
+def _world_size(found: Leftovers) -> None:
+    sizes = [size for left in found.ranks.values() for d in left.dumps if (size := _default_group_size(d.trace))]
+    found.world_size = max(sizes, default=None)

@@ -1,0 +1,67 @@
+"""A job that is over: judged where its ranks were when they ended, not by who died first."""
+
+from __future__ import annotations
+
+from trainwatch.probes.judge.judgement import JudgeMemory, judge_job
+from trainwatch.probes.observed import UNTOLD, ObservedJob, ObservedRank
+from trainwatch.probes.snapshot import CollectiveState, ExitInfo, Job, RankCollective
+
+JOB = Job("torchrun", 1, "h", world_size=3)
+TERM = ExitInfo(signal="SIGTERM", at=100.0, source="launcher log")
+
+
+def dead(rank: int, phase: str = "unknown", op: str | None = None, where: str | None = None,
+         exit: ExitInfo = TERM) -> ObservedRank:
+    return ObservedRank(rank=rank, pid=10 + rank, host="h", seen="exited", phase=phase, op=op, where=where, exit=exit)
+
+
+def verdict(*ranks: ObservedRank, collectives: CollectiveState | None = None):
+    return judge_job(ObservedJob(JOB, ranks, collectives=collectives), JudgeMemory(), now=100.0).verdict
+
+
+def test_killed_while_two_ranks_waited_and_one_slept_is_a_straggler():
+    found = verdict(dead(0, "collective", "all_reduce", "train.py:76 sync"), dead(1, "collective", "all_reduce",
+                    "train.py:76 sync"), dead(2, "sleep", "sleep", "train.py:240 train"))
+    assert (found.kind, found.culprits) == ("straggler", (2,))
+    assert found.summary.endswith("then the job ended (killed by SIGTERM)")
+
+
+def test_collective_timeouts_are_not_a_cause_the_odd_collective_is():
+    timeout = ExitInfo(code=1, reason="collective timeout", at=100.0)
+    found = verdict(dead(0, "collective", "all_reduce", "a", timeout), dead(1, "collective", "all_reduce", "a", timeout),
+                    dead(2, "collective", "all_gather", "b", timeout))
+    assert (found.kind, found.culprits) == ("mismatch", (2,))
+
+
+def test_an_error_of_its_own_is_still_the_crash():
+    found = verdict(dead(0, "collective", "all_reduce", "a"), dead(1, "collective", "all_reduce", "a"),
+                    dead(2, "compute", None, "b", ExitInfo(code=1, reason="RuntimeError", message="RuntimeError: x",
+                                                           at=99.0)))
+    assert (found.kind, found.culprits) == ("crashed", (2,))
+
+
+def test_a_rank_that_left_nothing_is_the_one_waited_for():
+    rows = tuple(RankCollective(rank=n, last_enqueued=5, last_completed=4, op="all_reduce", pending_seq=5,
+                                pending_op="all_reduce") for n in (0, 1))
+    untold = ExitInfo(reason=UNTOLD)
+    found = verdict(dead(0, exit=untold), dead(1, exit=untold), ObservedRank(rank=2, host="h", seen="missing"),
+                    collectives=CollectiveState(source="flight-recorder-file", ranks=rows))
+    assert (found.kind, found.culprits) == ("straggler", (2,))
+    assert "rank 2 is missing while ranks 0-1 wait in all_reduce" in found.summary
+
+
+def test_stopped_with_no_stacks_blames_nobody():
+    found = verdict(dead(0), dead(1), dead(2))
+    assert (found.kind, found.culprits) == ("unknown", ())
+    assert "none left its stacks" in found.summary and "trainwatch run" in found.summary
+
+
+def test_a_job_stopped_while_computing_is_not_called_a_hang():
+    found = verdict(dead(0, "compute", None, "a"), dead(1, "compute", None, "a"), dead(2, "compute", None, "a"))
+    assert found.kind == "crashed"
+
+
+def test_ranks_timing_out_together_have_no_first_death():
+    timeout = ExitInfo(code=1, reason="collective timeout", at=100.0)
+    judged = judge_job(ObservedJob(JOB, (dead(0, exit=timeout), dead(1, exit=timeout))), JudgeMemory(), now=100.0)
+    assert not any(r.exit.first for r in judged.ranks)

@@ -1,0 +1,48 @@
+"""Finding what a dead job left: layouts, damaged files, bounds."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from trainwatch.probes.errors import BadLeftovers
+from trainwatch.probes.read.leftovers import read_leftovers
+
+DEAD = Path(__file__).parents[1] / "fixtures" / "dead" / "gloo-2.13-mismatch"
+
+
+def test_dumps_and_a_shared_log_by_rank():
+    found = read_leftovers([DEAD])
+    assert sorted(found.ranks) == [0, 1, 2] and found.world_size == 3
+    assert all(len(found.ranks[n].dumps) == 1 for n in range(3))
+    assert any("Timed out" in line for line in found.ranks[2].lines)
+    assert found.launcher_pid == 28260 and {f.rank for f in found.failures} == {0, 1, 2}
+
+
+def test_log_dir_layout_and_error_files(tmp_path):
+    """torchrun --log-dir: attempt_0/<local rank>/stderr.log is that rank's own log; error.json its error."""
+    folder = tmp_path / "run-id" / "attempt_0" / "1"
+    folder.mkdir(parents=True)
+    (folder / "stderr.log").write_text("Traceback (most recent call last):\n  File \"/job/t.py\", line 3, in f\n"
+                                       "RuntimeError: boom\n")
+    (folder / "error.json").write_text(json.dumps({"message": {"message": "RuntimeError: boom"}}))
+    found = read_leftovers([tmp_path])
+    assert found.ranks[1].own_log and found.ranks[1].error_file == "RuntimeError: boom"
+
+
+def test_a_json_file_that_is_not_a_dump_is_not_called_damaged(tmp_path):
+    (tmp_path / "config_3.json").write_text('{"lr": 0.1}')
+    shutil.copy(DEAD / "nccl_trace_rank_0", tmp_path)
+    found = read_leftovers([tmp_path])
+    assert sorted(found.ranks) == [0] and not found.ranks[0].notes
+
+
+def test_bounded_walk_says_it_stopped(tmp_path):
+    for n in range(50):
+        (tmp_path / f"f{n}.bin").write_bytes(b"\0")
+    shutil.copy(DEAD / "nccl_trace_rank_0", tmp_path / "z_nccl_trace_rank_0")
+    with pytest.raises(BadLeftovers, match=r"among 21 files .*stopped looking after 20 files"):
+        read_leftovers([tmp_path], max_entries=20)
