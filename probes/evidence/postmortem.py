@@ -41,7 +41,8 @@ class PostMortemSource:
         self.evidence, self._stacks = observed_job(self.left)
         now = ended_at(self.left)
         if now is None:  # ages of pending collectives cannot be told: say none rather than a wrong one
-            self.evidence = dataclasses.replace(self.evidence, collectives=_ageless(self.evidence.collectives))
+            self.evidence = dataclasses.replace(self.evidence, collectives=_ageless(self.evidence.collectives),
+                                                watchdog=_ageless(self.evidence.watchdog))
         now = now or self.left.newest or time.time()
         judged = judge_job(self.evidence, JudgeMemory(), now)
         notes = [*self.left.notes, *(n for r in self.left.ranks.values() for n in r.notes), *_missing_notes(self.evidence)]

@@ -264,11 +264,24 @@ def _read_error_file(path: Path, found: Leftovers) -> None:
     found.used.append((str(path), f"rank {local} torchelastic error file"))
 
 
+_SRUN_LABEL = re.compile(r"^\s*(\d{1,6}): ")
+
+
+def _srun_labels(lines: list[str]) -> list[str]:
+    """``srun --label`` output (``  3: text``, the task number: the global rank, one task per rank)
+    as ``[rank3]: text``; other files unchanged."""
+    text = [line for line in lines if line.strip()]
+    if not text or sum(bool(_SRUN_LABEL.match(line)) for line in text) * 2 < len(text):
+        return lines
+    return [_SRUN_LABEL.sub(lambda m: f"[rank{m.group(1)}]: ", line, count=1) for line in lines]
+
+
 def _read_log(path: Path, found: Leftovers) -> None:
     lines = _tail(path)
     if lines is None:
         found.notes.append(f"{path}: not readable")
         return
+    lines = _srun_labels(lines)
     text = "\n".join(lines)
     if not _LOG_MARKERS.search(text):
         return

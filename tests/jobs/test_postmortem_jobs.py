@@ -173,6 +173,14 @@ def test_h100_on_timeout_dump_is_read():
     side_by_side("h100 on-timeout", found, [Path(__file__).parents[1] / "fixtures/fr/h100/on-timeout-dump-rank0.pickle"])
 
 
+def test_h100_watchdog_log_is_read():
+    """A real NCCL watchdog timeout in a rank's output (H100, torch 2.11): the collective and its number."""
+    found = verdict_of(Path(__file__).parents[1] / "fixtures/logs/nccl-watchdog-timeout-rank0-output.log")
+    verdict = found["verdict"]
+    assert verdict["kind"] == "hang" and "all_reduce #861" in verdict["summary"], verdict
+    assert "NCCL watchdog timeout" in verdict["summary"] and "pending" not in verdict["summary"], verdict
+
+
 def test_bad_input(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()

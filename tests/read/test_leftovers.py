@@ -46,3 +46,13 @@ def test_bounded_walk_says_it_stopped(tmp_path):
     shutil.copy(DEAD / "nccl_trace_rank_0", tmp_path / "z_nccl_trace_rank_0")
     with pytest.raises(BadLeftovers, match=r"among 21 files .*stopped looking after 20 files"):
         read_leftovers([tmp_path], max_entries=20)
+
+
+def test_srun_labelled_output_is_split_by_task(tmp_path):
+    """`srun --label` prefixes each line with its task number (written here, not recorded)."""
+    (tmp_path / "slurm-4242.out").write_text(
+        "0: step 10\n1: step 10\n1: Traceback (most recent call last):\n"
+        '1:   File "/job/train.py", line 9, in main\n1: RuntimeError: boom\n0: step 11\n')
+    found = read_leftovers([tmp_path])
+    assert sorted(found.ranks) == [0, 1]
+    assert found.ranks[1].lines[-1] == "RuntimeError: boom" and "step 11" in found.ranks[0].lines
