@@ -69,18 +69,27 @@ def _supervise(command: list[str], env: dict[str, str], added: dict[str, str], r
     """Start the command in its own process group, forward signals, return its status."""
     tty_fd = _terminal_fd() if not attach else None
     log = open(run_dir / "launcher.log", "ab") if attach else None
+    # Handlers first: a signal that comes while the command starts is passed on once it has a pid.
+    started: list[int] = []
+    held: list[int] = []
+    previous = {sig: signal.signal(sig, lambda n, _f: _forward(started[0], n) if started else held.append(n))
+                for sig in FORWARDED}
     try:
         child = subprocess.Popen(command, env=env, process_group=0,
                                  stdout=log, stderr=subprocess.STDOUT if log else None)
     except OSError as exc:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         raise TrainwatchError(f"cannot start {command[0]}: {exc.strerror or exc}") from None
     finally:
         if log:
             log.close()
+    started.append(child.pid)
+    for signum in held:
+        _forward(child.pid, signum)
     rundir.write_run_json(run_dir, command, added, child.pid, torch_version)
     print(f"trainwatch: armed run {run_dir} (pid {child.pid}; on-demand traces: "
           f"kill -{signal_name(rundir.FAULTHANDLER_SIGNAL)} <rank pid>)", file=sys.stderr, flush=True)
-    previous = {sig: signal.signal(sig, lambda n, _f: _forward(child.pid, n)) for sig in FORWARDED}
     foreground = _give_terminal(tty_fd, child.pid)
     try:
         if attach:
