@@ -11,6 +11,7 @@ import psutil
 
 from ..errors import AccessDenied, NoSuchProcess, NotAJob
 from . import procfs
+from . import ray_train
 from .process import JOB_ENV, JobProcesses, RankProcess
 from .pyspy import ptrace_remedy
 from ..rundir import hook_records, implicit_run_dir, rank_log_file
@@ -115,7 +116,13 @@ def find_job(pid: int) -> JobProcesses:
         raise AccessDenied(f"permission denied reading PID {pid}") from None
     _refuse_self(start)
     _check_access(start)
+    ray = ray_train.find(start)
+    if ray is not None:
+        return describe_ray_job(ray)
     root, launcher = _find_root(start)
+    ray = ray_train.find(root) if root is not None and launcher == "python" else None
+    if ray is not None:  # a shell or `timeout` above a Ray driver
+        return describe_ray_job(ray)
     if root is not None and launcher == "python" and _is_own_ancestor(root) and not _is_training(root):
         root = None  # the shell, tmux, pytest... that trainwatch itself runs under
     if root is None:
@@ -335,6 +342,35 @@ def describe_job(root: psutil.Process, launcher: str) -> JobProcesses:
         started_at=_safe(root.create_time, None),
         waiting_rendezvous=launcher in LAUNCHERS and not ranks,
         notes=tuple(notes),
+    )
+
+
+def describe_ray_job(ray: ray_train.RayTrainJob) -> JobProcesses:
+    """A Ray Train run: its ranks are the ``RayTrainWorker`` processes, numbered by Ray Train's own
+    records (its system log); a worker whose record was not found keeps no number (and says so)."""
+    tree = children_map()
+    ranks = []
+    for proc in ray.workers:
+        record = ray.ranks.get(proc.pid)
+        env = dict(job_env(proc) or {})
+        if record is not None:
+            env.update({"RANK": str(record.rank), **({"LOCAL_RANK": str(record.local_rank)}
+                                                      if record.local_rank is not None else {}),
+                        **({"WORLD_SIZE": str(record.world_size)} if record.world_size else {})})
+        ranks.append(_rank_process(proc, env, children=descendants(tree, proc.pid)))
+    notes = [f"Ray Train job: rank numbers from Ray Train's worker logs ({ray.logs_dir}/train)"
+             if ray.ranks else "Ray Train job: Ray Train's worker logs were not found; ranks are unnumbered"]
+    unnumbered = [p.pid for p in ray.workers if p.pid not in ray.ranks]
+    if ray.ranks and unnumbered:
+        notes.append(f"Ray Train workers {', '.join(map(str, unnumbered))}: no rank in Ray Train's logs")
+    worlds = [r.world_size for r in ray.ranks.values() if r.world_size]
+    root = ray.driver or ray.raylet
+    return JobProcesses(
+        launcher="ray train", root_pid=root.pid, host=socket.gethostname(),
+        ranks=tuple(sorted(ranks, key=lambda r: (r.rank is None, r.rank or 0, r.pid))),
+        world_size=max(worlds, default=None) or len(ranks), local_world_size=len(ranks),
+        nnodes=None, job_id=next((r.run_name for r in ray.ranks.values() if r.run_name), None),
+        cmdline=tuple(_safe(root.cmdline, [])), started_at=_safe(root.create_time, None), notes=tuple(notes),
     )
 
 

@@ -1,0 +1,214 @@
+"""Ray Train's ranks, from Ray's own records (I/O only).
+
+Ray runs each rank of a ``TorchTrainer`` as a ``RayTrainWorker`` actor: a process named
+``ray::RayTrainWorker`` under the node's raylet, not under the driver. Its ``RANK``,
+``WORLD_SIZE`` and ``MASTER_ADDR`` are set in ``os.environ`` at run time, so ``/proc/PID/environ``
+holds only ``RAY_*`` variables. Ray Train writes what each worker is, though: its structured
+system log, ``<session>/logs/train/ray-train-sys-worker-<worker id>.log``, one JSON object per
+line with ``process`` (the PID), ``world_rank``, ``local_rank``, ``node_rank``, ``job_id`` and
+``run_name``, and rank 0's "Setting up process group for: env:// [rank=0, world_size=3]". The
+logs directory is on the raylet's command line (``--log_dir=``).
+
+From any PID a user has (the driver, a worker, a worker's DataLoader worker, the raylet) this finds
+the raylet, the live ``RayTrainWorker`` processes under it, and each one's rank. No Ray API is
+called: nothing here needs ``ray`` importable, a dashboard or the state API.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from . import procfacts, procfs
+
+WORKER_NAME = "ray::RayTrainWorker"
+MAX_LOG_LINES = 200  # a worker's rank is on its first lines; bounded for week-long logs
+_WORLD = re.compile(r"\[rank=(\d+), world_size=(\d+)\]")
+_LOG_DIR, _SESSION_DIR = "--log_dir=", "--session_dir="
+
+
+@dataclass(frozen=True)
+class RayRank:
+    """One Ray Train worker as Ray Train's own log records it."""
+
+    pid: int
+    rank: int
+    local_rank: int | None = None
+    node_rank: int | None = None
+    world_size: int | None = None
+    job_id: str | None = None
+    run_name: str | None = None
+
+
+@dataclass(frozen=True)
+class RayTrainJob:
+    """The workers of one Ray Train run on this node."""
+
+    raylet: psutil.Process
+    driver: psutil.Process | None
+    workers: tuple[psutil.Process, ...]
+    ranks: dict[int, RayRank]  # pid -> its record (workers whose record was found)
+    logs_dir: Path | None
+
+
+def _cmdline(proc: psutil.Process) -> list[str]:
+    try:
+        return proc.cmdline()
+    except psutil.Error:
+        return []
+
+
+def is_worker(proc: psutil.Process) -> bool:
+    cmd = _cmdline(proc)
+    return bool(cmd) and cmd[0].startswith(WORKER_NAME)
+
+
+def _is_raylet(proc: psutil.Process) -> bool:
+    cmd = _cmdline(proc)
+    return bool(cmd) and Path(cmd[0]).name == "raylet"
+
+
+def _loads_ray(proc: psutil.Process) -> bool:
+    """A Python process that has Ray's core library loaded (a driver, or a worker)."""
+    maps = procfs.read_text(f"/proc/{proc.pid}/maps") or ""
+    return "_raylet.so" in maps
+
+
+def find(start: psutil.Process) -> RayTrainJob | None:
+    """The Ray Train run ``start`` belongs to, or None when it is no Ray Train process."""
+    chain = [start, *_safe_parents(start)]
+    worker = next((p for p in chain if is_worker(p)), None)
+    raylet = _raylet_of(worker) if worker is not None else None
+    driver = None
+    if raylet is None:
+        raylet = next((p for p in chain if _is_raylet(p)), None)
+    if raylet is None and _loads_ray(start):  # the driver: its local cluster's raylet is beneath it
+        driver = start
+        raylet = next((p for p in _safe_children(start) if _is_raylet(p)), None) or _only_raylet()
+    if raylet is None:
+        return None
+    logs = logs_dir(raylet)
+    records = read_ranks(logs) if logs else {}
+    workers = [p for p in _safe_children(raylet, recursive=False) if is_worker(p)]
+    if not workers:
+        return None
+    own = records.get(worker.pid) if worker is not None else None
+    if own is not None:  # one run: the start worker's
+        workers = [p for p in workers if (r := records.get(p.pid)) is None or r.run_name == own.run_name]
+    elif driver is not None:
+        job_id = _driver_job_id(driver, logs)
+        if job_id:
+            workers = [p for p in workers if (r := records.get(p.pid)) is None or r.job_id == job_id]
+    if driver is None:
+        driver = _driver_above(raylet)
+    return RayTrainJob(raylet=raylet, driver=driver, workers=tuple(sorted(workers, key=lambda p: p.pid)),
+                       ranks={p.pid: records[p.pid] for p in workers if p.pid in records}, logs_dir=logs)
+
+
+def logs_dir(raylet: psutil.Process) -> Path | None:
+    """``<session>/logs`` from the raylet's command line (``--log_dir``, else ``--session_dir``)."""
+    args = _cmdline(raylet)
+    for arg in args:
+        if arg.startswith(_LOG_DIR):
+            return Path(arg[len(_LOG_DIR):])
+    for arg in args:
+        if arg.startswith(_SESSION_DIR):
+            return Path(arg[len(_SESSION_DIR):]) / "logs"
+    return None
+
+
+def read_ranks(logs: Path) -> dict[int, RayRank]:
+    """PID -> rank of every worker Ray Train's system logs describe."""
+    found: dict[int, RayRank] = {}
+    for path in sorted((logs / "train").glob("ray-train-sys-worker-*.log")):
+        record = _read_worker_log(path)
+        if record is not None:
+            found[record.pid] = record
+    return found
+
+
+def _read_worker_log(path: Path) -> RayRank | None:
+    pid = rank = None
+    fields: dict = {}
+    world = None
+    try:
+        with open(path, errors="replace") as handle:
+            for n, line in enumerate(handle):
+                if n >= MAX_LOG_LINES:
+                    break
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue
+                if not isinstance(entry, dict) or not isinstance(entry.get("world_rank"), int):
+                    continue
+                pid, rank = entry.get("process"), entry["world_rank"]
+                fields = entry
+                found = _WORLD.search(str(entry.get("message", "")))
+                if found:
+                    world = int(found.group(2))
+                    break
+    except OSError:
+        return None
+    if not isinstance(pid, int) or rank is None:
+        return None
+    return RayRank(pid=pid, rank=rank, local_rank=_int(fields.get("local_rank")),
+                   node_rank=_int(fields.get("node_rank")), world_size=world,
+                   job_id=fields.get("job_id"), run_name=fields.get("run_name"))
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) else None
+
+
+def _raylet_of(worker: psutil.Process) -> psutil.Process | None:
+    env = procfacts.read_environ(worker.pid) or {}
+    try:
+        return psutil.Process(int(env.get("RAY_RAYLET_PID", "")))
+    except (ValueError, psutil.Error):
+        try:
+            parent = worker.parent()
+        except psutil.Error:
+            return None
+        return parent if parent is not None and _is_raylet(parent) else None
+
+
+def _only_raylet() -> psutil.Process | None:
+    """The node's raylet when there is exactly one (a driver attached to a cluster started apart)."""
+    raylets = [p for p in psutil.process_iter() if _is_raylet(p)]
+    return raylets[0] if len(raylets) == 1 else None
+
+
+def _driver_above(raylet: psutil.Process) -> psutil.Process | None:
+    """The driver that started this local cluster (the raylet's Python ancestor), if any."""
+    for parent in _safe_parents(raylet):
+        if _loads_ray(parent):
+            return parent
+    return None
+
+
+def _driver_job_id(driver: psutil.Process, logs: Path | None) -> str | None:
+    """The driver's Ray job id, from its core log's name (``python-core-driver-<job id>ff…_<pid>.log``)."""
+    if logs is None:
+        return None
+    for path in logs.glob(f"python-core-driver-*_{driver.pid}.log"):
+        return path.name.split("-")[3][:8]
+    return None
+
+
+def _safe_parents(proc: psutil.Process) -> list[psutil.Process]:
+    try:
+        return proc.parents()
+    except psutil.Error:
+        return []
+
+
+def _safe_children(proc: psutil.Process, recursive: bool = True) -> list[psutil.Process]:
+    try:
+        return proc.children(recursive=recursive)
+    except psutil.Error:
+        return []
