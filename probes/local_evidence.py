@@ -56,7 +56,26 @@ class LocalEvidence:
         evidence += _missing(job, evidence)
         host, evidence = self._with_gpu(job, evidence, warnings, notes)
         notes += self._restarts(evidence)
+        self._forget_restarted(evidence)
         return evidence, host
+
+    def _forget_restarted(self, evidence: list[ObservedRank]) -> None:
+        """Keep per-PID state for the ranks shown and, per rank number, the process before its
+        latest restart (for the restart note); forget every older one, here and in the sampler."""
+        shown = {r.pid for r in evidence if r.pid is not None}
+        previous: dict[int, RankProcess] = {}
+        for pid, proc in self.seen.items():
+            if pid not in shown and proc.rank is not None:
+                known = previous.get(proc.rank)
+                if known is None or (proc.create_time, pid) > (known.create_time, known.pid):
+                    previous[proc.rank] = proc
+        keep = shown | {proc.pid for proc in previous.values()}
+        for pid in [p for p in self.seen if p not in keep]:
+            del self.seen[pid]
+            self._io.pop(pid, None)
+            self._cpu.forget(pid)
+            self.exits.forget(pid)
+        self.sampler.forget_except(keep, {r.log_path for r in evidence if r.log_path})
 
     def _rank(self, proc: RankProcess, sample: StackSample | None, now: float, notes: list[str]) -> ObservedRank:
         threads = self.sampler.stacks.get(proc.pid, ())

@@ -43,6 +43,20 @@ class Sampler:
         self._logs = LogGrowthWatch()
         self._growth: dict[str, LogGrowth] = {}  # path -> its growth at the last look
 
+    def forget_except(self, keep: set[int], logs: set[str]) -> None:
+        """Drop what is remembered of PIDs not in ``keep`` and logs not in ``logs`` (ranks gone and
+        no longer shown: a week-long view of a job whose ranks restart must not grow with them)."""
+        for pid in [p for p in {*self.stacks, *self.classes, *self.train_tid} if p not in keep]:
+            self.stacks.pop(pid, None)
+            self.classes.pop(pid, None)
+            self.train_tid.pop(pid, None)
+            self.native.forget(pid)
+            self.steps.forget(pid)
+            self.memory.progress.forget(pid)
+        for path in [p for p in self._growth if p not in logs]:
+            del self._growth[path]
+            self._logs.forget(path)
+
     def round(self, job: JobProcesses, poll: int, native_for: frozenset[int],
               resolve: bool = True) -> dict[int, StackSample]:
         """One sampling round in poll number ``poll``. ``resolve``: take native samples where needed

@@ -160,6 +160,10 @@ class StepReader:
     def next_round(self) -> None:
         self._round += 1
 
+    def forget(self, pid: int) -> None:
+        self._read.pop(pid, None)
+        self.clock.forget(pid)
+
     def due(self, pid: int, counters: ThreadCounters | None, now: float, force: bool = False) -> bool:
         """Whether this round should read ``pid``'s locals. A main thread that has not run since the
         last read counts as a read that saw the same step."""

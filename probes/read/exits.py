@@ -212,6 +212,7 @@ class ExitLedger:
         self._logs_of: dict[int, str] = {}  # pid -> the log an exited rank's reason came from
         self._launcher_log: str | None = None
         self.exit_events: ExitEvents | None = None  # set by whoever listens (the crash catcher's)
+        self._forgotten: set[int] = set()  # PIDs of ranks restarted since: never shown again
 
     def note_job(self, job: JobProcesses) -> None:
         """Remember who writes which log (a file with several writers is shared)."""
@@ -230,6 +231,8 @@ class ExitLedger:
         or when its log gains the reason)."""
         if proc.rank is None:
             proc = self._procs.get(proc.pid, proc)
+        if proc.pid in self._forgotten:
+            return
         known = self._exits.get(proc.pid)
         if known is not None and (known.code is not None or known.signal is not None or status is None):
             if known.reason is None and known.code != 0:
@@ -246,9 +249,17 @@ class ExitLedger:
                            message=info.message or earlier.message, frame=info.frame or earlier.frame)
         self._exits[proc.pid] = with_worker_ends(info, self.exit_events)
 
+    def forget(self, pid: int) -> None:
+        """A rank restarted under a new PID: its old process is not shown again, nor remembered."""
+        self._forgotten.add(pid)
+        for known in (self._exits, self._numbers, self._procs, self._raised, self._logs_of):
+            known.pop(pid, None)
+
     def adopt(self, records: Iterable[CrashRecord]) -> None:
         """The crash catcher's findings (its zombie status, faulthandler frame) win over ours."""
         for record in records:
+            if record.pid in self._forgotten:
+                continue
             known = self._exits.get(record.pid)
             at = min(known.at or record.exit.at or 0.0, record.exit.at or 0.0) if known else record.exit.at
             self._exits[record.pid] = replace(record.exit, at=at)

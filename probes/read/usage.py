@@ -11,6 +11,9 @@ class CpuMeter:
     def __init__(self) -> None:
         self._last: dict[int, tuple[float, float]] = {}
 
+    def forget(self, pid: int) -> None:
+        self._last.pop(pid, None)
+
     def read(self, pid: int, now: float) -> tuple[float | None, int | None]:
         """(CPU% since the last read of ``pid``, resident bytes); None for what is unknown."""
         try:
