@@ -140,6 +140,10 @@ def _phase_of(main: ThreadStack, source_line: SourceLine) -> tuple[Phase, str | 
             return "init", func
         if func in COLLECTIVE_OPS and ("torch/distributed/" in path or "deepspeed/comm/" in path):
             return "collective", _canonical_op(func)
+        if func == "wrapper" and path.endswith("torch/distributed/c10d_logger.py"):
+            # torch's decorator around every c10d call: inside it, the rank is in that call (here in
+            # its error path: the collective failed, e.g. as a peer died, and is being logged).
+            return "collective", _called_op(python, frame, source_line)
         if "torch/utils/data/" in path and ("dataloader" in path or "_utils/" in path):
             return "dataloader", "next batch"
         if path.endswith("torch/serialization.py") or "safetensors/" in path or "distributed/checkpoint/" in path:
@@ -168,6 +172,17 @@ def _phase_of(main: ThreadStack, source_line: SourceLine) -> tuple[Phase, str | 
     if main.active is False and LOCK_LINE.search(line):
         return "lock", "acquire"
     return ("compute" if main.active is not False else "unknown"), None
+
+
+_CALL = re.compile(r"\.(\w+)\(")
+
+
+def _called_op(python: list[Frame], wrapper: Frame, source_line: SourceLine) -> str:
+    """The c10d call a ``c10d_logger`` wrapper wraps, read from its caller's line (``dist.all_reduce(x)``)."""
+    outer = python[python.index(wrapper) + 1:]
+    line = source_line(outer[0]) if outer and outer[0].line else ""
+    called = [name for name in _CALL.findall(line) if name in COLLECTIVE_OPS]
+    return _canonical_op(called[-1]) if called else "collective"
 
 
 def _compute_op(frame: Frame) -> str | None:

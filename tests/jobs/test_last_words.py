@@ -117,7 +117,8 @@ def test_every_rank_leaves_last_words_on_a_teardown(torn_down):
     straggler = words[2]["stacks"]
     assert f'"{job.script}", line {sleep_line(job.script)} in train' in straggler, straggler
     waiting = words[0]["stacks"]
-    assert "in all_reduce" in waiting and "in sync_gradients" in waiting, waiting
+    # in all_reduce, or (when a peer died first and the collective failed) in torch's c10d wrapper around it
+    assert ("in all_reduce" in waiting or "c10d_logger.py" in waiting) and "in sync_gradients" in waiting, waiting
     entries = generic_entries(words[0])  # TORCH_FR_BUFFER_SIZE, set by `trainwatch run`
     assert entries and entries[-1]["profiling_name"] == "gloo:all_reduce", entries[-1:]
     # faulthandler's C handler wrote the blocked rank's stacks the moment the signal came
