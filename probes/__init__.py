@@ -31,6 +31,7 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("NodeSpec", "DEFAULT_PARALLEL", "DEFAULT_TIMEOUT_S"), ".remote.node_spec"),
     **dict.fromkeys(("find_job_matching",), ".read.discover"),
     "find_pyspy": ".read.pyspy",
+    "kill_groups": ".process_group",
     "run_agent": ".remote.node_agent",
     # evidence
     **dict.fromkeys(("write_evidence", "write_bundle"), ".evidence.bundle"),

@@ -9,10 +9,8 @@ of the ssh/srun/kubectl child is killed.
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import shutil
-import signal
 import subprocess
 import tarfile
 import tempfile
@@ -23,8 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..process_group import kill_groups
 from .node_spec import DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S
-_STDERR_KEEP = 4000
+
+STDERR_KEEP = 4000  # bytes of a node call's stderr kept for its error message
 
 
 class Remote(Protocol):
@@ -185,13 +185,13 @@ class Runner:
             return Result(None, start_error=f"cannot run {argv[0]}: {exc.strerror or exc}")
         with self._lock:
             if self.closed:
-                _kill_group(proc)
+                kill_groups([proc])
             self._live.add(proc)
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
             timed_out = False
         except subprocess.TimeoutExpired:
-            _kill_group(proc)
+            kill_groups([proc])
             stdout, stderr = proc.communicate()
             timed_out = True
         finally:
@@ -200,7 +200,7 @@ class Runner:
             if stdout_path:
                 out.close()
         return Result(None if timed_out else proc.returncode, stdout or b"",
-                      (stderr or b"").decode(errors="replace")[-_STDERR_KEEP:], timed_out,
+                      (stderr or b"").decode(errors="replace")[-STDERR_KEEP:], timed_out,
                       time.monotonic() - started)
 
     def close(self) -> None:
@@ -208,25 +208,7 @@ class Runner:
             self.closed = True
             live = list(self._live)
         for proc in live:
-            _kill_group(proc)
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """TERM the child's group (srun cancels its step on TERM), KILL it if it lingers."""
-    for sig, grace in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
-        try:
-            proc.wait(timeout=grace)
-            # The leader is gone; KILL stragglers left in its group.
-            os.killpg(proc.pid, signal.SIGKILL)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-        except (ProcessLookupError, PermissionError):
-            return
+            kill_groups([proc])
 
 
 def _last_message(stderr: str) -> str:

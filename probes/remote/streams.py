@@ -19,7 +19,6 @@ import re
 import resource
 import selectors
 import shutil
-import signal
 import subprocess
 import tempfile
 import threading
@@ -27,15 +26,16 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from ..errors import TrainwatchError
 from ..judge.judgement import JudgeMemory
+from ..process_group import kill_groups
 from ..snapshot import Snapshot, SnapshotError
 from .merge import NodeView, merge_nodes
 from .node_evidence import NodeEvidence, poll_accepts
 from .remote import (
-    DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, Remote, Result, Runner, SlurmRemote, SshRemote,
+    DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, STDERR_KEEP, Remote, Result, Runner, SlurmRemote, SshRemote,
     classify_failure, slurm_step_argv,
 )
 from .wire import NodeAnswer, decode_node
@@ -47,7 +47,6 @@ SRUN_TASK = re.compile(r"task (\d+): (.+)$")
 RESTART_MIN_S, RESTART_MAX_S = 2.0, 30.0
 STREAM_START_PARALLEL = 128  # agents connecting at once (a start is short; the agent then stays)
 REUSE_S = 300.0  # an answer older than this is no longer shown
-_STDERR_KEEP = 4000
 
 
 def agent_args(match: list[str], window: float | None, interval: float, extra: Sequence[str] = ()) -> list[str]:
@@ -107,17 +106,6 @@ def _ssh_g(argv: list[str], timeout: float) -> dict[str, str] | None:
     if done.returncode != 0:
         return None
     return dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
-
-
-class AgentPipes(Protocol):
-    """A started launch: its pipes and process (a real Popen, or a stand-in in benchmarks)."""
-
-    stdin: Any
-    stdout: Any
-    stderr: Any
-    pid: int
-
-    def poll(self) -> int | None: ...
 
 
 def popen_agent(launch: Launch) -> subprocess.Popen:
@@ -265,7 +253,7 @@ class StreamSource(NodeEvidence):
         for fd in [fd for fd, (i, _) in self._by_fd.items() if i == index]:
             self._drop_fd(fd)
         code = run.proc.poll()
-        result = Result(code, stderr=run.stderr.decode(errors="replace")[-_STDERR_KEEP:])
+        result = Result(code, stderr=run.stderr.decode(errors="replace")[-STDERR_KEEP:])
         reason = classify_failure(run.launch.remote, result, self.timeout)
         if self.once:
             self._next_start[index] = float("inf")
@@ -352,7 +340,7 @@ class StreamSource(NodeEvidence):
 
     def _stderr(self, run: Running, chunk: bytes) -> None:
         run.stderr += chunk
-        del run.stderr[:-_STDERR_KEEP]
+        del run.stderr[:-STDERR_KEEP]
         if run.launch.labelled:  # srun names a task that failed: "srun: error: n2: task 1: Exited with exit code 4"
             for line in chunk.decode(errors="replace").splitlines():
                 match = SRUN_TASK.search(line)
@@ -502,28 +490,6 @@ class StreamSource(NodeEvidence):
         close = getattr(self.local, "close", None)
         if callable(close):
             close()
-
-
-def kill_groups(procs: list[Any], grace: float = 1.0) -> None:
-    """TERM every process group at once (srun cancels its step on TERM), KILL what is left after ``grace``."""
-    real = [p for p in procs if isinstance(p, subprocess.Popen)]
-    for proc in real:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    for proc in real:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-    for proc in real:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)  # stragglers left in the group, and a leader that lingered
-    for proc in real:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=5)
-    for proc in procs:
-        if not isinstance(proc, subprocess.Popen):
-            with contextlib.suppress(Exception):
-                proc.kill()
 
 
 def _node_error(answer: NodeAnswer) -> str:

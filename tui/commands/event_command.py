@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -13,6 +12,8 @@ import threading
 import time
 
 from typing import TYPE_CHECKING
+
+from ...probes import kill_groups
 
 if TYPE_CHECKING:
     from ...probes import WatchEvent
@@ -90,7 +91,7 @@ class EventCommand:
         try:
             status = proc.wait(timeout=self.timeout)
         except subprocess.TimeoutExpired:
-            _kill_group(proc)
+            kill_groups([proc], grace=KILL_GRACE_S)
             _note(f"--on-event command ran past {self.timeout:g} s and was stopped")
             return
         if status != 0:
@@ -100,27 +101,6 @@ class EventCommand:
         """At the end of watching: let running commands finish (each is bounded by its timeout)."""
         for thread in self._threads:
             thread.join(self.timeout + 2 * KILL_GRACE_S)
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM to the command's process group, then SIGKILL to whatever of it is left."""
-    _signal_group(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=KILL_GRACE_S)
-    except subprocess.TimeoutExpired:
-        pass
-    _signal_group(proc.pid, signal.SIGKILL)  # children the shell left behind in its group
-    try:
-        proc.wait(timeout=KILL_GRACE_S)
-    except subprocess.TimeoutExpired:
-        pass
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 _PRINT_LOCK = threading.Lock()
