@@ -127,11 +127,12 @@ def _last_stacks(found: RankLeft) -> tuple[tuple[ThreadStack, ...], str, str]:
         threads = without_hook_frames(faulthandler_threads(found.last_words.stacks))
         if threads:
             return threads, f"last words on {found.last_words.trigger}", found.last_words.stacks
-    fault = crashlog.parse_faulthandler(found.fault_text) if found.fault_text else None
-    if fault is not None:
-        threads = faulthandler_threads(fault.text)
+    for text, where in ((found.fault_text, "faulthandler, on a fatal signal"),
+                        ("\n".join(found.lines), "faulthandler's dump in its log, on a fatal signal")):
+        fault = crashlog.parse_faulthandler(text) if text else None
+        threads = faulthandler_threads(fault.text) if fault is not None else ()
         if threads:
-            return threads, "faulthandler, on a fatal signal", fault.text
+            return threads, where, fault.text
     raised = traceback_thread(found.lines)
     if raised is not None:
         return (raised,), "the traceback in its log", "\n".join(f"{f.file}:{f.line} {f.function}" for f in raised.frames)
@@ -160,7 +161,8 @@ def _exit(found: RankLeft, failure) -> ExitInfo:  # noqa: ANN001
         at = at or words.at
         if words.trigger.startswith("SIG") and signal is None and code is None:
             signal, source = words.trigger, "last words"
-    fault = crashlog.parse_faulthandler(found.fault_text) if found.fault_text else None
+    fault = ((crashlog.parse_faulthandler(found.fault_text) if found.fault_text else None)
+             or (crashlog.parse_faulthandler("\n".join(found.lines)) if found.lines else None))
     if fault is not None and fault.signal:
         signal, frame, reason = signal or fault.signal, crashlog.user_frame(fault), crashlog.classify(fault.text)
     said = ranklog.reason_of(found.lines) if found.lines else None

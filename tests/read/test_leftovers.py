@@ -56,3 +56,18 @@ def test_srun_labelled_output_is_split_by_task(tmp_path):
     found = read_leftovers([tmp_path])
     assert sorted(found.ranks) == [0, 1]
     assert found.ranks[1].lines[-1] == "RuntimeError: boom" and "step 11" in found.ranks[0].lines
+
+
+def test_a_fatal_signal_dump_in_a_shared_log_gives_the_ranks_last_stack(tmp_path):
+    """faulthandler's output in the job's log (`python -X faulthandler`, torchrun's `[rank2]:` prefix):
+    the rank's last stack is where it crashed."""
+    from trainwatch.probes.evidence.postmortem import PostMortemSource
+
+    dump = ["Fatal Python error: Segmentation fault", "", "Current thread 0x00007f0000000002 (most recent call first):",
+            '  File "/job/train.py", line 116 in train', '  File "/job/train.py", line 143 in main', ""]
+    (tmp_path / "job.log").write_text("".join(f"[rank2]:{line}\n" for line in dump)
+                                      + "[rank0]:step 3\n[rank1]:step 3\n")
+    snapshot = PostMortemSource([tmp_path]).snapshot
+    crashed = snapshot.rank(2)
+    assert crashed.where == "train.py:116 train" and crashed.exit.signal == "SIGSEGV", crashed
+    assert snapshot.verdict.kind == "crashed" and snapshot.verdict.culprits == (2,), snapshot.verdict
