@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .logtail import read_tail
+from .stack_text import FAULTHANDLER_FRAME, THREAD_HEADER
 
 # (reason shown to people, pattern) in priority order: the first match names the death.
 # A reason may appear twice: its most telling line is tried first.
@@ -41,8 +42,6 @@ _FATAL_SIGNALS = {
     "Floating-point exception": "SIGFPE", "Floating point exception": "SIGFPE",
     "Illegal instruction": "SIGILL",
 }
-_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)(?: \"([^\"]*)\")? \(most recent call first\):")
-_FRAME = re.compile(r'^\s+File "(.+)", line (\d+|\?\?\?) in (.+)$')
 _SECTION = "=== trainwatch:"
 
 
@@ -110,9 +109,9 @@ def parse_faulthandler(text: str) -> FaultTrace | None:
     frame = function = None
     lines = dump.splitlines()
     for i, line in enumerate(lines):
-        if _THREAD.match(line) and line.startswith("Current thread"):
+        if THREAD_HEADER.match(line) and line.startswith("Current thread"):
             for follow in lines[i + 1:]:
-                found = _FRAME.match(follow)
+                found = FAULTHANDLER_FRAME.match(follow)
                 if found:
                     path, lineno, function = found.groups()
                     frame = f"{_short(path)}:{lineno} {function}"
@@ -125,12 +124,12 @@ def user_frame(trace: FaultTrace, skip: tuple[str, ...] = ("/site-packages/", "/
     """The innermost crashing-thread frame outside the standard library and site-packages."""
     in_current = False
     for line in trace.text.splitlines():
-        if _THREAD.match(line):
+        if THREAD_HEADER.match(line):
             if in_current:
                 break
             in_current = line.startswith("Current thread")
             continue
-        found = _FRAME.match(line) if in_current else None
+        found = FAULTHANDLER_FRAME.match(line) if in_current else None
         if found and not any(part in found.group(1) for part in skip):
             path, lineno, function = found.groups()
             return f"{_short(path)}:{lineno} {function}"

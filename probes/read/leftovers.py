@@ -204,7 +204,7 @@ def _read_file(path: Path, found: Leftovers) -> None:
         return
     name_rank = _dump_rank(path.name)
     if name_rank is not None and (head[:1] == b"\x80" or head.lstrip()[:1] == b"{"):
-        if _read_dump(path, name_rank, found):
+        if _read_dump(path, name_rank, head, found):
             return
     if path.name == "error.json" and head.lstrip()[:1] == b"{":
         _read_error_file(path, found)
@@ -220,7 +220,7 @@ def _dump_rank(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _read_dump(path: Path, rank: int, found: Leftovers) -> bool:
+def _read_dump(path: Path, rank: int, head: bytes, found: Leftovers) -> bool:
     """Read a Flight Recorder dump; a damaged one is named (the rank did dump) and kept as a note."""
     try:
         size = path.stat().st_size
@@ -232,7 +232,7 @@ def _read_dump(path: Path, rank: int, found: Leftovers) -> bool:
         found.rank(rank).notes.append(f"{path}: not readable ({exc.strerror or exc})")
         return True
     except flightrec.TraceError as exc:
-        if (_head(path) or b"")[:1] != b"\x80" and b'"entries"' not in (_head(path) or b""):
+        if head[:1] != b"\x80" and b'"entries"' not in head:
             return False  # some other JSON file with a number in its name
         found.rank(rank).notes.append(f"rank {rank}'s Flight Recorder dump {path} is damaged ({exc}): not used")
         found.used.append((str(path), f"rank {rank} Flight Recorder dump (damaged)"))

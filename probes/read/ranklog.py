@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from . import crashlog
 from .logtail import read_tail
+from .stack_text import TRACEBACK_FRAME
 
 TAIL_LINES = 400
 TAIL_BYTES = 64 * 1024
@@ -24,7 +25,6 @@ MESSAGE_CHARS = 400
 
 _PREFIX = re.compile(r"^\[(?:rank(?P<rank>\d+)|(?P<role>[A-Za-z_][A-Za-z_-]*?)(?P<local>\d+)|(?P<glob>\d+))\]:[ ]?")
 _TRACEBACK = "Traceback (most recent call last):"
-_TB_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
 _EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?::(?: (?P<msg>.*))?)?$")
 # A line that starts something else: the end of an exception's message.
 _NEXT = re.compile(r"^(Traceback |During handling|The above exception|\[?[WEIF]\d{4} |\[rank\d+\]|Exception in thread )")
@@ -106,7 +106,7 @@ def _tracebacks(lines: Sequence[str]) -> list[_Block]:
             continue
         j, frame = i + 1, None
         while j < len(lines) and lines[j][:1] in (" ", "\t"):
-            found = _TB_FRAME.match(lines[j])
+            found = TRACEBACK_FRAME.match(lines[j])
             if found:
                 frame = _user_frame(found) or frame
             j += 1

@@ -20,10 +20,11 @@ import re
 
 from ..snapshot import Frame, ThreadStack
 
-_THREAD = re.compile(r'^(?P<current>Current thread|Thread) (?P<tid>0x[0-9a-f]+)(?: "(?P<name>[^"]*)")? '
-                     r'\(most recent call first\):\s*$')
-_FH_FRAME = re.compile(r'^\s+File "(?P<file>.+)", line (?P<line>\d+|\?\?\?) in (?P<func>\S+)')
-_TB_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
+# The one definition of each line shape (crashlog.py and ranklog.py read them too).
+THREAD_HEADER = re.compile(r'^(?P<current>Current thread|Thread) (?P<tid>0x[0-9a-f]+)(?: "(?P<name>[^"]*)")? '
+                           r'\(most recent call first\):')
+FAULTHANDLER_FRAME = re.compile(r'^\s+File "(?P<file>.+)", line (?P<line>\d+|\?\?\?) in (?P<func>.+)$')
+TRACEBACK_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
 TRACEBACK = "Traceback (most recent call last):"
 
 
@@ -35,7 +36,7 @@ def _frame(match: re.Match[str]) -> Frame:
 def faulthandler_threads(text: str) -> tuple[ThreadStack, ...]:
     """Every thread of the last dump in ``text`` (a file may hold several: the last one counts)."""
     lines = text.splitlines()
-    starts = [i for i, line in enumerate(lines) if _THREAD.match(line)]
+    starts = [i for i, line in enumerate(lines) if THREAD_HEADER.match(line)]
     if not starts:
         return ()
     # The last dump: walk back from its last header over headers, frames and blank lines.
@@ -45,12 +46,12 @@ def faulthandler_threads(text: str) -> tuple[ThreadStack, ...]:
     threads: list[ThreadStack] = []
     current: dict | None = None
     for line in lines[first:]:
-        header = _THREAD.match(line)
+        header = THREAD_HEADER.match(line)
         if header:
             current = {"name": header.group("name") or "", "tid": int(header.group("tid"), 16), "frames": []}
             threads.append(current)  # type: ignore[arg-type]
             continue
-        found = _FH_FRAME.match(line)
+        found = FAULTHANDLER_FRAME.match(line)
         if found and current is not None:
             current["frames"].append(_frame(found))
         elif current is not None and line.strip() and not line.startswith("  "):
@@ -84,7 +85,7 @@ def without_hook_frames(threads: tuple[ThreadStack, ...]) -> tuple[ThreadStack, 
 
 
 def _in_dump(line: str) -> bool:
-    return not line.strip() or bool(_THREAD.match(line) or _FH_FRAME.match(line)) or line.startswith("  <")
+    return not line.strip() or bool(THREAD_HEADER.match(line) or FAULTHANDLER_FRAME.match(line)) or line.startswith("  <")
 
 
 def traceback_thread(lines: list[str] | tuple[str, ...], name: str = "MainThread") -> ThreadStack | None:
@@ -94,7 +95,7 @@ def traceback_thread(lines: list[str] | tuple[str, ...], name: str = "MainThread
         return None
     frames = []
     for line in lines[start + 1:]:
-        found = _TB_FRAME.match(line)
+        found = TRACEBACK_FRAME.match(line)
         if found:
             frames.append(_frame(found))
         elif not line.startswith(" "):
