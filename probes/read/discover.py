@@ -295,6 +295,13 @@ def _spawn_ranks(parent: psutil.Process) -> list[psutil.Process]:
 
 def describe_job(root: psutil.Process, launcher: str) -> JobProcesses:
     """Collect the ranks under ``root`` (or ``root`` itself for a single process)."""
+    if launcher == RAY_TRAIN:  # rediscovered (ranks restart): the workers are not under the driver
+        ray = ray_train.find(root)
+        if ray is not None:
+            return describe_ray_job(ray)
+        return JobProcesses(launcher=launcher, root_pid=root.pid, host=socket.gethostname(),
+                            cmdline=tuple(_safe(root.cmdline, [])), started_at=_safe(root.create_time, None),
+                            notes=("Ray Train job: no RayTrainWorker process is left",))
     host = socket.gethostname()
     notes: list[str] = []
     if launcher == "mp.spawn":
@@ -345,6 +352,9 @@ def describe_job(root: psutil.Process, launcher: str) -> JobProcesses:
     )
 
 
+RAY_TRAIN = "ray train"
+
+
 def describe_ray_job(ray: ray_train.RayTrainJob) -> JobProcesses:
     """A Ray Train run: its ranks are the ``RayTrainWorker`` processes, numbered by Ray Train's own
     records (its system log); a worker whose record was not found keeps no number (and says so)."""
@@ -366,7 +376,7 @@ def describe_ray_job(ray: ray_train.RayTrainJob) -> JobProcesses:
     worlds = [r.world_size for r in ray.ranks.values() if r.world_size]
     root = ray.driver or ray.raylet
     return JobProcesses(
-        launcher="ray train", root_pid=root.pid, host=socket.gethostname(),
+        launcher=RAY_TRAIN, root_pid=root.pid, host=socket.gethostname(),
         ranks=tuple(sorted(ranks, key=lambda r: (r.rank is None, r.rank or 0, r.pid))),
         world_size=max(worlds, default=None) or len(ranks), local_world_size=len(ranks),
         nnodes=None, job_id=next((r.run_name for r in ray.ranks.values() if r.run_name), None),

@@ -56,6 +56,11 @@ def test_ray_train_from_the_driver_then_a_straggler_from_any_worker(ray_job):
     (ray_job.workdir / "stall-now").touch()
     ray_job.wait_for_log(r"\[rank 2\] straggling", timeout=60)
     time.sleep(1.0)
+    from trainwatch.probes.read.job_watch import JobWatch
+
+    watch = JobWatch(driver)
+    watch._family = None  # as after a worker restarts: the job is discovered again from its root
+    assert sorted(r.pid for r in watch.current().ranks) == workers(), "rediscovered from the driver"
     for pid in (driver, workers()[0], ray_job.pid):  # the driver, a worker, `timeout` above them
         found = snapshot(pid)
         assert (found["verdict"]["kind"], found["verdict"]["culprits"]) == ("straggler", [2]), (pid, found["verdict"])
