@@ -34,6 +34,7 @@ from ..source import Source
 
 SETTLE_S = 1.5  # the crash alert waits this long after the first death for the cause to be read
 EARLY_TIMEOUT_S = 2.0  # the survivors' stacks at the first death: py-spy's bound for each
+EARLY_PARALLEL = 16  # py-spy runs at once then (a node's ranks, all at once on common nodes)
 
 # `trainwatch watch` exit statuses (documented in its --help)
 EXIT_CLEAN, EXIT_PROBLEM, EXIT_CRASH = 0, 10, 11
@@ -183,7 +184,11 @@ class Watcher:
             self._say(WatchEvent("problem", "", verdict.kind, verdict.culprits, verdict.summary, path))
 
     def _at_first_death(self) -> None:
-        """Wakes at the first rank's exit (the kernel's exit events), whatever the loop is doing."""
+        """Wakes at the first rank's exit (the kernel's exit events), whatever the loop is doing.
+        Without those events the crash path reads the survivors itself (``_on_crash``)."""
+        events = self.catcher.exit_events
+        if events is None or events.unavailable is not None:
+            return
         while not self._early_read and self.catcher.job_alive():
             if self.catcher.wait_for_death(0.5):
                 self._read_survivors()
@@ -201,7 +206,7 @@ class Watcher:
         started = time.monotonic()
         alive = [pid for pid in self.catcher.rank_pids if procfs.state_letter(pid) not in (None, "Z", "X")]
         samples = sample_all([(pid, False, None, False, None) for pid in alive], timeout=EARLY_TIMEOUT_S,
-                             parallel=max(1, len(alive)))
+                             parallel=max(1, min(len(alive), EARLY_PARALLEL)))
         self.early = {pid: s.threads for pid, s in samples.items() if s.threads}
         took = (time.monotonic() - started) * 1000
         if not alive:
