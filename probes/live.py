@@ -159,8 +159,9 @@ def _launch_warnings(job: JobProcesses) -> list[str]:
     out = []
     if job.world_size and job.local_world_size and job.world_size > job.local_world_size:
         local = compact_ranks(r.rank for r in job.ranks if r.rank is not None)
+        how = "--ray auto" if job.peer_nodes else "--hosts/--slurm"
         out.append(f"job spans {job.nnodes or '?'} nodes (world size {job.world_size}); only this node's ranks "
-                   f"({local}) are shown: add --hosts/--slurm to see the others")
+                   f"({local}) are shown: add {how} to see the others")
     return out
 
 

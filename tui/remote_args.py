@@ -31,6 +31,9 @@ def add_remote_arguments(parser: argparse.ArgumentParser) -> None:
                        help="file of nodes: one per line, DeepSpeed/MPI 'host slots=N' and 'host:N' accepted")
     group.add_argument("--slurm", metavar="JOBID",
                        help="reach the nodes of this SLURM job with srun --overlap ('auto': the ranks' SLURM_JOB_ID)")
+    group.add_argument("--ray", choices=["auto"],
+                       help="reach the other nodes of a Ray Train run over ssh ('auto': the nodes its "
+                            "controller's log places ranks on; run on the driver's node)")
     group.add_argument("--k8s", metavar="SELECTOR",
                        help="reach the pods matching this label selector with kubectl exec")
     group.add_argument("--k8s-namespace", metavar="NS", help="namespace of the --k8s pods")
@@ -74,6 +77,7 @@ def node_spec(args: argparse.Namespace) -> NodeSpec:
     """The other nodes named by the options of :func:`add_remote_arguments`."""
     return NodeSpec(hosts=tuple(getattr(args, "hosts", None) or ()), hostfile=getattr(args, "hostfile", None),
                     slurm=getattr(args, "slurm", None), k8s=getattr(args, "k8s", None),
+                    ray=getattr(args, "ray", None),
                     k8s_namespace=getattr(args, "k8s_namespace", None),
                     k8s_container=getattr(args, "k8s_container", None),
                     ssh_options=ssh_options(getattr(args, "ssh_option", None) or []),

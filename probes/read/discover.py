@@ -13,6 +13,7 @@ from ..errors import AccessDenied, NoSuchProcess, NotAJob
 from . import procfs
 from . import ray_train
 from .process import JOB_ENV, JobProcesses, RankProcess
+from ..snapshot import who
 from .pyspy import ptrace_remedy
 from ..rundir import hook_records, implicit_run_dir, rank_log_file
 
@@ -168,6 +169,10 @@ def find_job_matching(master: str | None = None, job_id: str | None = None) -> J
         same_id = job_id and job_id in (env.get("TORCHELASTIC_RUN_ID"), env.get("SLURM_JOB_ID"))
         if same_master or same_id:
             return find_job(proc.pid)
+    if job_id:  # a Ray Train run: its ranks carry no RANK in their environment, Ray's records name them
+        ray = ray_train.find_run(job_id)
+        if ray is not None:
+            return describe_ray_job(ray)
     wanted = master or job_id
     raise NotAJob(f"no job with {'master ' if master else 'id '}{wanted} on {socket.gethostname()}")
 
@@ -373,14 +378,19 @@ def describe_ray_job(ray: ray_train.RayTrainJob) -> JobProcesses:
     unnumbered = [p.pid for p in ray.workers if p.pid not in ray.ranks]
     if ray.ranks and unnumbered:
         notes.append(f"Ray Train workers {', '.join(map(str, unnumbered))}: no rank in Ray Train's logs")
-    worlds = [r.world_size for r in ray.ranks.values() if r.world_size]
+    worlds = [r.world_size for r in ray.ranks.values() if r.world_size] + ([len(ray.group)] if ray.group else [])
+    elsewhere = ray.elsewhere()
+    if elsewhere:
+        where = "; ".join(f"{who(ranks)} on {ip}" for ip, ranks in sorted(elsewhere.items()))
+        notes.append(f"Ray Train's worker group (its controller's log) has {where}")
     root = ray.driver or ray.raylet
     return JobProcesses(
         launcher=RAY_TRAIN, root_pid=root.pid, host=socket.gethostname(),
         ranks=tuple(sorted(ranks, key=lambda r: (r.rank is None, r.rank or 0, r.pid))),
         world_size=max(worlds, default=None) or len(ranks), local_world_size=len(ranks),
-        nnodes=None, job_id=next((r.run_name for r in ray.ranks.values() if r.run_name), None),
+        nnodes=len({p.ip for p in ray.group}) or None, job_id=ray.run_name,
         cmdline=tuple(_safe(root.cmdline, [])), started_at=_safe(root.create_time, None), notes=tuple(notes),
+        peer_nodes=tuple(sorted(elsewhere)),
     )
 
 

@@ -56,6 +56,9 @@ class JobProcesses:
     started_at: float | None = None
     waiting_rendezvous: bool = False
     notes: tuple[str, ...] = ()
+    # Other nodes that hold ranks, where the runtime records them (Ray Train's worker group): what
+    # ``--ray auto`` reaches. Empty where nothing on this node says.
+    peer_nodes: tuple[str, ...] = ()
 
 
 def job_record(job: JobProcesses) -> Job:

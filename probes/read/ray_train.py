@@ -9,6 +9,11 @@ line with ``process`` (the PID), ``world_rank``, ``local_rank``, ``node_rank``, 
 ``run_name``, and rank 0's "Setting up process group for: env:// [rank=0, world_size=3]". The
 logs directory is on the raylet's command line (``--log_dir=``).
 
+Where the other ranks run: Ray Train's controller (an actor Ray places on the driver's node) logs
+the whole worker group when it starts it, in ``ray-train-sys-controller-<id>.log``: "Started training
+worker group of size N:" then one line per worker, ``- (ip=10.0.0.2, pid=201) world_rank=3,
+local_rank=1, node_rank=1``. On the driver's node that names every node that holds a rank.
+
 From any PID a user has (the driver, a worker, a worker's DataLoader worker, the raylet) this finds
 the raylet, the live ``RayTrainWorker`` processes under it, and each one's rank. No Ray API is
 called: nothing here needs ``ray`` importable, a dashboard or the state API.
@@ -27,8 +32,12 @@ from . import procfacts, procfs
 
 WORKER_NAME = "ray::RayTrainWorker"
 MAX_LOG_LINES = 200  # a worker's rank is on its first lines; bounded for week-long logs
+MAX_CONTROLLER_BYTES = 64 << 20  # a controller log read for its worker groups (restarts log new ones)
 _WORLD = re.compile(r"\[rank=(\d+), world_size=(\d+)\]")
-_LOG_DIR, _SESSION_DIR = "--log_dir=", "--session_dir="
+_GROUP_STARTED = "Started training worker group of size"
+_PLACED = re.compile(r"^- \(ip=([^,\s]+), pid=(\d+)\) world_rank=(\d+), local_rank=(\d+), node_rank=(\d+)",
+                     re.MULTILINE)
+_LOG_DIR, _SESSION_DIR, _NODE_IP = "--log_dir=", "--session_dir=", "--node_ip_address="
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,17 @@ class RayRank:
 
 
 @dataclass(frozen=True)
+class RayPlacement:
+    """One worker of the run's worker group as the controller logged it: on which node, which rank."""
+
+    ip: str
+    pid: int  # as the worker's own node sees it
+    rank: int
+    local_rank: int
+    node_rank: int
+
+
+@dataclass(frozen=True)
 class RayTrainJob:
     """The workers of one Ray Train run on this node."""
 
@@ -53,6 +73,20 @@ class RayTrainJob:
     workers: tuple[psutil.Process, ...]
     ranks: dict[int, RayRank]  # pid -> its record (workers whose record was found)
     logs_dir: Path | None
+    node_ip: str | None = None  # this node's address in the Ray cluster (the raylet's)
+    group: tuple[RayPlacement, ...] = ()  # the whole worker group, where this node holds the controller's log
+
+    @property
+    def run_name(self) -> str | None:
+        return next((r.run_name for r in self.ranks.values() if r.run_name), None)
+
+    def elsewhere(self) -> dict[str, tuple[int, ...]]:
+        """Node address -> the ranks Ray placed there, for the nodes other than this one."""
+        out: dict[str, list[int]] = {}
+        for placed in self.group:
+            if placed.ip != self.node_ip:
+                out.setdefault(placed.ip, []).append(placed.rank)
+        return {ip: tuple(sorted(ranks)) for ip, ranks in out.items()}
 
 
 def _cmdline(proc: psutil.Process) -> list[str]:
@@ -105,8 +139,55 @@ def find(start: psutil.Process) -> RayTrainJob | None:
             workers = [p for p in workers if (r := records.get(p.pid)) is None or r.job_id == job_id]
     if driver is None:
         driver = _driver_above(raylet)
+    ranks = {p.pid: records[p.pid] for p in workers if p.pid in records}
+    run = next((r.run_name for r in ranks.values() if r.run_name), None)
     return RayTrainJob(raylet=raylet, driver=driver, workers=tuple(sorted(workers, key=lambda p: p.pid)),
-                       ranks={p.pid: records[p.pid] for p in workers if p.pid in records}, logs_dir=logs)
+                       ranks=ranks, logs_dir=logs, node_ip=node_ip(raylet),
+                       group=read_worker_group(logs, run) if logs and run else ())
+
+
+def find_run(run_name: str) -> RayTrainJob | None:
+    """The workers on this node of the Ray Train run named ``run_name`` (how a node agent finds the
+    run a viewer on another node asks for: Ray's ranks have no MASTER_ADDR in their environment)."""
+    for raylet in (p for p in psutil.process_iter() if _is_raylet(p)):
+        logs = logs_dir(raylet)
+        if logs is None:
+            continue
+        records = read_ranks(logs)
+        for worker in _safe_children(raylet, recursive=False):
+            record = records.get(worker.pid)
+            if record is not None and record.run_name == run_name and is_worker(worker):
+                return find(worker)
+    return None
+
+
+def node_ip(raylet: psutil.Process) -> str | None:
+    """This node's address in the Ray cluster, from the raylet's ``--node_ip_address``."""
+    return next((a[len(_NODE_IP):] for a in _cmdline(raylet) if a.startswith(_NODE_IP)), None)
+
+
+def read_worker_group(logs: Path, run_name: str) -> tuple[RayPlacement, ...]:
+    """The last worker group the run's controller started, as its system log lists it; empty when
+    the controller's log is not on this node (it runs on the driver's node)."""
+    group: tuple[RayPlacement, ...] = ()
+    for path in sorted((logs / "train").glob("ray-train-sys-controller-*.log")):
+        try:
+            with open(path, errors="replace") as handle:
+                text = handle.read(MAX_CONTROLLER_BYTES)
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if _GROUP_STARTED not in line:
+                continue
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(entry, dict) and entry.get("run_name") == run_name:
+                group = tuple(RayPlacement(ip=m.group(1), pid=int(m.group(2)), rank=int(m.group(3)),
+                                           local_rank=int(m.group(4)), node_rank=int(m.group(5)))
+                              for m in _PLACED.finditer(str(entry.get("message", ""))))
+    return group
 
 
 def logs_dir(raylet: psutil.Process) -> Path | None:

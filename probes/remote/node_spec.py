@@ -12,12 +12,14 @@ DEFAULT_PARALLEL = 32  # nodes whose bundles are fetched at once
 @dataclass(frozen=True)
 class NodeSpec:
     """The other nodes as named by a person: ``hosts`` (SLURM ranges allowed), a ``hostfile``,
-    a SLURM job (``slurm``: its id, or ``auto``), pods matching a ``k8s`` selector."""
+    a SLURM job (``slurm``: its id, or ``auto``), pods matching a ``k8s`` selector, the nodes Ray
+    placed the run's workers on (``ray``: ``auto``, reached over ssh)."""
 
     hosts: tuple[str, ...] = ()
     hostfile: str | None = None
     slurm: str | None = None
     k8s: str | None = None
+    ray: str | None = None
     k8s_namespace: str | None = None
     k8s_container: str | None = None
     ssh_options: tuple[str, ...] = ()
@@ -27,4 +29,4 @@ class NodeSpec:
 
     @property
     def named(self) -> bool:
-        return bool(self.hosts or self.hostfile or self.slurm or self.k8s)
+        return bool(self.hosts or self.hostfile or self.slurm or self.k8s or self.ray)

@@ -1,5 +1,6 @@
 """Which other nodes to ask, and how to reach them: ssh hosts, a SLURM job's nodes (srun), the
-pods of a Kubernetes selector (kubectl). Every call to srun or kubectl here is bounded."""
+pods of a Kubernetes selector (kubectl), the nodes Ray placed a Ray Train run on (ssh). Every call
+to srun or kubectl here is bounded."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import subprocess
 from typing import Any
 
 from ..errors import TrainwatchError
+from ..read.discover import RAY_TRAIN
 from .hostlist import (
     parse_hosts, read_hostfile, slurm_hostnames, slurm_job_nodelist, slurm_running_jobs, unique,
 )
@@ -72,6 +74,22 @@ def _slurm_remotes(spec: NodeSpec, job: Any) -> list[Remote]:
     return [SlurmRemote(name=n, job_id=job_id) for n in nodes if n not in local]
 
 
+def _ray_remotes(spec: NodeSpec, job: Any) -> list[Remote]:
+    """``--ray auto``: the other nodes of a Ray Train run, from its worker group as the controller
+    logged it on this (the driver's) node; reached over ssh by the address Ray knows them by."""
+    if getattr(job, "launcher", None) != RAY_TRAIN:
+        raise TrainwatchError("--ray auto: this is not a Ray Train job",
+                              remedy="point trainwatch at the driver or a RayTrainWorker, or name nodes with --hosts")
+    peers = tuple(getattr(job, "peer_nodes", ()) or ())
+    local = len(getattr(job, "ranks", ()) or ())
+    if not peers and (getattr(job, "world_size", None) or 0) > local:
+        raise TrainwatchError(
+            "--ray auto: this node does not hold the run's controller log, which names the other nodes",
+            remedy="run trainwatch on the driver's node, or name the nodes with --hosts")
+    return [SshRemote(name=ip, options=spec.ssh_options, connect_timeout=max(1, int(min(spec.timeout, 10))))
+            for ip in peers]
+
+
 def list_pods(selector: str, namespace: str | None, timeout: float) -> list[str]:
     """Running pods matching ``selector`` (kubectl get pods -o json)."""
     try:
@@ -113,6 +131,9 @@ def other_nodes(spec: NodeSpec, job: Any) -> list[Remote]:
         remotes += _slurm_remotes(spec, job)
     if spec.k8s:
         remotes += _k8s_remotes(spec)
+    if spec.ray:
+        named = {r.name for r in remotes}
+        remotes += [r for r in _ray_remotes(spec, job) if r.name not in named]
     return remotes
 
 

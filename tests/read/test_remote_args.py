@@ -181,3 +181,20 @@ def test_k8s_errors_are_named(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     with pytest.raises(TrainwatchError, match="kubectl get pods -l a=b"):
         remotes_from_args(parse("1", "--k8s", "a=b"), job())
+
+
+def test_ray_auto_reaches_the_nodes_the_run_was_placed_on_and_only_for_ray_train():
+    ray_job = JobProcesses(launcher="ray train", root_pid=1, host="node1", world_size=4, local_world_size=2,
+                           ranks=(RankProcess(pid=10, rank=2), RankProcess(pid=11, rank=3)),
+                           job_id="ray_train_run-1", peer_nodes=("10.0.0.2", "10.0.0.3"))
+    args = parse("1", "--ray", "auto", "--ssh-option", "Port=2222")
+    assert wants_remote(args)
+    remotes = remotes_from_args(args, ray_job)
+    assert [(type(r), r.name) for r in remotes] == [(SshRemote, "10.0.0.2"), (SshRemote, "10.0.0.3")]
+    assert remotes[0].options == ("-o", "Port=2222")
+    with pytest.raises(TrainwatchError, match="not a Ray Train job"):
+        remotes_from_args(args, JobProcesses(launcher="torchrun", root_pid=1, host="h"))
+    without_log = JobProcesses(launcher="ray train", root_pid=1, host="node2", world_size=4, local_world_size=2,
+                               ranks=ray_job.ranks)
+    with pytest.raises(TrainwatchError, match="controller log"):
+        remotes_from_args(args, without_log)

@@ -1,0 +1,130 @@
+"""A Ray Train run across two real hosts (tests/two_hosts.py), found from the driver's node with --ray auto.
+
+A Ray cluster is started the way clusters are (`ray start --head` on node1, `ray start --address`
+on node2, each in its own PID/UTS/mount/network namespace); a `TorchTrainer` with 4 gloo workers
+runs on it, two on each node. Ray numbers the ranks and places them: which ranks land on node2 is
+Ray's choice, read here from its own records. Then the last worker on node2 stalls in its own code
+while the other three wait in DDP's all_reduce. trainwatch runs on node1, given the driver's PID.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from real_jobs import FRAMEWORK_JOBS, kill_tree
+from sshd import remote_trainwatch
+import two_hosts
+
+pytest.importorskip("ray.train.torch")
+pytestmark = [pytest.mark.job, pytest.mark.slow]
+
+TRAINWATCH = str(Path(sys.executable).parent / "trainwatch")
+RAY = str(Path(sys.executable).parent / "ray")
+RAY_ENV = ["env", "RAY_DISABLE_USAGE_STATS=1", "RAY_AUTH_MODE=disabled", "RAY_DEDUP_LOGS=0",
+           f"GLOO_SOCKET_IFNAME={two_hosts.IFNAME}", "OMP_NUM_THREADS=1", "PYTHONUNBUFFERED=1"]
+HEAD = f"{two_hosts.ADDRS['node1']}:6379"
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(tmp_path_factory):
+    """Two hosts, Ray on both (each node its own temp dir: Ray's sockets live there, and a short path
+    keeps them under the 107-byte limit), and the training run; all of it dies with the namespaces."""
+    reason = two_hosts.unavailable_reason()
+    if reason:
+        if two_hosts.in_ci():
+            pytest.fail(f"CI: {reason}")
+        pytest.skip(reason)
+    workdir = tmp_path_factory.mktemp("raynodes")
+    temps = {node: tempfile.mkdtemp(prefix=f"twray-{node}-", dir="/tmp") for node in two_hosts.ADDRS}
+    driver = None
+    with two_hosts.TwoHosts(workdir / "hosts") as hosts:
+        try:
+            for node, addr in two_hosts.ADDRS.items():
+                where = ["--head", "--port", "6379", "--include-dashboard=false"] if node == "node1" else [
+                    "--address", HEAD]
+                done = subprocess.run(hosts.on(node, [*RAY_ENV, RAY, "start", *where, "--node-ip-address", addr,
+                                                      "--num-cpus", "2", "--temp-dir", temps[node],
+                                                      "--disable-usage-stats"]),
+                                      capture_output=True, text=True, timeout=120)
+                assert done.returncode == 0, f"ray start on {node}: {done.stderr[-2000:]}"
+            for helper in FRAMEWORK_JOBS.glob("_*.py"):
+                shutil.copy(helper, workdir / helper.name)
+            shutil.copy(FRAMEWORK_JOBS / "ray_train_straggler.py", workdir)
+            log = workdir / "job.log"
+            with open(log, "wb") as out:
+                driver = subprocess.Popen(
+                    hosts.on("node1", [*RAY_ENV, f"RAY_ADDRESS={HEAD}", "TW_RAY_WORKERS=4",
+                                       f"TW_STALL_IP={two_hosts.ADDRS['node2']}", sys.executable,
+                                       "ray_train_straggler.py", "--deadline", "150"], cwd=str(workdir)),
+                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            deadline = time.monotonic() + 120
+            while log.read_text(errors="replace").count("step 10\n") < 4:
+                assert driver.poll() is None, f"the driver exited early:\n{log.read_text()[-3000:]}"
+                assert time.monotonic() < deadline, f"the ranks did not start:\n{log.read_text()[-3000:]}"
+                time.sleep(0.5)
+            hosts.workdir, hosts.log = workdir, log
+            hosts.driver = int((workdir / "driver.pid").read_text())  # as node1's PID namespace sees it
+            yield hosts
+        finally:
+            if driver is not None:
+                kill_tree(driver.pid)
+                driver.wait(timeout=10)
+    for temp in temps.values():
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def snapshot(hosts, *extra: str) -> dict:
+    done = subprocess.run(hosts.on("node1", [TRAINWATCH, "snapshot", str(hosts.driver), "--json", *extra]),
+                          capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def on_node2(found: dict) -> list[int]:
+    return sorted(r["rank"] for r in found["ranks"] if r["host"] == "node2")
+
+
+def test_ray_auto_reads_the_nodes_ray_placed_the_run_on(ray_cluster):
+    hosts = ray_cluster
+    here = snapshot(hosts)
+    assert len(here["ranks"]) == 2 and {r["host"] for r in here["ranks"]} == {"node1"}, here["ranks"]
+    assert here["job"]["world_size"] == 4 and here["job"]["nnodes"] == 2, here["job"]
+    placed = next(n for n in here["notes"] if n.startswith("Ray Train's worker group"))
+    assert two_hosts.ADDRS["node2"] in placed, here["notes"]
+    assert any("add --ray auto to see the others" in w for w in here["warnings"]), here["warnings"]
+
+    remote = ["--ray", "auto", "--ssh-option", f"-F {hosts.ssh_config}", "--remote-trainwatch", remote_trainwatch()]
+    healthy = snapshot(hosts, *remote)
+    assert sorted(r["rank"] for r in healthy["ranks"]) == [0, 1, 2, 3], healthy["ranks"]
+    assert len(on_node2(healthy)) == 2 and healthy["verdict"]["kind"] == "healthy", healthy["verdict"]
+    assert [h["name"] for h in healthy["hosts"]] == ["node1", "node2"] and not any(h["error"] for h in healthy["hosts"])
+
+    (hosts.workdir / "stall-now").touch()
+    deadline = time.monotonic() + 60
+    while "straggling" not in hosts.log.read_text(errors="replace"):
+        assert time.monotonic() < deadline, hosts.log.read_text()[-3000:]
+        time.sleep(0.3)
+    time.sleep(1.0)
+    stuck = snapshot(hosts, *remote)
+    culprit = max(on_node2(stuck))  # the last worker on node2, whatever number Ray gave it
+    assert (stuck["verdict"]["kind"], stuck["verdict"]["culprits"]) == ("straggler", [culprit]), stuck["verdict"]
+    assert "evaluate_forever" in stuck["verdict"]["summary"], stuck["verdict"]
+
+
+def test_ray_auto_where_the_controller_log_is_not(ray_cluster):
+    """On a worker-only node nothing names the other nodes: a clear refusal, not this node alone."""
+    hosts = ray_cluster
+    worker = subprocess.run(hosts.on("node2", ["pgrep", "-f", "^ray::RayTrainWorker"]), capture_output=True,
+                            text=True, timeout=20).stdout.split()[0]
+    done = subprocess.run(hosts.on("node2", [TRAINWATCH, "snapshot", worker, "--ray", "auto"]),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    assert "does not hold the run's controller log" in done.stderr and "driver's node" in done.stderr, done.stderr
