@@ -8,6 +8,7 @@ locals (``judge/steps.py``), and the growth of the ranks' logs. Used by ``live.p
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from .errors import ToolMissing
 from .judge.judgement import JudgeMemory
@@ -80,13 +81,22 @@ class Sampler:
         samples = sample_all(requests, locals_for=self._steps_due(requests, poll))
         now = time.time()
         self._read_steps(samples, now)
-        classified = {pid: classify(sample.threads, source_line) for pid, sample in samples.items()
-                      if sample.threads is not None}
         take = lambda pids: sample_all([(pid, True, None, False, None) for pid in pids],  # noqa: E731
                                        parallel=NATIVE_PARALLEL)
+        samples = self.absorb(samples, now, take, resolve=resolve)
+        self._look_at_logs(job, now)
+        return samples
+
+    def absorb(self, samples: dict[int, StackSample], now: float,
+               take_native: Callable[[list[int]], dict[int, StackSample]], resolve: bool = True) -> dict[int, StackSample]:
+        """The part of a round after py-spy: classify the samples, take native ones (``take_native``)
+        where a Python stack cannot say, and let the progress memory observe each rank. Recorded
+        samples replayed by the tests come through here too."""
+        classified = {pid: classify(sample.threads, source_line) for pid, sample in samples.items()
+                      if sample.threads is not None}
         if self.auto_native and resolve:
-            samples, classified = resolve_natively(samples, classified, self.native, self.memory.progress, now, take,
-                                                   source_line)
+            samples, classified = resolve_natively(samples, classified, self.native, self.memory.progress, now,
+                                                   take_native, source_line)
         for pid, cls in classified.items():
             sample = samples[pid]
             self.stacks[pid] = sample.threads
@@ -94,7 +104,6 @@ class Sampler:
             self.memory.progress.observe(pid, stack_signature(main_thread(sample.threads)), cls.phase, sample.before,
                                          sample.after, now, dumped=not sample.reused)
             self._follow_training_thread(pid, sample.threads)
-        self._look_at_logs(job, now)
         return samples
 
     def _follow_training_thread(self, pid: int, threads: tuple) -> None:

@@ -11,12 +11,12 @@ from pathlib import Path
 
 from trainwatch.probes.read.flightrec import analyze, load_trace
 from trainwatch.probes.judge.judgement import JudgeMemory, JudgeOptions, Judgement, judge_job
-from trainwatch.probes.judge.native import NativeCache, resolve_natively
-from trainwatch.probes.judge.phases import classify, main_thread, stack_signature
 from trainwatch.probes.observed import ObservedJob, ObservedRank
+from trainwatch.probes.read.exits import ExitLedger
 from trainwatch.probes.read.procfs import ThreadCounters
 from trainwatch.probes.read.pyspy import parse_dump
 from trainwatch.probes.read.sampler import StackSample
+from trainwatch.probes.sampling import Sampler
 from trainwatch.probes.snapshot import CollectiveState, Job, Rank, ThreadStack
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -46,20 +46,17 @@ def sample_rounds(memory: JudgeMemory, pid: int, rounds: list[tuple[ThreadStack,
                   native_threads: tuple[ThreadStack, ...] | None, rank: int, start: float = 1000.0) -> ObservedRank:
     """Observe ``rounds`` (one per sample, ``SPACING`` apart from ``start``) with the main thread's
     counters as recorded in the hangs: CPU always burning, ``wakeups_per_sample`` wake-ups each."""
-    tracker, cache = memory.progress, NativeCache()
+    sampler = Sampler(memory, ExitLedger(root_pid=1))  # the live view's own sampler, after its py-spy calls
     now = start
     for i, threads in enumerate(rounds, start=1):
         now += SPACING
         counters = ThreadCounters(cpu_ticks=150 * i, voluntary=40 + wakeups_per_sample * i, involuntary=3)
-        sample = StackSample(pid, threads, counters, counters)
 
         def take(pids: list[int]) -> dict[int, StackSample]:
             return {p: StackSample(p, native_threads, counters, counters) for p in pids}
 
-        samples, classes = resolve_natively({pid: sample}, {pid: classify(sample.threads)}, cache, tracker, now, take)
-        tracker.observe(pid, stack_signature(main_thread(samples[pid].threads)), classes[pid].phase,
-                        samples[pid].before, samples[pid].after, now)
-    cls, threads = classes[pid], samples[pid].threads
+        sampler.absorb({pid: StackSample(pid, threads, counters, counters)}, now, take)
+    cls, threads = sampler.classes[pid], sampler.stacks[pid]
     return ObservedRank(rank=rank, pid=pid, host="h", phase=cls.phase, op=cls.op, where=cls.where,
                         user_frame=cls.user_frame, detail=cls.detail, threads=threads,
                         native=bool(threads) and any(f.native for f in threads[0].frames))
