@@ -221,7 +221,7 @@ def test_dataloader_worker_stuck_in_ddp_loop(framework_job):
     assert_waits_in_ddp_gradients(ranks[0], f"ddp_dataloader_worker.py:{backward_line} main", said)
     # WORKER SAMPLING (in progress by the lead): the snapshot must name the stuck worker's PID
     # and its __getitem__ frame. If this fails, fix trainwatch; do not delete or weaken it.
-    stuck_at = f"ddp_dataloader_worker.py:{line_of('ddp_dataloader_worker.py', 'time.sleep(max(0.0')}"
+    stuck_at = f"_jobkit.py:{line_of('_jobkit.py', 'time.sleep(max(0.0, self.stop_at')}"
     told = f"{verdict['summary']}\n{stalled['detail'] or ''}"
     assert str(worker_pid) in told and "__getitem__" in told and stuck_at in told, \
         f"WORKER SAMPLING: the stuck worker {worker_pid} and its __getitem__ frame ({stuck_at}) " \
@@ -326,8 +326,8 @@ def test_lightning_dataloader_worker_never_returns(framework_job):
     stalled = ranks[0]
     assert stalled["state"] == "stuck" and stalled["phase"] == "dataloader", said
     assert stalled["children"] == [worker_pid], said
-    stuck_at = f"lightning_ddp.py:{line_of('lightning_ddp.py', 'time.sleep(max(0.0, self.stop_at')}"
-    assert str(worker_pid) in stalled["detail"] and f"{stuck_at} Items.__getitem__" in stalled["detail"], said
+    stuck_at = f"_jobkit.py:{line_of('_jobkit.py', 'time.sleep(max(0.0, self.stop_at')}"
+    assert str(worker_pid) in stalled["detail"] and f"{stuck_at} StallingItems.__getitem__" in stalled["detail"], said
     waiting = ranks[1]
     assert waiting["state"] == "stuck" and waiting["phase"] == "collective", said
     assert waiting["op"] and DDP_ALL_REDUCE.search(waiting["op"]), said

@@ -74,3 +74,24 @@ def accelerate_setup():  # noqa: ANN201 (accelerate is imported here, not at the
     log(f"accelerate starts: {accelerator.distributed_type} backend {accelerator.state.backend} "
         f"world {accelerator.num_processes}")
     return accelerator, model, optimizer, loader
+
+
+class StallingItems:
+    """A map-style dataset of random regression pairs; on the stalled rank the read of item
+    ``stuck_index`` never returns, as on a dead network mount. Forked DataLoader workers have no
+    deadline thread: the blocked worker keeps the job's deadline itself (``stop_at``)."""
+
+    def __init__(self, size: int, stall: bool, stop_at: float, stuck_index: int, who: int | None = None) -> None:
+        self.size, self.stall, self.stop_at, self.stuck_index, self.who = size, stall, stop_at, stuck_index, who
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int):  # noqa: ANN204 (torch is imported in the worker)
+        import torch
+        if self.stall and index == self.stuck_index:
+            log(f"planted: worker pid {os.getpid()} blocks in __getitem__({index})", self.who)
+            time.sleep(max(0.0, self.stop_at - time.time()))
+            os._exit(124)
+        generator = torch.Generator().manual_seed(index)
+        return torch.randn(16, generator=generator), torch.randn(1, generator=generator)

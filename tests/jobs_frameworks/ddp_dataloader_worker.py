@@ -6,33 +6,11 @@ on to step 6 and waits in DDP's gradient all_reduce inside ``backward``.
 Truth: straggler, culprit rank 1 (in the DataLoader; the stuck worker's ``__getitem__``).
 """
 
-import os
-import time
 
-from _jobkit import log, rank, start
+from _jobkit import StallingItems, log, rank, start
 
 BATCH = 4
 STUCK_INDEX = 5 * BATCH
-
-
-class Shards:
-    """A map-style dataset whose reads hang on the stalled rank, as a dead network mount does."""
-
-    def __init__(self, size: int, stall: bool, stop_at: float) -> None:
-        self.size, self.stall, self.stop_at = size, stall, stop_at
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, index: int):
-        import torch
-        if self.stall and index == STUCK_INDEX:
-            log(f"planted: worker pid {os.getpid()} blocks in __getitem__({index})")
-            # Forked workers have no deadline thread: the worker keeps the deadline itself.
-            time.sleep(max(0.0, self.stop_at - time.time()))
-            os._exit(124)
-        generator = torch.Generator().manual_seed(index)
-        return torch.randn(16, generator=generator), torch.randn(1, generator=generator)
 
 
 def main() -> None:
@@ -45,7 +23,7 @@ def main() -> None:
     dist.init_process_group("gloo")
     world = dist.get_world_size()
     torch.manual_seed(0)
-    loader = DataLoader(Shards(10_000, stall=(rank() == world - 1), stop_at=args.stop_at),
+    loader = DataLoader(StallingItems(10_000, stall=(rank() == world - 1), stop_at=args.stop_at, stuck_index=STUCK_INDEX),
                         batch_size=BATCH, num_workers=1)
     model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
                                                         torch.nn.Linear(32, 1)))

@@ -17,7 +17,7 @@ import argparse
 import os
 import time
 
-from _jobkit import arm_deadline, log
+from _jobkit import StallingItems, arm_deadline, log
 
 BATCH = 4
 STUCK_INDEX = 3 * BATCH  # the first item of batch 4 (1-based)
@@ -26,25 +26,6 @@ STUCK_INDEX = 3 * BATCH  # the first item of batch 4 (1-based)
 def rank(devices: int) -> int:
     """Lightning's ranks: LOCAL_RANK (and NODE_RANK) are all its launcher puts in the environment."""
     return int(os.environ.get("NODE_RANK", "0")) * devices + int(os.environ.get("LOCAL_RANK", "0"))
-
-
-class Items:
-    """A map-style dataset; on the stalled rank one read never returns, as on a dead mount."""
-
-    def __init__(self, size: int, stall: bool, stop_at: float, me: int) -> None:
-        self.size, self.stall, self.stop_at, self.me = size, stall, stop_at, me
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, index: int):
-        import torch
-        if self.stall and index == STUCK_INDEX:
-            log(f"planted: worker pid {os.getpid()} blocks in __getitem__({index})", self.me)
-            time.sleep(max(0.0, self.stop_at - time.time()))  # forked workers keep the deadline themselves
-            os._exit(124)
-        generator = torch.Generator().manual_seed(index)
-        return torch.randn(16, generator=generator), torch.randn(1, generator=generator)
 
 
 def main() -> None:
@@ -90,7 +71,7 @@ def main() -> None:
 
     batches = 3 if args.fault == "uneven" and me == odd else 6
     stall = args.fault == "worker" and me == odd
-    loader = DataLoader(Items(batches * BATCH, stall, stop_at, me), batch_size=BATCH,
+    loader = DataLoader(StallingItems(batches * BATCH, stall, stop_at, STUCK_INDEX, who=me), batch_size=BATCH,
                         num_workers=1 if stall else 0)
     trainer = pl.Trainer(accelerator="cpu", strategy="ddp", devices=args.devices, max_epochs=1,
                          use_distributed_sampler=False, logger=False, enable_checkpointing=False,
