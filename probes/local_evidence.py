@@ -19,6 +19,7 @@ from .read.usage import CpuMeter
 from .sampling import Sampler
 from .snapshot import HostInfo, KernelState
 
+MAX_LOG_FILES = 32  # log files whose tail each poll reads: bounded for jobs with a file per rank
 
 class LocalEvidence:
     """Remembers every rank process ever seen (exits, restarts) and each one's CPU time."""
@@ -54,10 +55,19 @@ class LocalEvidence:
                 self.exits.record(proc, procfs.zombie_exit(pid), now)
         evidence = self._with_exits(evidence, job, now)
         evidence += _missing(job, evidence)
+        evidence = self._with_log_tails(evidence)
         host, evidence = self._with_gpu(job, evidence, warnings, notes)
         notes += self._restarts(evidence)
         self._forget_restarted(evidence)
         return evidence, host
+
+    def _with_log_tails(self, evidence: list[ObservedRank]) -> list[ObservedRank]:
+        """Each rank's telling log tail, for the ranks of the first ``MAX_LOG_FILES`` log files (in
+        rank order): the views show it, here and on a viewer on another node."""
+        order = sorted(evidence, key=lambda r: (r.rank is None, r.rank or 0))
+        files = set(list(dict.fromkeys(r.log_path for r in order if r.log_path))[:MAX_LOG_FILES])
+        return [replace(r, log_tail=self.exits.logs.shown_tail(r.log_path, r.rank, r.local_rank))
+                if r.log_path in files else r for r in evidence]
 
     def _forget_restarted(self, evidence: list[ObservedRank]) -> None:
         """Keep per-PID state for the ranks shown and, per rank number, the process before its

@@ -84,6 +84,7 @@ class ObservedRank:
     step: int | None = None
     step_period_s: float | None = None
     log: LogActivity | None = None  # growth of the file at log_path
+    log_tail: tuple[str, ...] | None = None  # the telling end of that log, secrets masked (read/ranklog.py)
     collective_timeout_s: float | None = None  # from the rank's environment
     kernel: KernelState | None = None  # the kernel's view of its main thread (read/kernel_view.py)
     longest_quiet_s: float | None = None  # as reported (bundles, other nodes); live: the judge's memory

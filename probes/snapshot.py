@@ -200,6 +200,9 @@ class Rank:
     step_period_s: float | None = None  # the rank's observed time per step
     native: bool = False  # phase decided from a native (C/C++) sample
     log: LogActivity | None = None  # growth of the file at log_path
+    # The telling end of its log (its error first, then its last output), secrets masked; None: not
+    # read where the rank was read (another node sends it for its culprits and the ranks asked for).
+    log_tail: tuple[str, ...] | None = None
     longest_quiet_s: float | None = None  # longest stretch without progress that ended in progress (live)
     collective_timeout_s: float | None = None  # the job's collective timeout, where its environment shows it
     kernel: KernelState | None = None  # the kernel's view of its main thread

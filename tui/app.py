@@ -25,7 +25,7 @@ from textual.widgets import DataTable, Footer, Input
 from textual.worker import get_current_worker
 
 from ..probes import (
-    PROBLEM_VERDICTS, Rank, RankLogs, Snapshot, Source, TrainwatchError, write_evidence,
+    PROBLEM_VERDICTS, Rank, Snapshot, Source, TrainwatchError, write_evidence,
 )
 
 from .widgets import format as fmt
@@ -39,17 +39,15 @@ from .widgets.rankfilter import matches
 from .widgets.ranks import RanksTable
 
 INTERVALS = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0)
-MAX_LOG_FILES = 16
 LIVE_ACTIONS = {"native", "sample", "pause", "slower", "faster", "dump"}
 
 
 class SnapshotReady(Message):
-    """A poll finished: the frozen snapshot and the log tails read alongside it."""
+    """A poll finished: the frozen snapshot (everything the views draw, log tails included)."""
 
-    def __init__(self, snapshot: Snapshot, log_tails: dict[str, tuple[str, ...] | None]) -> None:
+    def __init__(self, snapshot: Snapshot) -> None:
         super().__init__()
         self.snapshot = snapshot
-        self.log_tails = log_tails
 
 
 class PollFailed(Message):
@@ -63,17 +61,6 @@ class PollFailed(Message):
 def native_id(rank: Rank) -> int | None:
     """What ``native_for`` holds for a rank: its global rank number (unique across nodes)."""
     return rank.rank
-
-
-def read_log_tails(snapshot: Snapshot, logs: RankLogs | None = None) -> dict[str, tuple[str, ...] | None]:
-    """Each rank's telling log tail (its error first, then its last output), keyed by ``Rank.key``.
-    A file several ranks write to is shared: only its prefixed lines are attributed to a rank."""
-    logs = logs or RankLogs()
-    with_log = [r for r in snapshot.ranks if r.log_path]
-    paths = list(dict.fromkeys(r.log_path for r in with_log))[:MAX_LOG_FILES]
-    for rank in with_log:
-        logs.note_writer(rank.pid or -1, rank.log_path)
-    return {r.key: logs.tail(r.log_path, r.rank, r.local_rank) for r in with_log if r.log_path in paths}
 
 
 def culprit_key(snapshot: Snapshot | None, ranks: list[Rank]) -> str | None:
@@ -129,8 +116,6 @@ class TrainwatchApp(App[None]):
         self.dump_status: Text | None = None  # the alerts line about the last `d`
         self.snapshot: Snapshot | None = None
         self.history = History()
-        self.log_tails: dict[str, tuple[str, ...] | None] = {}  # Rank.key -> telling tail
-        self._logs = RankLogs()  # cached per file version: a quiet log is not re-read every poll
         self.native_for: set[int] = set()
         self.paused = False
         self.filter_text = ""
@@ -192,7 +177,7 @@ class TrainwatchApp(App[None]):
         def probe() -> None:
             try:
                 snapshot = self.source.poll(native_for=native_for)
-                result.append(SnapshotReady(snapshot, read_log_tails(snapshot, self._logs)))
+                result.append(SnapshotReady(snapshot))
             except TrainwatchError as exc:
                 result.append(PollFailed(exc.message + (f" ({exc.remedy})" if exc.remedy else "")))
             except Exception as exc:  # a probe bug must not take the monitor down
@@ -223,7 +208,6 @@ class TrainwatchApp(App[None]):
             return
         self.polls += 1
         self.snapshot = message.snapshot
-        self.log_tails = message.log_tails
         self.history.record(message.snapshot)
         self.error = None
         self._redraw()
@@ -311,10 +295,9 @@ class TrainwatchApp(App[None]):
     def _redraw_detail(self) -> None:
         rank = self.selected_rank()
         native = rank is not None and native_id(rank) in self.native_for
-        tail = self.log_tails.get(rank.key) if rank and rank.log_path else None
         key = rank.key if rank else None
         fresh, self._detail_key = key != self._detail_key, key
-        self.query_one(DetailPane).show(rank, self.durations_now(), native, tail, fresh=fresh)
+        self.query_one(DetailPane).show(rank, self.durations_now(), native, fresh=fresh)
         if fresh and rank is not None and rank.rank is not None:
             self.query_one(GroupsPane).follow(rank.rank)
             select = getattr(self.source, "select", None)  # other nodes send every thread of it from now on

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from ..errors import BadBundle
 from .bundle import BUNDLE_FORMAT
-from ..snapshot import Snapshot, SnapshotError
+from ..read.ranklog import RankLogs
+from ..snapshot import Rank, Snapshot, SnapshotError
 
 MAX_MEMBER_BYTES = 512 * 1024 * 1024
 
@@ -86,8 +87,17 @@ class BundleSource:
             raise BadBundle(f"{self.path}: snapshot.json unreadable: {exc.strerror}") from None
         except SnapshotError as exc:
             raise BadBundle(f"{self.path}: damaged snapshot.json: {exc}") from None
-        ranks = tuple(dataclasses.replace(r, log_path=self._log_inside(r.rank)) for r in snapshot.ranks)
+        ranks = tuple(self._with_log_inside(r) for r in snapshot.ranks)
         return dataclasses.replace(snapshot, ranks=ranks, source=f"bundle:{self.path}")
+
+    def _with_log_inside(self, rank: Rank) -> Rank:
+        """The rank's log as the bundle holds it (``ranks/N/log-tail.txt``), and its telling tail
+        where the snapshot was written without one (bundles from before the tail travelled in it)."""
+        path = self._log_inside(rank.rank)
+        tail = rank.log_tail
+        if tail is None and path is not None:
+            tail = RankLogs().shown_tail(path, rank.rank, rank.local_rank)
+        return dataclasses.replace(rank, log_path=path, log_tail=tail)
 
     def _log_inside(self, rank: int | None) -> str | None:
         path = self.root / "ranks" / str(rank) / "log-tail.txt"

@@ -80,6 +80,10 @@ def observed_job(left: Leftovers) -> tuple[ObservedJob, dict[int, tuple[str, str
     by_rank = {f.rank: f for f in left.failures if f.rank is not None}
     host = left.host or socket.gethostname()
     ranks, stacks = [], {}
+    logs = ranklog.RankLogs()  # one file several ranks wrote is shared: each is shown its own lines
+    for found in left.ranks.values():
+        for path in {found.own_log, *found.log_files} - {None}:
+            logs.note_writer(found.rank, path)
     for number in numbers:
         found = left.ranks.get(number)
         if found is None or not _has_anything(found):
@@ -88,7 +92,8 @@ def observed_job(left: Leftovers) -> tuple[ObservedJob, dict[int, tuple[str, str
         threads, origin, text = _last_stacks(found)
         if text:
             stacks[number] = (origin, text)
-        ranks.append(_rank(found, threads, by_rank.get(number), host))
+        rank = _rank(found, threads, by_rank.get(number), host)
+        ranks.append(dataclasses.replace(rank, log_tail=logs.shown_tail(rank.log_path, number, None)))
     run = left.run or {}
     job = Job(launcher=_launcher(left), pid=int(run.get("pid") or left.launcher_pid or 0), host=host,
               world_size=left.world_size or (max(numbers) + 1 if numbers else None),

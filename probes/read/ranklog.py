@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from . import crashlog
+from ..redact import scrub
 from .logtail import read_tail
 from .stack_text import TRACEBACK_FRAME
 
@@ -198,6 +199,7 @@ class RankLogs:
         self._files: dict[str, tuple[tuple, tuple[str, ...] | None]] = {}
         self._reasons: dict[tuple, tuple[tuple, LogReason | None]] = {}
         self._writers: dict[str, set[int]] = {}
+        self._shown: dict[tuple, tuple[tuple, tuple[str, ...] | None]] = {}
 
     def note_writer(self, pid: int, path: str | None) -> None:
         """``pid`` writes to ``path`` (a rank, or the launcher): a file with two writers is shared."""
@@ -243,6 +245,21 @@ class RankLogs:
         mine = rank_lines(lines, rank, local_rank, own)
         shown = mine if own else rank_lines(lines, rank, local_rank, own, unprefixed=True)
         return telling_tail(shown, reason_of(mine), count)
+
+    def shown_tail(self, path: str | None, rank: int | None, local_rank: int | None) -> tuple[str, ...] | None:
+        """:meth:`tail` with what looks secret masked (it travels in the snapshot: JSON, other nodes,
+        bundles), cached per file version: asking for every rank every poll is cheap."""
+        if not path:
+            return None
+        key = (path, rank, local_rank, self.own(path))
+        version = _stat_key(path)
+        cached = self._shown.get(key)
+        if cached is not None and version is not None and cached[0] == version:
+            return cached[1]
+        tail = self.tail(path, rank, local_rank)
+        shown = tuple(scrub(line) for line in tail) if tail is not None else None
+        self._shown[key] = (version or (), shown)
+        return shown
 
 
 def _stat_key(path: str) -> tuple | None:

@@ -38,15 +38,15 @@ def _main(rank: Rank) -> ThreadStack | None:
 
 
 def encode_node(snap: Snapshot, node: str, full_for: frozenset[int] = frozenset(), seq: int = 0) -> dict[str, Any]:
-    """The compact document for one node's snapshot. ``full_for``: ranks whose every thread is sent
-    (the node's own culprits always are)."""
+    """The compact document for one node's snapshot. ``full_for``: ranks whose every thread and
+    log tail are sent (the node's own culprits' always are)."""
     stacks: dict[tuple, dict[str, Any]] = {}
     ranks: list[dict[str, Any]] = []
     full: dict[str, Any] = {}
     wanted = set(full_for) | set(snap.verdict.culprits)
     for rank in snap.ranks:
         record = {name: _encode(getattr(rank, name)) for name in _DEFAULTS
-                  if getattr(rank, name) != _DEFAULTS[name]}
+                  if getattr(rank, name) != _DEFAULTS[name] and (name != "log_tail" or rank.rank in wanted)}
         if rank.host and rank.host != snap.job.host:
             record["host"] = rank.host
         main = _main(rank)

@@ -87,10 +87,20 @@ def test_every_rank_field_survives_the_wire():
                 rss_bytes=1 << 30, threads=WAIT, gpu=RankGpu(index=1, util_pct=99.0), exit=ExitInfo(code=1, reason="x"),
                 children=(301,), log_path="/job/log", detail="d", step=7, step_period_s=0.5, native=True,
                 log=LogActivity(age_s=30.0, every_s=1.0, longest_s=2.0, own=False, bar_s=0.5), longest_quiet_s=4.0,
-                collective_timeout_s=600.0, kernel=KernelState(letter="S", wchan="futex_wait", syscall="futex"))
+                collective_timeout_s=600.0, kernel=KernelState(letter="S", wchan="futex_wait", syscall="futex"),
+                log_tail=("── error ──", "RuntimeError: x", "── last output ──", "step 7"))
     defaults = Rank(rank=None)
     unset = [f.name for f in dataclasses.fields(Rank) if getattr(full, f.name) == getattr(defaults, f.name)]
     assert unset == [], f"set these in the test too: {unset}"
     snap = Snapshot(job=Job(launcher="torchrun", pid=1, host="n1"), ranks=(full,), verdict=Verdict("straggler", (3,)))
     got = decode_line(encode_line(snap, "n1")).snapshot.rank(3)
     assert got == full
+
+
+def test_log_tails_travel_for_the_culprits_and_the_ranks_asked_for_only():
+    """A tail is up to 30 lines: every rank's on every poll would swamp a thousand nodes' wire."""
+    tail = ("── last output ──", "step 7")
+    ranks = tuple(Rank(rank=n, pid=100 + n, host="n2", log_path="/job/log", log_tail=tail) for n in range(3))
+    snap = Snapshot(job=Job(launcher="torchrun", pid=1, host="n2"), ranks=ranks, verdict=Verdict("straggler", (2,)))
+    got = decode_line(encode_line(snap, "n2", full_for=frozenset({0}))).snapshot
+    assert [got.rank(n).log_tail for n in range(3)] == [tail, None, tail]

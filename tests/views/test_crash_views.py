@@ -8,7 +8,7 @@ from pathlib import Path
 from trainwatch.probes.evidence.bundle_rank import RankEvidence
 from trainwatch.probes.evidence.summary import render
 from trainwatch.probes.snapshot import ExitInfo, Verdict
-from trainwatch.tui.app import read_log_tails
+from trainwatch.probes.read.ranklog import RankLogs
 from trainwatch.tui.widgets.detail import detail_text
 from trainwatch.tui.widgets.lines import state_label
 
@@ -41,18 +41,26 @@ def test_summary_names_reason_and_message_and_shows_the_culprits_error_first():
     assert MESSAGE in body and "Connection closed by peer" not in log.split("── last output ──")[0]  # rank 0's
 
 
+def with_log_tails(snap):
+    """The ranks' tails as the live view reads them into the snapshot (the file is shared by all)."""
+    logs = RankLogs()
+    for rank in snap.ranks:
+        logs.note_writer(rank.pid or -1, rank.log_path)
+    return replace(snap, ranks=tuple(replace(r, log_tail=logs.shown_tail(r.log_path, r.rank, r.local_rank))
+                                     for r in snap.ranks))
+
+
 def test_detail_pane_shows_the_message_and_a_tail_that_leads_with_the_error():
-    snap = crashed_on_the_recorded_log()
-    tails = read_log_tails(snap)
+    snap = with_log_tails(crashed_on_the_recorded_log())
     dead = snap.rank(1)
-    text = detail_text(dead, NOW, False, tails[dead.key])[0].plain
+    text = detail_text(dead, NOW, False)[0].plain
     assert "exited: exit code 1" in text and "reason: CUDA device-side assert" in text
     assert f"message: {MESSAGE}" in text and "died in: job/gpujob.py:60 main" in text
     log = text.split(f"log {ASSERT_LOG}", 1)[1].splitlines()
     assert log[1].strip() == "── error ──" and log[2].strip() == "Traceback (most recent call last):"
     # the file is shared: rank 0's traceback is its own, never shown as rank 1's error
     assert "Connection closed by peer" not in text.split("── last output ──")[0]
-    zero = detail_text(snap.rank(0), NOW, False, tails[snap.rank(0).key])[0].plain
+    zero = detail_text(snap.rank(0), NOW, False)[0].plain
     assert "Connection closed by peer" in zero and MESSAGE not in zero.split("── last output ──")[0]
 
 
@@ -60,7 +68,7 @@ def test_a_rank_that_raised_but_lingers_reads_as_raised():
     base = straggler()
     rank = replace(base.ranks[3], phase="exiting", detail="main thread exited; kept alive by non-daemon thread 'w'",
                    exit=ExitInfo(at=NOW - 3, first=True, reason="RuntimeError", message="RuntimeError: boom"))
-    text = detail_text(rank, NOW, False, None)[0].plain
+    text = detail_text(rank, NOW, False)[0].plain
     assert "raised: an uncaught exception; the process is still alive, 3s ago  first rank to fail" in text
     assert "message: RuntimeError: boom" in text and "exited:" not in text
     assert state_label(rank) == "raised"

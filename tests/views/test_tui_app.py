@@ -11,6 +11,7 @@ from dataclasses import replace
 from rich.console import Console
 
 from trainwatch.probes.errors import NoSuchProcess
+from trainwatch.probes.read.ranklog import RankLogs
 from trainwatch.tui.app import TrainwatchApp
 from trainwatch.tui.widgets.help import HelpScreen
 from trainwatch.tui.widgets.ranks import RanksTable
@@ -318,7 +319,9 @@ async def test_log_tail_of_selected_rank(tmp_path):
     log = tmp_path / "rank.log"
     log.write_text("".join(f"step {i}\n" for i in range(200)))
     snap = straggler()
-    snap = replace(snap, ranks=tuple(replace(r, log_path=str(log)) for r in snap.ranks))
+    logs = RankLogs()  # the tail as the live view reads it into the snapshot; the view only draws it
+    snap = replace(snap, ranks=tuple(replace(r, log_path=str(log), log_tail=logs.shown_tail(str(log), r.rank, None))
+                                     for r in snap.ranks))
     app, _ = make_app(snap)
     async with app.run_test(size=(120, 60)) as pilot:
         await until(pilot, lambda: app.polls == 1)
@@ -326,6 +329,13 @@ async def test_log_tail_of_selected_rank(tmp_path):
         await pilot.pause()
         text = screen_text(app)
         assert "step 199" in text and "step 150" not in text
+    log.unlink()  # the view never reads the file: a merged view's log is on another node
+    app, _ = make_app(snap)
+    async with app.run_test(size=(120, 60)) as pilot:
+        await until(pilot, lambda: app.polls == 1)
+        app.query_one("#detail").scroll_end(animate=False)
+        await pilot.pause()
+        assert "step 199" in screen_text(app)
 
 
 async def test_enter_and_tab_move_focus_between_panes():

@@ -22,7 +22,7 @@ from tui_samples import healthy, straggler
 
 
 LATE_MESSAGES = {  # what reaches the app after its widgets are gone, by what sends it
-    "poll finished": lambda table: SnapshotReady(healthy(), {}),  # a poll that finished as the app quit
+    "poll finished": lambda table: SnapshotReady(healthy()),  # a poll that finished as the app quit
     "poll failed": lambda table: PollFailed("process 4242 is gone"),
     "row highlighted": lambda table: DataTable.RowHighlighted(table, 0, RowKey("node1:0")),  # the last redraw's
     "group picked": lambda table: GroupsPane.Picked(straggler().groups[0]),
@@ -57,7 +57,7 @@ async def test_handlers_timers_and_worker_callbacks_after_teardown_do_nothing(tm
     async with app.run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: app.polls == 1)
         table = app.query_one(RanksTable)
-    app.on_snapshot_ready(SnapshotReady(healthy(), {}))
+    app.on_snapshot_ready(SnapshotReady(healthy()))
     app.on_poll_failed(PollFailed("process 4242 is gone"))
     app.on_data_table_row_highlighted(DataTable.RowHighlighted(table, 0, RowKey("node1:0")))
     app.on_groups_pane_picked(GroupsPane.Picked(straggler().groups[0]))

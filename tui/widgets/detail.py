@@ -116,8 +116,7 @@ def facts_text(rank: Rank) -> Text:
     return text
 
 
-def detail_text(rank: Rank | None, now: float, native: bool = False,
-                log_tail: tuple[str, ...] | None = None) -> tuple[Text, int | None]:
+def detail_text(rank: Rank | None, now: float, native: bool = False) -> tuple[Text, int | None]:
     """The selected rank's text, and the line of the user's own frame (None when not shown).
 
     What places the rank comes first (where, your code, why), so at 80x24 the culprit's
@@ -171,9 +170,9 @@ def detail_text(rank: Rank | None, now: float, native: bool = False,
         growth = log_activity(rank.log)
         if growth:
             parts.append(Text("  " + growth, style="italic"))
-        if log_tail is None:
-            parts.append(Text("  (not readable)", style="dim"))
-        for line in log_tail or ():
+        if rank.log_tail is None:
+            parts.append(Text("  (its tail was not read: unreadable, or not sent by its node)", style="dim"))
+        for line in rank.log_tail or ():
             parts.append(Text("  " + line, style="bold" if line.startswith("──") else ""))
     return Text("\n").join(parts), mark
 
@@ -185,10 +184,9 @@ class DetailPane(VerticalScroll):
     def compose(self):
         yield Static(id="detail-body")
 
-    def show(self, rank: Rank | None, now: float, native: bool, log_tail: tuple[str, ...] | None,
-             fresh: bool = False) -> None:
+    def show(self, rank: Rank | None, now: float, native: bool, fresh: bool = False) -> None:
         """``fresh``: another rank than last time was selected."""
-        text, mark = detail_text(rank, now, native, log_tail)
+        text, mark = detail_text(rank, now, native)
         fmt.update_if_changed(self.query_one("#detail-body", Static), text)
         if fresh:
             self.call_after_refresh(self._reveal, mark)
