@@ -115,6 +115,8 @@ def test_trainwatch_on_node1_names_the_straggler_on_node2_over_ssh(job, tmp_path
     assert data["verdict"]["culprits"] == [3], data["verdict"]
     culprit = next(r for r in data["ranks"] if r["rank"] == 3)
     assert culprit["state"] == "stuck" and "train.py" in culprit["where"], culprit
+    # its log's tail, read on node2 by the agent there, travels in the snapshot (the view reads no file)
+    assert any("rank 3/4" in line for line in culprit["log_tail"] or ()), culprit["log_tail"]
     assert data["job"]["master_addr"] == two_hosts.ADDRS["node1"]
 
     # The job is untouched, and nothing of trainwatch's is left on either node.
