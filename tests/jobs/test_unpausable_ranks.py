@@ -227,7 +227,9 @@ async def test_the_live_view_shows_the_stopped_rank_as_the_culprit(job):
     try:
         app = TrainwatchApp(source, interval=1.0)
         async with app.run_test(size=(120, 40)) as pilot:
-            await until(pilot, lambda: "rank 1 is stopped" in screen_text(app), timeout=30)
+            # both on one screen: the header can be drawn a frame before the table and the detail pane
+            await until(pilot, lambda: all(s in screen_text(app) for s in ("rank 1 is stopped", "kernel: stopped (T)")),
+                        timeout=30)
             text = screen_text(app)
         assert procfs.state_letter(one) == "T"
     finally:
