@@ -55,6 +55,7 @@ class CollectiveFeed:
         self._closed = threading.Event()
         self._round: threading.Thread | None = None
         self._round_started = float("-inf")
+        self._lost: dict[str, str] = {}  # source field -> the last error that cost its reading (shown as a note)
         self.refresh()
 
     def refresh(self, stuck: bool | None = None) -> None:
@@ -77,8 +78,10 @@ class CollectiveFeed:
     def evidence(self, job: JobProcesses | None = None) -> FeedEvidence:
         """What every source has read so far, about ``job`` (default: the feed's job); starts nothing."""
         job = job or self._job()
-        readings = {source.field: _reading(source, job) for source in self._sources}
+        readings = {source.field: self._reading(source, job) for source in self._sources}
         notes = [note for reading in readings.values() for note in reading.notes]
+        with self._lock:
+            notes += [f"collective state from {name} lost: {error}" for name, error in self._lost.items()]
         files: dict[str, bytes] = {}
         worked: dict[str, tuple[str, ...]] = {}
         rank_notes: dict[int, tuple[str, ...]] = {}
@@ -122,14 +125,15 @@ class CollectiveFeed:
         """Each source whose interval has passed, in parallel, each bounded."""
         try:
             job = self._job()
-        except Exception:  # the job's getter must never kill the feed thread
+        except Exception as exc:  # the job's getter (rediscovery) must never kill the feed thread
+            self._note_lost("the job's processes", exc)
             return
         now = time.monotonic()
         due = [s for s in self._sources if now - self._last.get(s.field, float("-inf")) >= s.interval]
         threads = []
         for source in due:
             self._last[source.field] = now
-            threads.append(threading.Thread(target=_fetch, args=(source, job), name=f"tw-{source.field}",
+            threads.append(threading.Thread(target=self._fetch, args=(source, job), name=f"tw-{source.field}",
                                             daemon=True))
         for thread in threads:
             thread.start()
@@ -137,18 +141,25 @@ class CollectiveFeed:
             thread.join(max(0.0, now + ROUND_BOUND_S - time.monotonic()))
 
 
-def _fetch(source: CollectiveSource, job: JobProcesses) -> None:
-    try:
-        source.fetch(job)
-    except Exception:  # a probe bug must not take the feed (or the screen) down
-        pass
+    def _fetch(self, source: CollectiveSource, job: JobProcesses) -> None:
+        try:
+            source.fetch(job)
+        except Exception as exc:  # a probe bug must not take the feed (or the screen) down: noted instead
+            self._note_lost(source.field, exc)
+        else:
+            with self._lock:
+                self._lost.pop(source.field, None)
 
+    def _reading(self, source: CollectiveSource, job: JobProcesses) -> Reading:
+        try:
+            return source.reading(job)
+        except Exception as exc:  # likewise: a source that cannot say anything says nothing, and why
+            self._note_lost(source.field, exc)
+            return Reading()
 
-def _reading(source: CollectiveSource, job: JobProcesses) -> Reading:
-    try:
-        return source.reading(job)
-    except Exception:  # likewise: a source that cannot say anything says nothing
-        return Reading()
+    def _note_lost(self, name: str, exc: Exception) -> None:
+        with self._lock:
+            self._lost[name] = f"{type(exc).__name__}: {exc}"[:300]
 
 
 def collect(job: JobProcesses, timeout: float) -> CollectiveState | None:

@@ -163,3 +163,30 @@ def test_a_hook_that_never_answers_is_bounded(tmp_path, fake_rank):
         assert 0.9 < time.monotonic() - started < 3.0  # the one-shot helper keeps its deadline
     finally:
         server.close()
+
+
+def test_a_source_that_fails_is_a_note_not_silence_and_the_others_still_read():
+    """A probe bug in one source must not take the feed down, nor vanish: the evidence says what was lost."""
+    from trainwatch.probes.read.sources import CollectiveSource, Reading
+
+    class Broken(CollectiveSource):
+        field = "broken"
+
+        def fetch(self, job: JobProcesses) -> None:
+            raise ValueError("damaged record at offset 12")
+
+    class Fine(CollectiveSource):
+        field = "fine"
+
+        def reading(self, job: JobProcesses) -> Reading:
+            return Reading(notes=("fine read it",))
+
+    job = JobProcesses(launcher="torchrun", root_pid=1, host="h")
+    feed = CollectiveFeed(job, sources=[Broken, Fine])
+    try:
+        feed.wait(5)
+        notes = feed.evidence().notes
+    finally:
+        feed.close()
+    assert "fine read it" in notes
+    assert "collective state from broken lost: ValueError: damaged record at offset 12" in notes, notes
