@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 
@@ -30,9 +30,10 @@ from .read.process import JobProcesses, job_record
 from .read.sampler import StackSample, sample_all
 from .sampling import Sampler
 from .snapshot import Rank, Snapshot, compact_ranks
+from .source import OneNodeSource
 
 
-class LocalSource:
+class LocalSource(OneNodeSource):
     """Samples the job found from ``pid``. Not thread-safe: one poll at a time (the app ensures it)."""
 
     def __init__(self, pid: int, window: float = 3.0, samples: int = 3, gpu: bool = True,
@@ -70,6 +71,9 @@ class LocalSource:
             self._catcher.stop()
         if self._gpu is not None:
             self._gpu.close()
+
+    def remembered_places(self) -> Mapping[int, frozenset[str]]:
+        return self.memory.familiar
 
     @contextmanager
     def paused_judgement(self) -> Iterator[None]:

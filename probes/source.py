@@ -8,7 +8,9 @@ rank, which wakes their threads: that must not count as progress).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from .snapshot import Snapshot
@@ -29,3 +31,31 @@ class Source(Protocol):
     def paused_judgement(self) -> AbstractContextManager[None]:
         """While inside, sampling by others does not count as the ranks' progress."""
         ...
+
+    def select(self, ranks: frozenset[int]) -> None:
+        """The ranks a view shows in detail: a source over other nodes has them send every thread
+        and the log tail of those ranks from now on."""
+        ...
+
+    def collect_bundles(self, bundle_dir: Path) -> list[str]:
+        """Each other node's evidence bundle into ``<bundle_dir>/hosts/<node>/``; one note per node."""
+        ...
+
+    def remembered_places(self) -> Mapping[int, frozenset[str]] | None:
+        """Where the source's judge saw each rank while running (tie-breaks a bundle keeps); None
+        when it keeps no judge across polls."""
+        ...
+
+
+class OneNodeSource:
+    """What a source that reaches no other node and keeps no judge provides of :class:`Source`'s
+    optional parts: nothing to select, no other node's bundle, no remembered places."""
+
+    def select(self, ranks: frozenset[int]) -> None:
+        return None
+
+    def collect_bundles(self, bundle_dir: Path) -> list[str]:
+        return []
+
+    def remembered_places(self) -> Mapping[int, frozenset[str]] | None:
+        return None

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
+from trainwatch.probes.source import OneNodeSource
 from trainwatch.probes.snapshot import (
     ExitInfo, Frame, Group, Job, Rank, RankGpu, Snapshot, ThreadStack, Verdict,
 )
@@ -152,7 +153,7 @@ def ddp_straggler() -> Snapshot:
     )
 
 
-class ListSource:
+class ListSource(OneNodeSource):
     """Test double for the data boundary: hands out snapshots in order, then repeats the last."""
 
     def __init__(self, *snapshots: Snapshot | Exception) -> None:

@@ -300,9 +300,7 @@ class TrainwatchApp(App[None]):
         self.query_one(DetailPane).show(rank, self.durations_now(), native, fresh=fresh)
         if fresh and rank is not None and rank.rank is not None:
             self.query_one(GroupsPane).follow(rank.rank)
-            select = getattr(self.source, "select", None)  # other nodes send every thread of it from now on
-            if callable(select):
-                select(frozenset({rank.rank}))
+            self.source.select(frozenset({rank.rank}))  # other nodes send every thread of it from now on
 
     def _tick(self) -> None:
         if self._torn_down():  # the timer can still fire while the screen is being torn down

@@ -224,14 +224,7 @@ def write_evidence(source: Source, snapshot: Snapshot, out_dir: Path, **options:
     """Write an evidence bundle about ``snapshot``'s job into ``out_dir`` while ``source`` holds
     its judgement; returns the bundle's path (``write_bundle`` names it)."""
     with source.paused_judgement():
-        return write_bundle(snapshot.job.pid, snapshot, out_dir, familiar=remembered_places(source), **options)
-
-
-def remembered_places(source: object) -> Mapping[int, frozenset[str]] | None:
-    """Where a source's judge saw each rank while running (live and multi-node sources keep a
-    ``JudgeMemory``; a bundle source has none)."""
-    memory = getattr(source, "memory", None)
-    return memory.familiar if isinstance(memory, JudgeMemory) else None
+        return write_bundle(snapshot.job.pid, snapshot, out_dir, familiar=source.remembered_places(), **options)
 
 
 def write_bundle(source_pid: int, snapshot: Snapshot, out_dir: Path, *, tar: bool = False,

@@ -12,6 +12,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 from ..errors import BadBundle
+from ..source import OneNodeSource
 from .bundle import BUNDLE_FORMAT
 from ..read.ranklog import RankLogs
 from ..snapshot import Rank, Snapshot, SnapshotError
@@ -51,7 +52,7 @@ def _extract(archive: Path) -> tuple[Path, Path]:
     return tmp, roots[0] if len(roots) == 1 else tmp
 
 
-class BundleSource:
+class BundleSource(OneNodeSource):
     """``poll()`` returns the bundle's snapshot (``source="bundle:<path>"``), log tails inside it."""
 
     def __init__(self, path: Path | str) -> None:

@@ -26,13 +26,14 @@ from ..read.sources.watchdog import parse_watchdog, watchdog_state
 from ..read.stack_text import faulthandler_threads, traceback_thread, without_hook_frames
 from ..redact import scrub
 from ..snapshot import CollectiveState, ExitInfo, Job, Snapshot, ThreadStack
+from ..source import OneNodeSource
 from .bundle_rank import RankEvidence
 from .summary import render
 
 SOURCE_PREFIX = "post-mortem:"
 
 
-class PostMortemSource:
+class PostMortemSource(OneNodeSource):
     """``poll()`` returns the judged snapshot of what the job left (``source="post-mortem:<paths>"``)."""
 
     def __init__(self, paths: list[Path]) -> None:

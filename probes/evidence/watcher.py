@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
-from .bundle import remembered_places, write_bundle
+from .bundle import write_bundle
 from .crash_catcher import CrashCatcher
 from ..judge import exits
 from ..read import exits as ended
@@ -325,17 +325,15 @@ class Watcher:
         try:  # the dump's py-spy attaches are not the ranks' progress
             with self.source.paused_judgement() if self.source is not None else contextlib.nullcontext():
                 path = write_bundle(self.pid, snapshot, self.out_dir, reason=reason,
-                                    familiar=remembered_places(self.source), early_stacks=self.early)
+                                    familiar=self.source.remembered_places(), early_stacks=self.early)
         except Exception as exc:
             self._say(WatchEvent("note", f"note: bundle failed: {type(exc).__name__}: {exc}"))
             return None
         self.bundles.append(Path(path))
         verdict = snapshot.verdict
         self._say(WatchEvent("bundle", f"bundle {path}", verdict.kind, verdict.culprits, verdict.summary, str(path)))
-        collect = getattr(self.source, "collect_bundles", None)  # a job on several nodes, as `dump` does
-        if collect is not None:
-            for note in collect(path):  # each other node's bundle under <bundle>/hosts/<node>/
-                self._say(WatchEvent("note", f"note: {note}"))
+        for note in self.source.collect_bundles(path):  # a job on several nodes, as `dump` does
+            self._say(WatchEvent("note", f"note: {note}"))
         return str(path)
 
 

@@ -5,14 +5,14 @@ other nodes' bundles."""
 from __future__ import annotations
 
 import contextlib
-import inspect
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 from ..errors import TrainwatchError
+from ..judge.judgement import JudgeMemory
 from .merge import NodeView
 from .remote import collect_remote_bundles
 
@@ -28,13 +28,13 @@ class NodeEvidence:
     match: Any
     parallel: Any
     runner: Any
-    _local_takes_native: bool
+    memory: JudgeMemory  # the merged view's judge across polls
 
     def _poll_local(self, native_for: frozenset[int]) -> NodeView:
         """This node, read by the local source (a failure is this node's error, not the view's)."""
         name = socket.gethostname()
         try:
-            snap = self.local.poll(native_for=native_for) if self._local_takes_native else self.local.poll()
+            snap = self.local.poll(native_for=native_for)
         except TrainwatchError as exc:
             return NodeView(name=name, error=exc.message, local=True)
         return NodeView(name=snap.job.host or name, snapshot=snap, local=True)
@@ -44,19 +44,15 @@ class NodeEvidence:
             return contextlib.nullcontext()
         return self.local.paused_judgement()
 
+    def select(self, ranks: frozenset[int]) -> None:
+        """Other nodes' agents are asked for these ranks' every thread (see ``StreamSource``)."""
+
+    def remembered_places(self) -> Mapping[int, frozenset[str]]:
+        return self.memory.familiar
+
     def collect_bundles(self, bundle_dir: Path, timeout: float | None = None) -> list[str]:
         """Fetch every other node's evidence bundle into ``<bundle_dir>/hosts/<node>/``."""
         return collect_remote_bundles(self.remotes, Path(bundle_dir), timeout or self.timeout,
                                       trainwatch=self.trainwatch, match=self.match,
                                       parallel=self.parallel, runner=self.runner)
 
-
-def poll_accepts(obj: Any, keyword: str) -> bool:
-    """Whether ``obj.poll`` takes ``keyword`` (local sources of older shapes do not)."""
-    poll = getattr(obj, "poll", None)
-    if poll is None:
-        return False
-    try:
-        return keyword in inspect.signature(poll).parameters
-    except (TypeError, ValueError):
-        return False

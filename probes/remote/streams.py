@@ -33,7 +33,7 @@ from ..judge.judgement import JudgeMemory
 from ..process_group import kill_groups
 from ..snapshot import Snapshot, SnapshotError
 from .merge import NodeView, merge_nodes
-from .node_evidence import NodeEvidence, poll_accepts
+from .node_evidence import NodeEvidence
 from .remote import (
     DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, STDERR_KEEP, Remote, Result, Runner, SlurmRemote, SshRemote,
     classify_failure, slurm_step_argv,
@@ -187,7 +187,6 @@ class StreamSource(NodeEvidence):
         # agent that stopped is not started again.
         self.once = once
         self._polls = 0
-        self._local_takes_native = poll_accepts(local_source, "native_for")
         _raise_fd_limit(3 * len(self.launches) + 64)
         self._reader = threading.Thread(target=self._read_loop, name="tw-agent-reader", daemon=True)
         self._supervisor = threading.Thread(target=self._supervise, name="tw-agent-supervisor", daemon=True)

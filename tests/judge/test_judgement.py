@@ -51,15 +51,17 @@ def test_the_judge_marks_one_first_death_over_all_ranks_it_is_given():
 def test_a_bundle_rejudged_with_its_sources_memory_keeps_the_tie_break():
     """The live view saw both ranks run through `a`; its dump finds a Flight Recorder state that
     names no culprit: judged again with the live view's memory, rank 1 (at `b`) is still odd."""
-    from trainwatch.probes.evidence.bundle import rejudged, remembered_places
+    from trainwatch.probes.evidence.bundle import rejudged
+    from trainwatch.probes.live import LocalSource
     from trainwatch.probes.snapshot import CollectiveState, RankCollective
 
-    class Live:
-        memory = JudgeMemory(familiar={0: frozenset({"a"}), 1: frozenset({"a"})})
+    class Live(LocalSource):
+        def __init__(self) -> None:  # the live source's memory, without a job to sample
+            self.memory = JudgeMemory(familiar={0: frozenset({"a"}), 1: frozenset({"a"})})
 
     snapshot = Snapshot(job=JOB, ranks=ranks("stuck", ("a", "b")), taken_at=5.0)
     state = CollectiveState("hook", ranks=(RankCollective(rank=0), RankCollective(rank=1)))
-    assert remembered_places(Live()) == Live.memory.familiar and remembered_places(object()) is None
-    kept = rejudged(snapshot, {"collectives": state}, remembered_places(Live())).verdict
+    assert Live().remembered_places() == {0: frozenset({"a"}), 1: frozenset({"a"})}
+    kept = rejudged(snapshot, {"collectives": state}, Live().remembered_places()).verdict
     alone = rejudged(snapshot, {"collectives": state}).verdict
     assert (kept.kind, kept.culprits, alone.culprits) == ("mismatch", (1,), ())

@@ -9,6 +9,7 @@ import dataclasses
 import pytest
 
 from recorded import JOB, WINDOW, JudgeMemory, gloo_mismatch, h100_item_hang, judged
+from trainwatch.probes.source import OneNodeSource
 from trainwatch.probes.evidence.bundle import rejudged
 from trainwatch.probes.evidence.watcher import Watcher
 from trainwatch.probes.read.flightrec import analyze_rows
@@ -32,7 +33,7 @@ def said(snapshot: Snapshot) -> tuple:
     return snapshot.verdict.kind, snapshot.verdict.culprits, snapshot.verdict.summary
 
 
-class _Polled:
+class _Polled(OneNodeSource):
     def __init__(self, snapshot: Snapshot) -> None:
         self.snapshot = snapshot
 

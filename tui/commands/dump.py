@@ -66,9 +66,8 @@ def run(args: argparse.Namespace) -> int:
         snapshot = source.poll()
         path = write_bundle(pid, snapshot, args.out, tar=args.tar, redact=not args.no_redact,
                             reason=args.reason, native=not args.no_native, fault_signal=fault_signal)
-        collect = getattr(source, "collect_bundles", None)
-        if collect is not None and not args.tar:
-            for note in collect(path):  # other nodes' bundles land in <bundle>/hosts/<node>/
+        if not args.tar:
+            for note in source.collect_bundles(path):  # other nodes' bundles land in <bundle>/hosts/<node>/
                 print(f"trainwatch: {note}", file=sys.stderr)
     finally:
         source.close()
