@@ -29,14 +29,14 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("open_nodes", "other_nodes", "detect_slurm", "slurm_job_here"), ".remote.nodes"),
     "Remote": ".remote.remote",
     **dict.fromkeys(("NodeSpec", "DEFAULT_PARALLEL", "DEFAULT_TIMEOUT_S"), ".remote.node_spec"),
-    **dict.fromkeys(("find_job_matching",), ".read.discover"),
-    "find_pyspy": ".read.pyspy",
+    **dict.fromkeys(("find_job_matching",), ".read.processes.discover"),
+    "find_pyspy": ".read.stacks.pyspy",
     "kill_groups": ".process_group",
     "run_agent": ".remote.node_agent",
     # evidence
     **dict.fromkeys(("write_evidence", "write_bundle"), ".evidence.bundle"),
     **dict.fromkeys(("Watcher", "WatchEvent", "EXIT_CLEAN", "EXIT_PROBLEM", "EXIT_CRASH"), ".evidence.watcher"),
-    "RankLogs": ".read.ranklog",
+    "RankLogs": ".read.logs.ranklog",
     # words the views share with bundles
     "step_label": ".judge.steps",
     "group_what": ".judge.groups",

@@ -1,8 +1,8 @@
 """A live view of one local job: each ``poll()`` returns a fresh Snapshot, remembering what came before.
 
-The scheduler over the flow: rediscover the job (``read/job_watch.py``), sample its ranks
+The scheduler over the flow: rediscover the job (``read/processes/job_watch.py``), sample its ranks
 (``sampling.py``), gather every rank's evidence (``local_evidence.py``) and the collective
-state (``read/collective_feed.py``), judge it all once (``judge/judgement.py``), and make the
+state (``read/collectives/collective_feed.py``), judge it all once (``judge/judgement.py``), and make the
 snapshot.
 """
 
@@ -21,13 +21,13 @@ from .judge.phases import is_stdlib, is_user, main_thread, stack_signature, wher
 from .judge.steps import slow_step_warnings
 from .local_evidence import LocalEvidence
 from .observed import ObservedJob
-from .read import exit_events, procfs
-from .read.collective_feed import CollectiveFeed
-from .read.exits import ExitLedger
-from .read.gpu import GpuProbe
-from .read.job_watch import JobWatch
-from .read.process import JobProcesses, job_record
-from .read.sampler import StackSample, sample_all
+from .read.processes import exit_events, procfs
+from .read.collectives.collective_feed import CollectiveFeed
+from .read.processes.exits import ExitLedger
+from .read.gpus.gpu import GpuProbe
+from .read.processes.job_watch import JobWatch
+from .read.processes.process import JobProcesses, job_record
+from .read.stacks.sampler import StackSample, sample_all
 from .sampling import Sampler
 from .snapshot import Rank, Snapshot, compact_ranks
 from .source import OneNodeSource

@@ -9,13 +9,13 @@ from dataclasses import replace
 
 from .errors import AccessDenied, ToolMissing
 from .observed import ObservedRank
-from .read import kernel_view, procfs
-from .read.discover import expected_local_ranks
-from .read.exits import ExitLedger
-from .read.gpu import GpuProbe
-from .read.process import JobProcesses, RankProcess, collective_timeout_s
-from .read.sampler import StackSample
-from .read.usage import CpuMeter
+from .read.processes import kernel_view, procfs
+from .read.processes.discover import expected_local_ranks
+from .read.processes.exits import ExitLedger
+from .read.gpus.gpu import GpuProbe
+from .read.processes.process import JobProcesses, RankProcess, collective_timeout_s
+from .read.stacks.sampler import StackSample
+from .read.processes.usage import CpuMeter
 from .sampling import Sampler
 from .snapshot import HostInfo, KernelState
 

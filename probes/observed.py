@@ -4,7 +4,7 @@
 ``judge/judgement.py`` turns them into ranks' states, groups and the verdict. Both sides import
 this module and neither imports the other.
 
-Adding a collective-state source: one module in ``read/sources/`` (its ``Source.field`` names
+Adding a collective-state source: one module in ``read/collectives/sources/`` (its ``Source.field`` names
 the field) and one field of :class:`ObservedJob`. A field holding a ``CollectiveState`` is
 combined with the others for the judge (:meth:`ObservedJob.collective_state`); raw evidence that
 must be judged across polls (NCCL RAS) adds one judge module too.
@@ -84,9 +84,9 @@ class ObservedRank:
     step: int | None = None
     step_period_s: float | None = None
     log: LogActivity | None = None  # growth of the file at log_path
-    log_tail: tuple[str, ...] | None = None  # the telling end of that log, secrets masked (read/ranklog.py)
+    log_tail: tuple[str, ...] | None = None  # the telling end of that log, secrets masked (read/logs/ranklog.py)
     collective_timeout_s: float | None = None  # from the rank's environment
-    kernel: KernelState | None = None  # the kernel's view of its main thread (read/kernel_view.py)
+    kernel: KernelState | None = None  # the kernel's view of its main thread (read/processes/kernel_view.py)
     longest_quiet_s: float | None = None  # as reported (bundles, other nodes); live: the judge's memory
 
     def as_rank(self, state: State, stuck_for_s: float | None) -> Rank:
@@ -96,7 +96,7 @@ class ObservedRank:
 
 
 
-# -- NCCL RAS (read/ras.py asks, read/ras_report.py parses, judge/ras.py judges) -----------------------
+# -- NCCL RAS (read/collectives/ras.py asks, read/collectives/ras_report.py parses, judge/ras.py judges) -----------------------
 ANY_OP = "collective"  # NCCL < 2.26 counts every collective together
 
 
@@ -179,7 +179,7 @@ class ObservedRas:
 class ObservedJob:
     """Everything read about one job in one poll: the ranks, and every collective-state source.
 
-    Each collective-state source fills one field (``read/sources/<module>.py``); a field holding
+    Each collective-state source fills one field (``read/collectives/sources/<module>.py``); a field holding
     a ``CollectiveState`` joins the others for the judge (:meth:`collective_state`, earlier
     fields first). ``collectives``: the Flight Recorder's view (``flight_recorder.py``: hook,
     dump files, pipe, debug server; read back from a snapshot: every source's, combined).

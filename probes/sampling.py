@@ -15,13 +15,13 @@ from .judge.judgement import JudgeMemory
 from .judge.native import PARALLEL as NATIVE_PARALLEL, NativeCache, resolve_natively
 from .judge.phases import Classification, classify, main_thread, stack_signature
 from .judge.steps import StepReader
-from .read import procfs
-from .read.exits import ExitLedger
-from .read.loggrowth import LogGrowth, LogGrowthWatch
-from .read.process import JobProcesses
-from .read.pyspy import find_pyspy
-from .read.sampler import StackSample, sample_all
-from .read.source_lines import source_line
+from .read.processes import procfs
+from .read.processes.exits import ExitLedger
+from .read.logs.loggrowth import LogGrowth, LogGrowthWatch
+from .read.processes.process import JobProcesses
+from .read.stacks.pyspy import find_pyspy
+from .read.stacks.sampler import StackSample, sample_all
+from .read.stacks.source_lines import source_line
 from .snapshot import PROBLEM_VERDICTS, LogActivity
 
 FULL_REFRESH_EVERY = 5  # every few polls, dump every rank anyway (other threads, stale lines)

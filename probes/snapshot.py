@@ -88,7 +88,7 @@ FILE_SYSCALLS = frozenset({
 
 @dataclass(frozen=True)
 class KernelState:
-    """What the kernel says a rank's main thread is doing (``read/kernel_view.py``)."""
+    """What the kernel says a rank's main thread is doing (``read/processes/kernel_view.py``)."""
 
     letter: str | None = None  # the process state: R running, S sleeping, D uninterruptible, T stopped, t traced
     wchan: str | None = None  # the kernel function it sleeps in

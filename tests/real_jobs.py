@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 
 from trainwatch.probes.errors import TrainwatchError
-from trainwatch.probes.read.pyspy import dump_stacks
+from trainwatch.probes.read.stacks.pyspy import dump_stacks
 from trainwatch.tui.planted import stop_job_tree
 
 PLANTED = Path(__file__).resolve().parents[1] / "tui" / "planted.py"

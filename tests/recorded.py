@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trainwatch.probes.read.flightrec import analyze, load_trace
+from trainwatch.probes.read.collectives.flightrec import analyze, load_trace
 from trainwatch.probes.judge.judgement import JudgeMemory, JudgeOptions, Judgement, judge_job
 from trainwatch.probes.observed import ObservedJob, ObservedRank
-from trainwatch.probes.read.exits import ExitLedger
-from trainwatch.probes.read.procfs import ThreadCounters
-from trainwatch.probes.read.pyspy import parse_dump
-from trainwatch.probes.read.sampler import StackSample
+from trainwatch.probes.read.processes.exits import ExitLedger
+from trainwatch.probes.read.processes.procfs import ThreadCounters
+from trainwatch.probes.read.stacks.pyspy import parse_dump
+from trainwatch.probes.read.stacks.sampler import StackSample
 from trainwatch.probes.sampling import Sampler
 from trainwatch.probes.snapshot import CollectiveState, Job, Rank, ThreadStack
 

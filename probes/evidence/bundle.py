@@ -36,12 +36,12 @@ from .bundle_rank import RankEvidence, RankPlan, bounded, collect_rank
 from ..redact import Redactor
 from .summary import render
 from ..judge.judgement import JudgeMemory, judge_job
-from ..read import hookclient, nccl_state
-from ..read.collective_feed import CollectiveFeed
-from ..read.discover import find_job
-from ..read.nccl_state import PIPE_WAIT_S
-from ..read.process import JobProcesses, RankProcess
-from ..read.sources import FeedOptions
+from ..read.collectives import hookclient, nccl_state
+from ..read.collectives.collective_feed import CollectiveFeed
+from ..read.processes.discover import find_job
+from ..read.collectives.nccl_state import PIPE_WAIT_S
+from ..read.processes.process import JobProcesses, RankProcess
+from ..read.collectives.sources import FeedOptions
 from ..observed import observed_snapshot
 from ..snapshot import UNJUDGED_VERDICTS, CollectiveState, Snapshot, ThreadStack
 from ..source import Source

@@ -14,7 +14,10 @@ from typing import Any, Callable
 
 from .. import rundir
 from ..errors import TrainwatchError
-from ..read import hookclient, nccl_state, procfacts, procfs, pyspy, ranklog
+from ..read.collectives import hookclient, nccl_state
+from ..read.processes import procfacts, procfs
+from ..read.stacks import pyspy
+from ..read.logs import ranklog
 from ..snapshot import ThreadStack
 
 FAULTHANDLER_NOT_ARMED = "faulthandler not armed: start the job with `trainwatch run` to get these"

@@ -14,7 +14,7 @@ from pathlib import Path
 from ..errors import BadBundle
 from ..source import OneNodeSource
 from .bundle import BUNDLE_FORMAT
-from ..read.ranklog import RankLogs
+from ..read.logs.ranklog import RankLogs
 from ..snapshot import Rank, Snapshot, SnapshotError
 
 MAX_MEMBER_BYTES = 512 * 1024 * 1024

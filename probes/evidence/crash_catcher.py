@@ -3,9 +3,9 @@
 :class:`CrashCatcher` reads only /proc (every ~0.2 s); the TUI and ``watch`` call its ``tick()``
 between their own polls, :class:`CrashThread` runs it in the background for a live source. A rank
 reaped before it looked (torchrun reaps within 0.1 s) is asked of what outlives it, in order: the
-kernel's exit event (``read/exit_events.py``, root), the launcher's log (``read/launcher_log.py``),
-its memory cgroup's OOM count (``read/cgroup_oom.py``), the kernel log and its own last words
-(``read/exits.py``). When nothing says, the death itself is still reported: "vanished between …".
+kernel's exit event (``read/processes/exit_events.py``, root), the launcher's log (``read/logs/launcher_log.py``),
+its memory cgroup's OOM count (``read/processes/cgroup_oom.py``), the kernel log and its own last words
+(``read/processes/exits.py``). When nothing says, the death itself is still reported: "vanished between …".
 """
 
 from __future__ import annotations
@@ -23,12 +23,13 @@ import psutil
 
 from ..errors import TrainwatchError
 from ..judge import exits
-from ..read import cgroup_oom, exit_events, launcher_log, procfs
-from ..read import exits as ended
-from ..read.discover import LAUNCHERS, find_job
-from ..read.exits import CrashRecord
-from ..read.process import RankProcess
-from ..read.ranklog import RankLogs
+from ..read.processes import cgroup_oom, exit_events, procfs
+from ..read.logs import launcher_log
+from ..read.processes import exits as ended
+from ..read.processes.discover import LAUNCHERS, find_job
+from ..read.processes.exits import CrashRecord
+from ..read.processes.process import RankProcess
+from ..read.logs.ranklog import RankLogs
 
 LATE_S = 10.0  # how long a rank reaped without a word may still be explained by its log
 ALONE_S = 2.0  # a rank gone with no word while the others live on this long left the job abnormally

@@ -1,6 +1,6 @@
 """A dead job's leftovers as evidence, judged by the one judge: ``trainwatch open`` on dumps and logs.
 
-``read/leftovers.py`` finds and reads the files; this module turns each rank's findings into the
+``read/logs/leftovers.py`` finds and reads the files; this module turns each rank's findings into the
 same evidence record a live rank has (its last stacks, how it ended, its Flight Recorder trace),
 calls ``judge_job``, and serves the snapshot to the same views (``--json``, ``summary.md``, the UI).
 A rank of the job that left nothing is kept as ``missing``: the rank that never dumped is often
@@ -19,11 +19,12 @@ from pathlib import Path
 from ..judge.judgement import JudgeMemory, judge_job
 from ..judge.phases import classify
 from ..observed import UNTOLD, ObservedJob, ObservedRank
-from ..read import crashlog, flightrec, ranklog
-from ..read.leftovers import Leftovers, RankLeft, read_leftovers
-from ..read.source_lines import source_line
-from ..read.sources.watchdog import parse_watchdog, watchdog_state
-from ..read.stack_text import faulthandler_threads, traceback_thread, without_hook_frames
+from ..read.logs import crashlog, ranklog
+from ..read.collectives import flightrec
+from ..read.logs.leftovers import Leftovers, RankLeft, read_leftovers
+from ..read.stacks.source_lines import source_line
+from ..read.collectives.sources.watchdog import parse_watchdog, watchdog_state
+from ..read.stacks.stack_text import faulthandler_threads, traceback_thread, without_hook_frames
 from ..redact import scrub
 from ..snapshot import CollectiveState, ExitInfo, Job, Snapshot, ThreadStack
 from ..source import OneNodeSource

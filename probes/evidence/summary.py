@@ -9,10 +9,10 @@ from importlib import metadata
 from .bundle_rank import RankEvidence
 from ..judge import exits
 from ..judge import ras as ras_judge
-from ..read import flightrec
+from ..read.collectives import flightrec
 from ..judge.steps import step_label
 from ..judge.groups import group_what
-from ..read import ranklog
+from ..read.logs import ranklog
 from ..snapshot import GpuDevice, Rank, Snapshot, compact_ranks, who
 from ..wording import NA, how_ended, na, pct, size
 

@@ -18,13 +18,13 @@ from typing import Callable, Mapping
 from .bundle import write_bundle
 from .crash_catcher import CrashCatcher
 from ..judge import exits
-from ..read import exits as ended
-from ..read.exits import CrashRecord
+from ..read.processes import exits as ended
+from ..read.processes.exits import CrashRecord
 from ..judge.judgement import JudgeMemory, judge_job
 from ..judge.phases import classify
-from ..read import procfs
-from ..read.sampler import sample_all
-from ..read.source_lines import source_line
+from ..read.processes import procfs
+from ..read.stacks.sampler import sample_all
+from ..read.stacks.source_lines import source_line
 from ..observed import observed_rank, observed_snapshot
 from .. import rundir
 from ..snapshot import (CRASH_VERDICTS, HANG_VERDICTS, HEALTHY_VERDICTS, PROBLEM_VERDICTS, ExitInfo, Job, Snapshot,

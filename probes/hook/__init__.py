@@ -613,7 +613,7 @@ def _thread_names() -> dict[int, str]:
     return {thread.ident: thread.name for thread in threading.enumerate()}
 
 
-FR_FORMAT = "trainwatch-fr/2"  # read by trainwatch.probes.read.flightrec.hook_reply_traces
+FR_FORMAT = "trainwatch-fr/2"  # read by trainwatch.probes.read.collectives.flightrec.hook_reply_traces
 # NCCL keeps its own recorder; the generic one (gloo and other backends) is empty on NCCL jobs.
 FR_DUMPS = (("nccl", "_dump_nccl_trace_json", {"includeCollectives": True, "onlyActive": False}),
             ("generic", "_dump_fr_trace_json", {}))

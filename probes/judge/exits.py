@@ -1,6 +1,6 @@
 """How a rank ended, in words, whether that was a crash, and which rank died first. Pure.
 
-What a dead rank left is read by ``read/exits.py``; this module only weighs it.
+What a dead rank left is read by ``read/processes/exits.py``; this module only weighs it.
 """
 
 from __future__ import annotations

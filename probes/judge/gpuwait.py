@@ -8,7 +8,7 @@ with evidence:
 * the wait outlasted a **bound** no healthy step reaches: ``FLOOR_S``, or longer for a job whose
   own rhythm is slower (``STEP_FACTOR`` steps, ``GAP_FACTOR`` times its longest quiet stretch that
   ended in progress), but never longer than the job's collective timeout where its environment
-  shows it (``read/process.py collective_timeout_s``; past that, its own watchdog would have
+  shows it (``read/processes/process.py collective_timeout_s``; past that, its own watchdog would have
   called the collective hung);
 * or the rank's log has been **silent** far beyond how often it was seen to write
   (``LOG_FACTOR`` times its longest interval, at least ``LOG_MIN_SILENCE_S``), or, on first

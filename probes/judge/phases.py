@@ -113,7 +113,7 @@ def _only_waits_for_threads(thread: ThreadStack) -> bool:
 def classify(threads: list[ThreadStack] | tuple[ThreadStack, ...],
              source_line: SourceLine | None = None) -> Classification:
     """Phase of the main thread, its op, the telling frame, and the user's frame. ``source_line``:
-    the text of a frame's line (``read/source_lines.py``), which tells a sleep or a lock wait in
+    the text of a frame's line (``read/stacks/source_lines.py``), which tells a sleep or a lock wait in
     plain Python; without it such a frame counts as compute."""
     main = main_thread(threads)
     if main is None or not main.frames:

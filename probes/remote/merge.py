@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..judge import ras as ras_judge
-from ..read.flightrec import analyze_rows
+from ..read.collectives.flightrec import analyze_rows
 from ..judge.judgement import JudgeMemory, judge_job
 from ..observed import ObservedJob, combine_states, observed_rank
 from ..snapshot import CollectiveState, HostInfo, Rank, RasState, Snapshot, Verdict, who

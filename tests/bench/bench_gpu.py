@@ -16,8 +16,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fake_nvml import FakeGpu, FakeNvml  # noqa: E402
-from trainwatch.probes.read.gpu import GpuProbe  # noqa: E402
-from trainwatch.probes.read.process import RankProcess  # noqa: E402
+from trainwatch.probes.read.gpus.gpu import GpuProbe  # noqa: E402
+from trainwatch.probes.read.processes.process import RankProcess  # noqa: E402
 
 
 def fake_job(n: int, gpm: bool = False) -> tuple[FakeNvml, list[RankProcess]]:

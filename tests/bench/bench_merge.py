@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from trainwatch.probes.judge.phases import classify
-from trainwatch.probes.read.pyspy import parse_dump
+from trainwatch.probes.read.stacks.pyspy import parse_dump
 from trainwatch.probes.remote.merge import NodeView, merge_nodes
 from trainwatch.probes.snapshot import Frame, HostInfo, Job, Rank, Snapshot, ThreadStack
 

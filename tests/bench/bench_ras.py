@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ (ras_serv
 
 from ras_server import RasServer, takes  # noqa: E402
 from trainwatch.probes.judge.ras import RasTracker  # noqa: E402
-from trainwatch.probes.read import ras, ras_report  # noqa: E402
+from trainwatch.probes.read.collectives import ras, ras_report  # noqa: E402
 
 GOAL_MS = 50.0
 OPS = ("Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce")

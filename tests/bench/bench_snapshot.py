@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from real_jobs import PlantedJob  # noqa: E402
 
-from trainwatch.probes.read.pyspy import find_pyspy  # noqa: E402
+from trainwatch.probes.read.stacks.pyspy import find_pyspy  # noqa: E402
 
 
 def baseline_env(checkout: Path, shim: Path) -> dict[str, str]:

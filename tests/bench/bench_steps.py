@@ -20,9 +20,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from real_jobs import PlantedJob  # noqa: E402
 
-from trainwatch.probes.read import procfs  # noqa: E402
-from trainwatch.probes.read.pyspy import dump_stacks  # noqa: E402
-from trainwatch.probes.read.sampler import sample_all  # noqa: E402
+from trainwatch.probes.read.processes import procfs  # noqa: E402
+from trainwatch.probes.read.stacks.pyspy import dump_stacks  # noqa: E402
+from trainwatch.probes.read.stacks.sampler import sample_all  # noqa: E402
 
 DEEP = textwrap.dedent("""
     import time

@@ -21,7 +21,7 @@ from trainwatch.probes.errors import BadBundle, OutputError
 from trainwatch.probes.evidence.bundle import write_bundle
 from trainwatch.probes.evidence.bundle_rank import FAULTHANDLER_NOT_ARMED, RankEvidence, RankPlan, _faulthandler
 from trainwatch.probes.evidence.bundle_source import BundleSource
-from trainwatch.probes.read import procfs
+from trainwatch.probes.read.processes import procfs
 from trainwatch.tui.cli import main as cli
 
 pytestmark = [pytest.mark.job, pytest.mark.slow]

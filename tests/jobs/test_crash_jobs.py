@@ -14,7 +14,7 @@ from real_jobs import PlantedJob
 from trainwatch.probes.evidence.crash_catcher import CrashCatcher
 from trainwatch.probes.evidence.watcher import Watcher
 from trainwatch.probes.live import LocalSource
-from trainwatch.probes.read import procfs
+from trainwatch.probes.read.processes import procfs
 
 pytestmark = pytest.mark.job
 

@@ -8,7 +8,7 @@ import time
 
 from trainwatch.probes import rundir
 from trainwatch.probes.evidence.bundle_rank import RankEvidence, RankPlan, _faulthandler
-from trainwatch.probes.read import procfs
+from trainwatch.probes.read.processes import procfs
 
 OWN_HANDLER = """
 import signal, sys, time

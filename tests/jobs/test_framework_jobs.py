@@ -27,7 +27,7 @@ import psutil
 import pytest
 
 from real_jobs import FRAMEWORK_JOBS, PlantedJob
-from trainwatch.probes.read.discover import find_job
+from trainwatch.probes.read.processes.discover import find_job
 
 pytestmark = [pytest.mark.job, pytest.mark.slow]
 

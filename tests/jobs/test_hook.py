@@ -14,8 +14,8 @@ import pytest
 from real_jobs import rank_stuck_at, wait_until
 from trainwatch.probes import hook, rundir
 from trainwatch.probes.judge.progress import CompletedCollectives
-from trainwatch.probes.read import flightrec
-from trainwatch.probes.read import hookclient
+from trainwatch.probes.read.collectives import flightrec
+from trainwatch.probes.read.collectives import hookclient
 
 PROBE = """
 import json, os, sys, threading

@@ -18,7 +18,7 @@ import pytest
 
 from real_jobs import PlantedJob, wait_until
 from trainwatch.probes import hook, rundir
-from trainwatch.probes.read import flightrec, hookclient
+from trainwatch.probes.read.collectives import flightrec, hookclient
 
 pytestmark = pytest.mark.job
 TRAINWATCH = [sys.executable, "-m", "trainwatch.tui.cli"]

@@ -6,7 +6,7 @@ import time
 
 from real_jobs import rank_stuck_at, wait_until
 from trainwatch.probes.live import LocalSource
-from trainwatch.probes.read.pyspy import dump_stacks
+from trainwatch.probes.read.stacks.pyspy import dump_stacks
 
 
 def stuck_for(source: LocalSource, rank: int) -> float:

@@ -56,7 +56,7 @@ def test_ray_train_from_the_driver_then_a_straggler_from_any_worker(ray_job):
     (ray_job.workdir / "stall-now").touch()
     ray_job.wait_for_log(r"\[rank 2\] straggling", timeout=60)
     time.sleep(1.0)
-    from trainwatch.probes.read.job_watch import JobWatch
+    from trainwatch.probes.read.processes.job_watch import JobWatch
 
     watch = JobWatch(driver)
     watch._family = None  # as after a worker restarts: the job is discovered again from its root

@@ -16,7 +16,7 @@ from real_jobs import PlantedJob, free_port
 from trainwatch.probes.evidence.crash_catcher import CrashCatcher
 from trainwatch.probes.evidence.watcher import EXIT_CRASH, Watcher
 from trainwatch.probes import rundir
-from trainwatch.probes.read import hookclient
+from trainwatch.probes.read.collectives import hookclient
 
 TRAINWATCH = [sys.executable, "-m", "trainwatch.tui.cli"]
 

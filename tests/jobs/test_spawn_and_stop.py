@@ -10,8 +10,8 @@ import sys
 import time
 
 from real_jobs import free_port, kill_tree
-from trainwatch.probes.read import procfs
-from trainwatch.probes.read.pyspy import _resume_if_we_stopped
+from trainwatch.probes.read.processes import procfs
+from trainwatch.probes.read.stacks.pyspy import _resume_if_we_stopped
 
 SPAWNED = """
 import os, sys, threading, time

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from trainwatch.probes.live import LocalSource
-from trainwatch.probes.read.pyspy import find_pyspy
+from trainwatch.probes.read.stacks.pyspy import find_pyspy
 from trainwatch.tui.planted import STALL_STEP
 
 pytestmark = pytest.mark.job

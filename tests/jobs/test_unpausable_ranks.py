@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from real_jobs import PlantedJob, wait_until
-from trainwatch.probes.read import procfs
-from trainwatch.probes.read.pyspy import error_line
+from trainwatch.probes.read.processes import procfs
+from trainwatch.probes.read.stacks.pyspy import error_line
 from watching import rank_pid
 
 pytestmark = [pytest.mark.job]

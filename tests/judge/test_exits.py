@@ -9,13 +9,13 @@ from trainwatch.probes.redact import MASK
 from trainwatch.probes.evidence.crash_catcher import CrashCatcher
 from trainwatch.probes.judge import exits
 from trainwatch.probes.judge.exits import abnormal, death, first_to_die
-from trainwatch.probes.read.exits import CrashRecord, ExitLedger, read_exit
+from trainwatch.probes.read.processes.exits import CrashRecord, ExitLedger, read_exit
 from trainwatch.probes.judge.phases import classify
 from trainwatch.probes.judge.judgement import JudgeMemory, judge_job
 from trainwatch.probes.observed import ObservedJob, ObservedRank, observed_rank
-from trainwatch.probes.read import crashlog
-from trainwatch.probes.read.process import JobProcesses, RankProcess
-from trainwatch.probes.read.ranklog import RankLogs
+from trainwatch.probes.read.logs import crashlog
+from trainwatch.probes.read.processes.process import JobProcesses, RankProcess
+from trainwatch.probes.read.logs.ranklog import RankLogs
 from trainwatch.probes.snapshot import ExitInfo, Frame, Job, Rank, ThreadStack
 
 GONE_PID = 2**22 + 12345  # above the default pid_max: no such process, no kernel log line
@@ -167,7 +167,7 @@ def test_saved_crash_records_hold_no_secrets(tmp_path):
 
 
 def test_kernel_oom_kill_names_the_pid(tmp_path):
-    from trainwatch.probes.read.kernlog import kernel_fault
+    from trainwatch.probes.read.logs.kernlog import kernel_fault
 
     kmsg = tmp_path / "kmsg"
     kmsg.write_text("3,812,99999,-;Out of memory: Killed process 4242 (python) total-vm:9000kB, anon-rss:800kB\n")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from trainwatch.probes.judge.gpu_warnings import gpu_phase_warnings
-from trainwatch.probes.read.gpu_health import mixed_gpus, no_launcher
+from trainwatch.probes.read.gpus.gpu_health import mixed_gpus, no_launcher
 from trainwatch.probes.snapshot import GpuDevice, Rank, RankGpu
 
 

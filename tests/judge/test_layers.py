@@ -143,7 +143,7 @@ def test_views_use_only_the_public_api(path):
 def test_the_checks_see_real_imports():
     """The scans resolve relative imports and see I/O calls: known cases of each are found."""
     assert "trainwatch.probes.snapshot" in {m for m, _ in imports(ROOT / "probes/judge/judgement.py")}
-    assert "trainwatch.probes.read.procfs" in {m for m, _ in imports(ROOT / "probes/live.py")}
+    assert "trainwatch.probes.read.processes.procfs" in {m for m, _ in imports(ROOT / "probes/live.py")}
     assert io_calls(ast.parse("open('x')\ntime.sleep(1)\nPath('a').read_text()\nos.listdir('.')")) == [
         ("open", 1), ("time.sleep", 2), ("Path('a').read_text", 3), ("os.listdir", 4)]
     assert [m for m, _, _ in probe_imports(ROOT / "tui/app.py")] and module_name(ROOT / "tui/app.py") == "trainwatch.tui.app"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from trainwatch.probes.judge.native import NativeCache, resolve_natively
 from trainwatch.probes.judge.phases import classify, main_thread, stack_signature
-from trainwatch.probes.read.procfs import ThreadCounters
+from trainwatch.probes.read.processes.procfs import ThreadCounters
 from trainwatch.probes.judge.progress import ProgressTracker
-from trainwatch.probes.read.sampler import StackSample
+from trainwatch.probes.read.stacks.sampler import StackSample
 from trainwatch.probes.snapshot import Frame, ThreadStack
 
 SITE = "/venv/lib/python3.11/site-packages"

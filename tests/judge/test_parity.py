@@ -12,7 +12,7 @@ from recorded import JOB, WINDOW, JudgeMemory, gloo_mismatch, h100_item_hang, ju
 from trainwatch.probes.source import OneNodeSource
 from trainwatch.probes.evidence.bundle import rejudged
 from trainwatch.probes.evidence.watcher import Watcher
-from trainwatch.probes.read.flightrec import analyze_rows
+from trainwatch.probes.read.collectives.flightrec import analyze_rows
 from trainwatch.probes.remote.merge import NodeView, merge_nodes
 from trainwatch.probes.snapshot import CollectiveState, Snapshot
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from trainwatch.probes.judge.groups import group_ranks
 from trainwatch.probes.judge.phases import classify
 from trainwatch.probes.judge.verdict import judge
-from trainwatch.probes.read.pyspy import parse_dump
+from trainwatch.probes.read.stacks.pyspy import parse_dump
 from trainwatch.probes.snapshot import ExitInfo, Frame, Job, Rank, ThreadStack
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "pyspy"

@@ -10,7 +10,7 @@ import pytest
 from trainwatch.probes.judge import ras as ras_judge
 from trainwatch.probes.judge.judgement import JudgeMemory, judge_job
 from trainwatch.probes.observed import ObservedJob, ObservedRank, ObservedRas
-from trainwatch.probes.read import ras, ras_report
+from trainwatch.probes.read.collectives import ras, ras_report
 from trainwatch.probes.snapshot import Job
 
 RECORDINGS = Path(__file__).parents[2].parent / "shared" / "recordings" / "ras-formatter"

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from trainwatch.probes.judge import ras as ras_judge
-from trainwatch.probes.read import ras_report
+from trainwatch.probes.read.collectives import ras_report
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "ras"
 LOCAL = [4101, 4102, 4103, 4104]  # this node's ranks 0-3 in every synthetic fixture (node 10.0.0.11)

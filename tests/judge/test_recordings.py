@@ -19,10 +19,10 @@ from dataclasses import replace
 from recorded import END, JudgeMemory, judged, load, observe, replay
 from trainwatch.probes.judge.phases import classify, main_thread, stack_signature
 from trainwatch.probes.observed import ObservedRank
-from trainwatch.probes.read.process import collective_timeout_s
-from trainwatch.probes.read.procfs import ThreadCounters
+from trainwatch.probes.read.processes.process import collective_timeout_s
+from trainwatch.probes.read.processes.procfs import ThreadCounters
 from trainwatch.probes.snapshot import LogActivity
-from trainwatch.probes.read.flightrec import analyze, load_trace
+from trainwatch.probes.read.collectives.flightrec import analyze, load_trace
 
 PYSPY = Path(__file__).parents[1] / "fixtures" / "h100" / "pyspy"
 

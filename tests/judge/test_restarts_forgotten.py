@@ -6,8 +6,8 @@ import time
 
 from trainwatch.probes.judge.judgement import JudgeMemory
 from trainwatch.probes.local_evidence import LocalEvidence
-from trainwatch.probes.read.exits import ExitLedger
-from trainwatch.probes.read.process import JobProcesses, RankProcess
+from trainwatch.probes.read.processes.exits import ExitLedger
+from trainwatch.probes.read.processes.process import JobProcesses, RankProcess
 from trainwatch.probes.sampling import Sampler
 from trainwatch.probes.snapshot import Frame, ThreadStack
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from trainwatch.probes.judge.steps import (
     StepClock, StepReader, slow_step_warnings, step_from_locals, step_label, step_note,
 )
-from trainwatch.probes.read.procfs import ThreadCounters
-from trainwatch.probes.read.pyspy import parse_dump, parse_locals
+from trainwatch.probes.read.processes.procfs import ThreadCounters
+from trainwatch.probes.read.stacks.pyspy import parse_dump, parse_locals
 from trainwatch.probes.snapshot import Frame, Rank
 
 PID = 4242

@@ -15,9 +15,9 @@ import pytest
 
 from trainwatch.probes import rundir
 from trainwatch.probes.judge.progress import CompletedCollectives
-from trainwatch.probes.read.collective_feed import CollectiveFeed, collect
-from trainwatch.probes.read.process import JobProcesses, RankProcess
-from trainwatch.probes.read.sources import FeedOptions
+from trainwatch.probes.read.collectives.collective_feed import CollectiveFeed, collect
+from trainwatch.probes.read.processes.process import JobProcesses, RankProcess
+from trainwatch.probes.read.collectives.sources import FeedOptions
 
 H100_PIPE_DUMP = Path(__file__).parents[1] / "fixtures" / "fr" / "h100" / "pipe-dump-rank0.pickle"
 
@@ -167,7 +167,7 @@ def test_a_hook_that_never_answers_is_bounded(tmp_path, fake_rank):
 
 def test_a_source_that_fails_is_a_note_not_silence_and_the_others_still_read():
     """A probe bug in one source must not take the feed down, nor vanish: the evidence says what was lost."""
-    from trainwatch.probes.read.sources import CollectiveSource, Reading
+    from trainwatch.probes.read.collectives.sources import CollectiveSource, Reading
 
     class Broken(CollectiveSource):
         field = "broken"

@@ -1,6 +1,6 @@
 """Fatal-message classification and faulthandler parsing (no processes started)."""
 
-from trainwatch.probes.read import crashlog
+from trainwatch.probes.read.logs import crashlog
 
 SEGV = '''=== trainwatch: rank 2 pid 77 started 2026-01-01T00:00:00
 Fatal Python error: Segmentation fault

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trainwatch.probes.read.flightrec import (
+from trainwatch.probes.read.collectives.flightrec import (
     HOOK_FORMAT, TraceError, analyze, describe, has_entries, hook_reply_traces, load_trace, merge_traces,
 )
 from trainwatch.probes.judge.verdict import behind, judge
@@ -116,7 +116,7 @@ def test_works_without_torch():
     import sys
     code = ("import sys; sys.modules['torch'] = None\n"
             "from pathlib import Path\n"
-            "from trainwatch.probes.read.flightrec import analyze, load_trace\n"
+            "from trainwatch.probes.read.collectives.flightrec import analyze, load_trace\n"
             f"d = Path({str(FIXTURES / 'mismatch')!r})\n"
             "state = analyze({r: load_trace((d / f'rank{r}.json').read_bytes()) for r in (0, 1)})\n"
             "print([row.pending_op for row in state.ranks])")
@@ -313,7 +313,7 @@ def test_pending_fields_survive_json_and_the_multi_node_merge():
 
 
 def test_one_rule_picks_a_ranks_trace_for_the_live_view_and_bundles():
-    from trainwatch.probes.read.flightrec import FoundTrace, fresher
+    from trainwatch.probes.read.collectives.flightrec import FoundTrace, fresher
     old_file = FoundTrace({"entries": [1]}, "flight-recorder-file", at=100.0)
     hook = FoundTrace({"entries": [2]}, "hook", at=200.0)
     newer_file = FoundTrace({"entries": [3]}, "flight-recorder-file", at=300.0)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from fake_nvml import FakeGpu, FakeNvml
-from trainwatch.probes.read.gpu import GpuProbe
-from trainwatch.probes.read.process import RankProcess
+from trainwatch.probes.read.gpus.gpu import GpuProbe
+from trainwatch.probes.read.processes.process import RankProcess
 from trainwatch.probes.snapshot import HostInfo, Snapshot, Job
 
 H100_GPM = {2: 87.5, 5: 61.25, 10: 43.0}  # SM active, any tensor active, DRAM bandwidth (metric ids)

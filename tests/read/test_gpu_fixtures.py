@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from fake_nvml import FakeNvml
-from trainwatch.probes.read.gpu import GpuProbe
-from trainwatch.probes.read.process import RankProcess
+from trainwatch.probes.read.gpus.gpu import GpuProbe
+from trainwatch.probes.read.processes.process import RankProcess
 
 FIXTURES = sorted((Path(__file__).parents[1] / "fixtures" / "nvml").glob("*.json"))
 STABLE = ("index", "name", "uuid", "bus_id", "compute_capability", "mem_total_bytes",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainwatch.probes.read.gpu_map import (
+from trainwatch.probes.read.gpus.gpu_map import (
     DeviceId, expected_device, parse_visible_devices, pick_device, proc_in_initial_pid_ns, sharing,
 )
 

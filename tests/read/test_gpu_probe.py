@@ -9,8 +9,8 @@ import threading
 import pytest
 
 from fake_nvml import FakeGpu, FakeNvml
-from trainwatch.probes.read.gpu import GpuProbe
-from trainwatch.probes.read.process import RankProcess
+from trainwatch.probes.read.gpus.gpu import GpuProbe
+from trainwatch.probes.read.processes.process import RankProcess
 
 GiB = 2**30
 
@@ -278,7 +278,7 @@ def test_real_process_pid_maps_to_its_rank():
         reading = GpuProbe(FakeNvml(devs), kmsg_path="/dev/null").read(
             [rank(child.pid, 0)], "torchrun")
         gpu_proc = reading.host.gpus[0].processes[0]
-        from trainwatch.probes.read.gpu_map import proc_in_initial_pid_ns
+        from trainwatch.probes.read.gpus.gpu_map import proc_in_initial_pid_ns
         if proc_in_initial_pid_ns():
             assert gpu_proc.rank == 0 and reading.per_pid[child.pid].mem_used_bytes == 2 * GiB
         else:  # in a container the pid still agrees with the rank's device

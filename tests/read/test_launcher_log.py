@@ -3,7 +3,8 @@ rank 2 SIGKILLed from outside, ranks 0-1 torn down with SIGTERM)."""
 
 from pathlib import Path
 
-from trainwatch.probes.read import cgroup_oom, launcher_log
+from trainwatch.probes.read.processes import cgroup_oom
+from trainwatch.probes.read.logs import launcher_log
 
 LOG = Path(__file__).parents[1] / "fixtures" / "logs" / "torchrun-rank2-sigkill.log"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from trainwatch.probes.errors import BadLeftovers
-from trainwatch.probes.read.leftovers import read_leftovers
+from trainwatch.probes.read.logs.leftovers import read_leftovers
 
 DEAD = Path(__file__).parents[1] / "fixtures" / "dead" / "gloo-2.13-mismatch"
 

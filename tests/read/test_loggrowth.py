@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from trainwatch.probes.read.loggrowth import LogGrowthWatch
+from trainwatch.probes.read.logs.loggrowth import LogGrowthWatch
 
 
 def write(path, text: str, at: float) -> None:
@@ -50,7 +50,7 @@ def test_missing_or_no_path_is_none(tmp_path):
 
 
 def test_progress_bar_rates():
-    from trainwatch.probes.read.loggrowth import bar_rate
+    from trainwatch.probes.read.logs.loggrowth import bar_rate
     assert bar_rate(" 45%|████▌     | 45/100 [00:10<00:12,  4.00it/s, loss=0.1]") == 0.25
     assert bar_rate("Epoch 0:  7%|▋ | 7/100 [01:03<14:00,  9.02s/it, v_num=0]") == 9.02
     assert bar_rate("45it [00:10, 4.00it/s]") == 0.25

@@ -7,7 +7,7 @@ import time
 
 
 from ras_server import FIXTURES, RasServer, takes
-from trainwatch.probes.read import nccl_state, ras
+from trainwatch.probes.read.collectives import nccl_state, ras
 
 
 def test_fr_prefixes_default_to_torch_cache(tmp_path):
@@ -126,7 +126,7 @@ def test_a_dump_written_in_halves_is_read_whole(tmp_path):
     """torch writes the dump in place: a half-written pickle is waited out, not taken."""
     from pathlib import Path
 
-    from trainwatch.probes.read import flightrec
+    from trainwatch.probes.read.collectives import flightrec
 
     whole = (Path(__file__).parents[1] / "fixtures" / "fr" / "h100" / "pipe-dump-rank0.pickle").read_bytes()
     env = {"TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(tmp_path / "trace_")}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainwatch.probes.read import ranklog
-from trainwatch.probes.read.ranklog import RankLogs, rank_lines, reason_of, split_prefix, telling_tail
+from trainwatch.probes.read.logs import ranklog
+from trainwatch.probes.read.logs.ranklog import RankLogs, rank_lines, reason_of, split_prefix, telling_tail
 
 LOGS = Path(__file__).parents[1] / "fixtures" / "logs"
 ASSERT_LOG = LOGS / "device-side-assert-torchrun-2ranks.log"  # torchrun ... > log 2>&1, two ranks

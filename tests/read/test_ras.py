@@ -6,7 +6,7 @@ import time
 import pytest
 
 from ras_server import FIXTURES, RasServer, takes
-from trainwatch.probes.read import ras, ras_report
+from trainwatch.probes.read.collectives import ras, ras_report
 
 JOB_PIDS = {4101, 4102, 4103, 4104}  # this node's ranks in every synthetic fixture
 

@@ -16,16 +16,17 @@ from pathlib import Path
 import pytest
 
 from ras_server import RasServer, takes
-from trainwatch.probes.read import procfacts, ras
-from trainwatch.probes.read.collective_feed import CollectiveFeed
-from trainwatch.probes.read.process import JobProcesses, RankProcess
-from trainwatch.probes.read.sources import FeedOptions, nccl_ras
+from trainwatch.probes.read.processes import procfacts
+from trainwatch.probes.read.collectives import ras
+from trainwatch.probes.read.collectives.collective_feed import CollectiveFeed
+from trainwatch.probes.read.processes.process import JobProcesses, RankProcess
+from trainwatch.probes.read.collectives.sources import FeedOptions, nccl_ras
 
 # One trainwatch process's RAS source, fetching once for a job whose ranks name the stand-in.
 FETCH_ONCE = textwrap.dedent("""
     import sys, time
-    from trainwatch.probes.read.process import JobProcesses, RankProcess
-    from trainwatch.probes.read.sources import FeedOptions, nccl_ras
+    from trainwatch.probes.read.processes.process import JobProcesses, RankProcess
+    from trainwatch.probes.read.collectives.sources import FeedOptions, nccl_ras
     env = {"NCCL_RAS_ADDR": "127.0.0.1:" + sys.argv[1]}
     job = JobProcesses(launcher="torchrun", root_pid=1, host="h", ranks=(RankProcess(pid=4101, rank=0, env=env),))
     source = nccl_ras.Source(FeedOptions())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trainwatch.probes.read.ray_train import read_ranks, read_worker_group
+from trainwatch.probes.read.processes.ray_train import read_ranks, read_worker_group
 
 RECORDED = Path(__file__).parents[1] / "fixtures" / "ray"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from trainwatch.probes.errors import TrainwatchError
-from trainwatch.probes.read.process import JobProcesses, RankProcess
+from trainwatch.probes.read.processes.process import JobProcesses, RankProcess
 from trainwatch.probes.remote.streams import StreamSource
 from trainwatch.probes.remote.remote import KubeRemote, SlurmRemote, SshRemote
 from trainwatch.tui.remote_args import (

@@ -1,13 +1,13 @@
-"""The collective-state sources in read/sources/: each fills a field the evidence record has."""
+"""The collective-state sources in read/collectives/sources/: each fills a field the evidence record has."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from trainwatch.probes.observed import ObservedJob
-from trainwatch.probes.read.collective_feed import CollectiveFeed
-from trainwatch.probes.read.process import JobProcesses
-from trainwatch.probes.read.sources import CollectiveSource, source_classes
+from trainwatch.probes.read.collectives.collective_feed import CollectiveFeed
+from trainwatch.probes.read.processes.process import JobProcesses
+from trainwatch.probes.read.collectives.sources import CollectiveSource, source_classes
 
 
 def test_every_source_fills_a_field_of_the_evidence_record():

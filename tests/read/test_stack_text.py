@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainwatch.probes.read.stack_text import faulthandler_threads, traceback_thread
+from trainwatch.probes.read.stacks.stack_text import faulthandler_threads, traceback_thread
 
 LAST_WORDS = '''Thread 0x00007f0000000002 "trainwatch-hook" (most recent call first):
   File "/usr/lib/python3.11/socket.py", line 294 in accept
@@ -40,7 +40,7 @@ def test_unnamed_threads_the_last_is_main_and_text_around_is_skipped():
 
 
 def test_the_hooks_own_frames_and_threads_are_not_the_jobs():
-    from trainwatch.probes.read.stack_text import without_hook_frames
+    from trainwatch.probes.read.stacks.stack_text import without_hook_frames
 
     text = LAST_WORDS.replace('  File "/venv/torch/distributed/distributed_c10d.py"',
                               '  File "/venv/site-packages/trainwatch/probes/hook/__init__.py", line 560 in all_stacks\n'

@@ -1,8 +1,8 @@
 """Ranks already gone when first seen (a zombie's environment cannot be read) are numbered from
 torchrun's start order, only where the ranks still readable agree with it."""
 
-from trainwatch.probes.read.discover import _numbered_by_start
-from trainwatch.probes.read.process import RankProcess
+from trainwatch.probes.read.processes.discover import _numbered_by_start
+from trainwatch.probes.read.processes.process import RankProcess
 
 
 def rank(pid: int, started: float, number: int | None = None, local: int | None = None) -> RankProcess:

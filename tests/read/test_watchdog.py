@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trainwatch.probes.read.sources.watchdog import op_name, parse_watchdog, watchdog_state
+from trainwatch.probes.read.collectives.sources.watchdog import op_name, parse_watchdog, watchdog_state
 from trainwatch.probes.snapshot import RankCollective
 
 LOGS = Path(__file__).parents[1] / "fixtures" / "logs"
@@ -216,8 +216,8 @@ def test_the_feed_reads_the_ranks_logs_and_the_judge_names_the_odd_rank(tmp_path
 
     from trainwatch.probes.judge.judgement import JudgeMemory, judge_job
     from trainwatch.probes.observed import ObservedJob, ObservedRank
-    from trainwatch.probes.read.collective_feed import CollectiveFeed
-    from trainwatch.probes.read.process import JobProcesses, RankProcess
+    from trainwatch.probes.read.collectives.collective_feed import CollectiveFeed
+    from trainwatch.probes.read.processes.process import JobProcesses, RankProcess
     from trainwatch.probes.snapshot import Job
 
     log = tmp_path / "train.log"
@@ -245,9 +245,9 @@ def test_the_feed_reads_the_ranks_logs_and_the_judge_names_the_odd_rank(tmp_path
 def test_a_growing_log_is_read_from_where_the_last_look_ended(tmp_path):
     """A rank's log gains its timeout line, then its status line in a later write; a log that was
     truncated (a new run) forgets what the old one said."""
-    from trainwatch.probes.read.process import JobProcesses, RankProcess
-    from trainwatch.probes.read.sources import FeedOptions
-    from trainwatch.probes.read.sources.watchdog import Source
+    from trainwatch.probes.read.processes.process import JobProcesses, RankProcess
+    from trainwatch.probes.read.collectives.sources import FeedOptions
+    from trainwatch.probes.read.collectives.sources.watchdog import Source
 
     log = tmp_path / "rank0.log"
     log.write_text("step 1\n" * 20_000)  # 140 KB of ordinary output

@@ -6,11 +6,10 @@ import os
 import stat
 
 from fake_nvml import FakeGpu, FakeNvml
-from trainwatch.probes.read.gpu import GpuProbe
-from trainwatch.probes.read.process import RankProcess
-from trainwatch.probes.read.xid import (
-    KmsgReader, NvmlXidListener, describe, normalize_bus, parse_dmesg_line, parse_kmsg_record,
-    parse_xid_message,
+from trainwatch.probes.read.gpus.gpu import GpuProbe
+from trainwatch.probes.read.processes.process import RankProcess
+from trainwatch.probes.read.gpus.xid import (
+    KmsgReader, NvmlXidListener, describe, normalize_bus, parse_dmesg_line, parse_kmsg_record, parse_xid_message,
 )
 
 XID79 = ("NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, "

@@ -8,7 +8,7 @@ from pathlib import Path
 from trainwatch.probes.evidence.bundle_rank import RankEvidence
 from trainwatch.probes.evidence.summary import render
 from trainwatch.probes.snapshot import ExitInfo, Verdict
-from trainwatch.probes.read.ranklog import RankLogs
+from trainwatch.probes.read.logs.ranklog import RankLogs
 from trainwatch.tui.widgets.detail import detail_text
 from trainwatch.tui.widgets.lines import state_label
 

@@ -5,9 +5,9 @@ import time
 from ras_server import FIXTURES, RasServer, takes
 from trainwatch.probes.evidence import bundle
 from trainwatch.probes.evidence.summary import render
-from trainwatch.probes.read.collective_feed import CollectiveFeed
-from trainwatch.probes.read.process import JobProcesses, RankProcess
-from trainwatch.probes.read.sources import FeedOptions, nccl_ras
+from trainwatch.probes.read.collectives.collective_feed import CollectiveFeed
+from trainwatch.probes.read.processes.process import JobProcesses, RankProcess
+from trainwatch.probes.read.collectives.sources import FeedOptions, nccl_ras
 from trainwatch.probes.redact import Redactor
 from trainwatch.probes.snapshot import Job, Rank, Snapshot, Verdict
 

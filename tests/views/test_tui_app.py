@@ -11,7 +11,7 @@ from dataclasses import replace
 from rich.console import Console
 
 from trainwatch.probes.errors import NoSuchProcess
-from trainwatch.probes.read.ranklog import RankLogs
+from trainwatch.probes.read.logs.ranklog import RankLogs
 from trainwatch.tui.app import TrainwatchApp
 from trainwatch.tui.widgets.help import HelpScreen
 from trainwatch.tui.widgets.ranks import RanksTable

@@ -16,9 +16,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from . import crashlog
-from ..redact import scrub
+from ...redact import scrub
 from .logtail import read_tail
-from .stack_text import TRACEBACK_FRAME
+from ..stacks.stack_text import TRACEBACK_FRAME
 
 TAIL_LINES = 400
 TAIL_BYTES = 64 * 1024

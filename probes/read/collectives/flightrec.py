@@ -27,7 +27,7 @@ import json
 import pickle
 from dataclasses import dataclass, replace
 
-from ..snapshot import CollectiveState, RankCollective, age_text, compact_ranks
+from ...snapshot import CollectiveState, RankCollective, age_text, compact_ranks
 
 
 class TraceError(ValueError):

@@ -24,8 +24,8 @@ from typing import Callable
 
 from . import CollectiveSource, FeedOptions, RankEnvs, Reading
 from .. import flightrec, hookclient, nccl_state
-from ..process import JobProcesses, RankProcess
-from ...snapshot import CollectiveState
+from ...processes.process import JobProcesses, RankProcess
+from ....snapshot import CollectiveState
 
 
 class Source(CollectiveSource):

@@ -1,11 +1,11 @@
 """What is wrong with a host's GPUs as read (mixed models, health, stray contexts), as sentences a
-person can act on. Pure functions over the readings of ``read/gpu.py``."""
+person can act on. Pure functions over the readings of ``read/gpus/gpu.py``."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ..snapshot import GpuDevice, compact_ranks
+from ...snapshot import GpuDevice, compact_ranks
 
 SERIOUS_THROTTLE = {
     "hw-slowdown": "hardware slowdown",

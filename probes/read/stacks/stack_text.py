@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from ..snapshot import Frame, ThreadStack
+from ...snapshot import Frame, ThreadStack
 
 # The one definition of each line shape (crashlog.py and ranklog.py read them too).
 THREAD_HEADER = re.compile(r'^(?P<current>Current thread|Thread) (?P<tid>0x[0-9a-f]+)(?: "(?P<name>[^"]*)")? '

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..redact import redact_argv
-from ..snapshot import Job
+from ...redact import redact_argv
+from ...snapshot import Job
 
 # Environment variables that identify a rank and its job. Only these are kept in memory;
 # the full environment is read again (and redacted) only by the evidence bundle.

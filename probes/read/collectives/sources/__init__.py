@@ -1,4 +1,4 @@
-"""Collective-state sources: every module in this package is one, run by ``read/collective_feed.py``.
+"""Collective-state sources: every module in this package is one, run by ``read/collectives/collective_feed.py``.
 
 A source module defines ``Source``, a :class:`CollectiveSource` whose ``field`` names the
 ``ObservedJob`` field its reading fills (``probes/observed.py``). Adding a source is a module
@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from .. import procfacts
+from ...processes import procfacts
 from ..nccl_state import PIPE_WAIT_S
-from ..process import JobProcesses, RankProcess
+from ...processes.process import JobProcesses, RankProcess
 
 
 @dataclass(frozen=True)

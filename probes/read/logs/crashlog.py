@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .logtail import read_tail
-from .stack_text import FAULTHANDLER_FRAME, THREAD_HEADER
+from ..stacks.stack_text import FAULTHANDLER_FRAME, THREAD_HEADER
 
 # (reason shown to people, pattern) in priority order: the first match names the death.
 # A reason may appear twice: its most telling line is tried first.

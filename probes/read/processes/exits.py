@@ -3,7 +3,7 @@
 Both the live view (:class:`ExitLedger`, through ``LocalSource``) and the headless crash catcher
 (``watcher.CrashCatcher``) record exits with :func:`read_exit`. What a dead rank left: its
 zombie's exit status, the kernel log (a fault naming its PID), an armed run's faulthandler file
-and ``exit.json``, torchelastic's error file, and its log (``read/ranklog.py``). A live rank whose
+and ``exit.json``, torchelastic's error file, and its log (``read/logs/ranklog.py``). A live rank whose
 main thread is in interpreter shutdown while its log shows an uncaught exception carries that
 exception (``judge/exits.py`` calls it crashed). Words and which rank died first: ``judge/exits.py``.
 """
@@ -19,17 +19,18 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .. import rundir
-from ..observed import SIGNAL_REASONS, ObservedRank, abnormal
-from ..redact import Redactor, scrub
-from ..wording import how_ended
-from . import crashlog, procfacts, procfs
+from ... import rundir
+from ...observed import SIGNAL_REASONS, ObservedRank, abnormal
+from ...redact import Redactor, scrub
+from ...wording import how_ended
+from ..logs import crashlog
+from . import procfacts, procfs
 from .discover import expected_local_ranks
 from .exit_events import ExitEvents
-from .kernlog import kernel_fault
+from ..logs.kernlog import kernel_fault
 from .process import JobProcesses, RankProcess
-from .ranklog import LogReason, RankLogs
-from ..snapshot import ExitInfo, ThreadStack
+from ..logs.ranklog import LogReason, RankLogs
+from ...snapshot import ExitInfo, ThreadStack
 
 Clean = Callable[[str], str]
 _WORKERS = re.compile(r"DataLoader worker \(pids?\(?s?\)? ([\d, ]+)\)")

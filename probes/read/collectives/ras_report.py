@@ -43,7 +43,7 @@ import json
 import re
 from contextlib import contextmanager
 
-from ..observed import ANY_OP, CountGroup, RasComm, RasProcess, RasReport, RasReportRank as RasRank
+from ...observed import ANY_OP, CountGroup, RasComm, RasProcess, RasReport, RasReportRank as RasRank
 
 __all__ = ["ANY_OP", "CountGroup", "RasComm", "RasProcess", "RasRank", "RasReport", "ReportError", "parse"]
 # ncclFuncStr order (NCCL_NUM_FUNCTIONS = 5).

@@ -15,7 +15,7 @@ import os
 import platform
 import time
 
-from ..snapshot import FILE_SYSCALLS, KernelState
+from ...snapshot import FILE_SYSCALLS, KernelState
 from . import procfs
 
 # Syscalls worth naming, by number, for the two architectures trainwatch meets.

@@ -1,6 +1,6 @@
 """What a rank offers about its collective (NCCL / Flight Recorder) state, each tried safely.
 
-The ways in, used by the sources in ``read/sources/`` and by bundles:
+The ways in, used by the sources in ``read/collectives/sources/`` and by bundles:
 
 1. Flight Recorder dumps already on disk: ``TORCH_FR_DUMP_TEMP_FILE`` /
    ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE`` + rank (torch's default prefix is

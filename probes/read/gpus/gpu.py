@@ -20,14 +20,11 @@ from dataclasses import dataclass, replace
 from types import ModuleType
 
 from . import gpu_health as gw
-from .gpu_map import (
-    DeviceId, expected_device, parse_visible_devices, pick_device, proc_in_initial_pid_ns,
-    sharing,
-)
+from .gpu_map import DeviceId, expected_device, parse_visible_devices, pick_device, proc_in_initial_pid_ns, sharing
 from .gpu_nvml import GPM_FIRST_GAP_S, NvmlSession
-from .process import RankProcess
+from ..processes.process import RankProcess
 from .xid import KmsgReader, NvmlXidListener, XidEvent, describe, normalize_bus
-from ..snapshot import GpuDevice, GpuProcess, HostInfo, RankGpu
+from ...snapshot import GpuDevice, GpuProcess, HostInfo, RankGpu
 
 MAX_XIDS = 32
 NAMESPACE_NOTE = (

@@ -11,7 +11,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import rundir
+from ... import rundir
 
 COMMANDS = ("fr_trace", "stacks", "ping")
 _MAX_REPLY = 256 * 1024 * 1024

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import linecache
 
-from ..snapshot import Frame
+from ...snapshot import Frame
 
 
 def source_line(frame: Frame) -> str:

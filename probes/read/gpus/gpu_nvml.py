@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any
 
-from ..snapshot import GpuDevice, GpuProcess
+from ...snapshot import GpuDevice, GpuProcess
 
 # Clock-event (throttle) reason bits, stable across NVML versions, with short names.
 THROTTLE_NAMES = (

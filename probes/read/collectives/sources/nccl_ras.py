@@ -25,9 +25,10 @@ import time
 from dataclasses import dataclass
 
 from . import CollectiveSource, FeedOptions, RankEnvs, Reading
-from .. import nccl_state, procfacts, ras, ras_report
-from ..process import JobProcesses, RankProcess
-from ...observed import ObservedRas
+from .. import nccl_state, ras, ras_report
+from ...processes import procfacts
+from ...processes.process import JobProcesses, RankProcess
+from ....observed import ObservedRas
 
 # NCCL versions whose RAS service a client's query is known to crash or corrupt, from NVIDIA's own
 # issues and the code at each tag (read 2026-11): (low, high, what), low <= version < high. A version

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import psutil
 
-from ..errors import AccessDenied, NoSuchProcess, NotAJob
+from ...errors import AccessDenied, NoSuchProcess, NotAJob
 from . import procfs
 from . import ray_train
 from .process import JOB_ENV, JobProcesses, RankProcess
-from ..snapshot import who
-from .pyspy import ptrace_remedy
-from ..rundir import hook_records, implicit_run_dir, rank_log_file
+from ...snapshot import who
+from ..stacks.pyspy import ptrace_remedy
+from ...rundir import hook_records, implicit_run_dir, rank_log_file
 
 LAUNCHER_MODULES = {
     "torch.distributed.run": "torchrun", "torch.distributed.launch": "torchrun",

@@ -13,11 +13,11 @@ import time
 from pathlib import Path
 from typing import Literal, overload
 
-from ..errors import AccessDenied, NoSuchProcess, ToolMissing, TrainwatchError
-from ..frames import wanted_names
-from ..observed import FrameInts
-from . import procfs
-from ..snapshot import Frame, ThreadStack
+from ...errors import AccessDenied, NoSuchProcess, ToolMissing, TrainwatchError
+from ...frames import wanted_names
+from ...observed import FrameInts
+from ..processes import procfs
+from ...snapshot import Frame, ThreadStack
 
 DEFAULT_TIMEOUT = 5.0
 INT_LITERAL = re.compile(r"-?\d{1,18}")  # py-spy prints ints in decimal ("+bigint" beyond 64 bits)

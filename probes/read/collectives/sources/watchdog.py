@@ -44,9 +44,9 @@ from datetime import datetime
 
 from . import CollectiveSource, FeedOptions, RankEnvs, Reading
 from .. import flightrec, nccl_state
-from ..process import JobProcesses
-from ..ranklog import split_prefix
-from ...snapshot import CollectiveState, RankCollective
+from ...processes.process import JobProcesses
+from ...logs.ranklog import split_prefix
+from ....snapshot import CollectiveState, RankCollective
 
 MAX_LINE = 8192  # longer lines are not torch's (its watchdog lines are a few hundred characters)
 STALE_S = 60  # a timeout stamped this long before ``since`` belongs to an earlier run

@@ -24,11 +24,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import crashlog, flightrec, launcher_log, ranklog
+from . import crashlog, launcher_log, ranklog
+from ..collectives import flightrec
 from .logtail import read_tail
-from .. import rundir
-from ..errors import BadLeftovers
-from ..snapshot import compact_ranks
+from ... import rundir
+from ...errors import BadLeftovers
+from ...snapshot import compact_ranks
 
 MAX_ENTRIES = 50_000  # directory entries looked at, in all
 MAX_DEPTH = 8

@@ -1,4 +1,4 @@
-"""The one place that reads collective state: every source in ``read/sources/``, in the background.
+"""The one place that reads collective state: every source in ``read/collectives/sources/``, in the background.
 
 The live view, ``snapshot``, ``watch`` and node agents (through ``live.py``) and evidence
 bundles (``evidence/bundle.py``, with ``FeedOptions(bundle=True)``) all read through a
@@ -17,10 +17,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .process import JobProcesses
+from ..processes.process import JobProcesses
 from .sources import CollectiveSource, FeedOptions, RankEnvs, Reading, source_classes
-from ..observed import combine_states
-from ..snapshot import CollectiveState
+from ...observed import combine_states
+from ...snapshot import CollectiveState
 
 MIN_INTERVAL_S = 1.0  # at most one round per second, however often the view polls
 ROUND_BOUND_S = 10.0  # a round gives up on a source that has not returned by then

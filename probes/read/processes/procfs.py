@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-from ..observed import ThreadCounters
-from ..rundir import signal_name
+from ...observed import ThreadCounters
+from ...rundir import signal_name
 
 
 def read_text(path: str) -> str | None:

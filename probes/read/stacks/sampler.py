@@ -5,12 +5,12 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from ..errors import AccessDenied, TrainwatchError
-from ..observed import StackSample, ThreadCounters
-from . import procfs
-from .kernel_view import current_syscall
+from ...errors import AccessDenied, TrainwatchError
+from ...observed import StackSample, ThreadCounters
+from ..processes import procfs
+from ..processes.kernel_view import current_syscall
 from .pyspy import DEFAULT_TIMEOUT, PySpyTimeout, RankGone, dump_stacks, tracer_of
-from ..snapshot import FILE_SYSCALLS, ThreadStack
+from ...snapshot import FILE_SYSCALLS, ThreadStack
 
 MAX_PARALLEL = 32
 
