@@ -27,7 +27,7 @@ _EXPORTS: dict[str, str] = {
     "BundleSource": ".evidence.bundle_source",
     "PostMortemSource": ".evidence.postmortem",
     **dict.fromkeys(("open_nodes", "other_nodes", "detect_slurm", "slurm_job_here"), ".remote.nodes"),
-    "Remote": ".remote.remote",
+    "Remote": ".remote.reach",
     **dict.fromkeys(("NodeSpec", "DEFAULT_PARALLEL", "DEFAULT_TIMEOUT_S"), ".remote.node_spec"),
     **dict.fromkeys(("find_job_matching",), ".read.processes.discover"),
     "find_pyspy": ".read.stacks.pyspy",
@@ -36,7 +36,6 @@ _EXPORTS: dict[str, str] = {
     # evidence
     **dict.fromkeys(("write_evidence", "write_bundle"), ".evidence.bundle"),
     **dict.fromkeys(("Watcher", "WatchEvent", "EXIT_CLEAN", "EXIT_PROBLEM", "EXIT_CRASH"), ".evidence.watcher"),
-    "RankLogs": ".read.logs.ranklog",
     # words the views share with bundles
     "step_label": ".judge.steps",
     "group_what": ".judge.groups",

@@ -14,7 +14,7 @@ from typing import Any
 from ..errors import TrainwatchError
 from ..judge.judgement import JudgeMemory
 from .merge import NodeView
-from .remote import collect_remote_bundles
+from .bundles import collect_remote_bundles
 
 
 class NodeEvidence:

@@ -17,10 +17,8 @@ from .hostlist import (
 )
 from .streams import STREAM_START_PARALLEL, StreamSource
 from .node_spec import NodeSpec
-from .remote import (
-    KubeRemote, Remote, SlurmRemote, SshRemote, kubectl_get_pods_argv,
-    match_args, parse_pods,
-)
+from .reach import KubeRemote, Remote, SlurmRemote, SshRemote, kubectl_get_pods_argv, parse_pods
+from .launches import match_args
 
 
 def this_node() -> set[str]:

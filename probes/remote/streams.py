@@ -19,7 +19,6 @@ import re
 import resource
 import selectors
 import shutil
-import subprocess
 import tempfile
 import threading
 import time
@@ -32,12 +31,12 @@ from ..errors import TrainwatchError
 from ..judge.judgement import JudgeMemory
 from ..process_group import kill_groups
 from ..snapshot import Snapshot, SnapshotError
+from .calls import STDERR_KEEP, Result, Runner, classify_failure
+from .launches import Launch, agent_args, plan_launches, popen_agent, ssh_reuse_options
 from .merge import NodeView, merge_nodes
 from .node_evidence import NodeEvidence
-from .remote import (
-    DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, STDERR_KEEP, Remote, Result, Runner, SlurmRemote, SshRemote,
-    classify_failure, slurm_step_argv,
-)
+from .node_spec import DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S
+from .reach import Remote, SshRemote
 from .wire import NodeAnswer, decode_node
 
 LABEL = re.compile(rb"^\s*(\d+): ?(.*)$", re.S)
@@ -47,71 +46,6 @@ SRUN_TASK = re.compile(r"task (\d+): (.+)$")
 RESTART_MIN_S, RESTART_MAX_S = 2.0, 30.0
 STREAM_START_PARALLEL = 128  # agents connecting at once (a start is short; the agent then stays)
 REUSE_S = 300.0  # an answer older than this is no longer shown
-
-
-def agent_args(match: list[str], window: float | None, interval: float, extra: Sequence[str] = ()) -> list[str]:
-    """Arguments of ``trainwatch agent`` on every node."""
-    args = ["agent", *match, "--interval", f"{interval:g}"]
-    if window is not None:
-        args += ["--window", f"{window:g}"]
-    return args + list(extra)
-
-
-@dataclass
-class Launch:
-    """One command that runs agents: one node (ssh, kubectl) or many (one srun step, labelled)."""
-
-    argv: list[str]
-    names: list[str]  # the nodes, in task order for a labelled launch
-    remote: Remote  # for naming failures
-    labelled: bool = False
-
-
-def plan_launches(remotes: Sequence[Remote], trainwatch: str, args: list[str]) -> list[Launch]:
-    """SLURM nodes of one job share one step; every other node gets its own agent."""
-    launches: list[Launch] = []
-    slurm: dict[tuple[str, str], list[SlurmRemote]] = {}
-    for remote in remotes:
-        if isinstance(remote, SlurmRemote):
-            slurm.setdefault((remote.job_id, remote.srun), []).append(remote)
-        else:
-            stream = getattr(remote, "stream_argv", None) or remote.argv
-            launches.append(Launch(stream(trainwatch, args), [remote.name], remote))
-    for (job_id, srun), nodes in slurm.items():
-        names = [n.name for n in nodes]
-        launches.append(Launch(slurm_step_argv(job_id, names, trainwatch, args, srun), names, nodes[0], labelled=True))
-    return launches
-
-
-def ssh_reuse_options(remote: SshRemote, control_dir: Path, timeout: float = 5.0) -> tuple[str, ...]:
-    """Connection sharing for ``remote`` (later one-shot calls, dumps, ride the agent's connection),
-    unless the user's own ssh config or options already say anything about it."""
-    joined = " ".join(remote.options).lower()
-    if "control" in joined:
-        return ()
-    try:
-        mine = _ssh_g([remote.ssh, *remote.options, "-G", remote.destination or remote.name], timeout)
-        bare = _ssh_g([remote.ssh, "-F", "/dev/null", "-G", remote.destination or remote.name], timeout)
-    except (OSError, subprocess.SubprocessError):
-        return ()
-    keys = ("controlmaster", "controlpath", "controlpersist")
-    if mine is None or bare is None or any(mine.get(k) != bare.get(k) for k in keys):
-        return ()  # the user chose (or we cannot tell): leave it alone
-    return ("-o", "ControlMaster=auto", "-o", f"ControlPath={control_dir}/%C", "-o", "ControlPersist=no")
-
-
-def _ssh_g(argv: list[str], timeout: float) -> dict[str, str] | None:
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
-                          check=False)
-    if done.returncode != 0:
-        return None
-    return dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
-
-
-def popen_agent(launch: Launch) -> subprocess.Popen:
-    """Start a launch in its own session, so close() can kill its whole group."""
-    return subprocess.Popen(launch.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True, bufsize=0)
 
 
 @dataclass

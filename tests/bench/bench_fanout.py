@@ -35,8 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_merge import PER_NODE, compute_threads, rank_from, recorded_threads  # noqa: E402
 
 from trainwatch.probes.remote.merge import NodeView, merge_nodes  # noqa: E402
-from trainwatch.probes.remote.remote import SlurmRemote, SshRemote  # noqa: E402
-from trainwatch.probes.remote.streams import STREAM_START_PARALLEL, Launch, StreamSource  # noqa: E402
+from trainwatch.probes.remote.reach import SlurmRemote, SshRemote  # noqa: E402
+from trainwatch.probes.remote.streams import STREAM_START_PARALLEL, StreamSource  # noqa: E402
+from trainwatch.probes.remote.launches import Launch  # noqa: E402
 from trainwatch.probes.remote.wire import decode_line, encode_line  # noqa: E402
 from trainwatch.probes.snapshot import HostInfo, Job, Snapshot, Verdict  # noqa: E402
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 
-from trainwatch.probes.remote.remote import SlurmRemote
+from trainwatch.probes.remote.reach import SlurmRemote
 from trainwatch.probes.remote.streams import StreamSource
 from trainwatch.probes.remote.wire import decode_line, encode_line
 from trainwatch.probes.snapshot import Frame, Job, Rank, Snapshot, ThreadStack

@@ -22,9 +22,8 @@ import pytest
 from real_jobs import free_port
 from sshd import Sshd, TwoNodeJob, unavailable_reason
 from trainwatch.probes.errors import PARTIAL_EXIT
-from trainwatch.probes.remote.remote import (
-    SshRemote, collect_remote_bundles,
-)
+from trainwatch.probes.remote.reach import SshRemote
+from trainwatch.probes.remote.bundles import collect_remote_bundles
 
 pytestmark = [pytest.mark.job, pytest.mark.slow,
               pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))]

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 import psutil
 import pytest
 
-from trainwatch.probes.remote.remote import (
-    KubeRemote, Result, Runner, SlurmRemote, SshRemote, classify_failure, collect_remote_bundles,
-    dump_script, kubectl_get_pods_argv, match_args, parse_pods,
-)
+from trainwatch.probes.remote.reach import KubeRemote, SlurmRemote, SshRemote, kubectl_get_pods_argv, parse_pods
+from trainwatch.probes.remote.calls import Result, Runner, classify_failure
+from trainwatch.probes.remote.bundles import collect_remote_bundles, dump_script
+from trainwatch.probes.remote.launches import match_args
 from trainwatch.probes.snapshot import Job
 
 TW = "trainwatch"

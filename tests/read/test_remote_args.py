@@ -14,7 +14,7 @@ import pytest
 from trainwatch.probes.errors import TrainwatchError
 from trainwatch.probes.read.processes.process import JobProcesses, RankProcess
 from trainwatch.probes.remote.streams import StreamSource
-from trainwatch.probes.remote.remote import KubeRemote, SlurmRemote, SshRemote
+from trainwatch.probes.remote.reach import KubeRemote, SlurmRemote, SshRemote
 from trainwatch.tui.remote_args import (
     add_remote_arguments, detect_slurm, remotes_from_args, slurm_job_here, ssh_options, wants_remote, wrap_source,
 )
