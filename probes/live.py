@@ -15,10 +15,8 @@ from contextlib import contextmanager
 from dataclasses import replace
 
 from .evidence.crash_catcher import CrashThread
-from .judge.gpu_warnings import gpu_phase_warnings
 from .judge.judgement import JudgeMemory, JudgeOptions, judge_job
 from .judge.phases import is_stdlib, is_user, main_thread, stack_signature, where_frame
-from .judge.steps import slow_step_warnings
 from .local_evidence import LocalEvidence
 from .observed import ObservedJob
 from .read.processes import exit_events, procfs
@@ -29,7 +27,7 @@ from .read.processes.job_watch import JobWatch
 from .read.processes.process import JobProcesses, job_record
 from .read.stacks.sampler import StackSample, sample_all
 from .sampling import Sampler
-from .snapshot import Rank, Snapshot, compact_ranks
+from .snapshot import Rank, Snapshot
 from .source import OneNodeSource
 
 
@@ -127,10 +125,7 @@ class LocalSource(OneNodeSource):
             self._feed.refresh(stuck=any(r.state == "stuck" for r in ranked))
         if missing is not None:
             warnings.append(str(missing))
-        warnings += _launch_warnings(job)
-        if self._gpu is not None:
-            warnings += list(gpu_phase_warnings(ranked))
-        warnings += slow_step_warnings(ranked, self._sampler.steps.clock, self.window)
+        warnings += judged.warnings
         return Snapshot(job=job_record(job), ranks=ranked, groups=judged.groups, verdict=judged.verdict,
                         hosts=(gpu_host,) if gpu_host else (), collectives=judged.collectives,
                         warnings=tuple(dict.fromkeys(warnings)), notes=tuple(dict.fromkeys(notes)),
@@ -157,16 +152,6 @@ def busy_worker(children: tuple[int, ...]) -> str | None:
         if frame is not None and not is_stdlib(frame) and "torch/utils/data/" not in frame.file:
             return f"DataLoader worker PID {pid} is in {frame.label()}"
     return None
-
-
-def _launch_warnings(job: JobProcesses) -> list[str]:
-    out = []
-    if job.world_size and job.local_world_size and job.world_size > job.local_world_size:
-        local = compact_ranks(r.rank for r in job.ranks if r.rank is not None)
-        how = "--ray auto" if job.peer_nodes else "--hosts/--slurm"
-        out.append(f"job spans {job.nnodes or '?'} nodes (world size {job.world_size}); only this node's ranks "
-                   f"({local}) are shown: add {how} to see the others")
-    return out
 
 
 def open_source(pid: int, window: float = 3.0, **kwargs) -> LocalSource:

@@ -97,7 +97,7 @@ class LocalEvidence:
                 notes.append(f"  hint: {sample.error.remedy}")
         if sample is not None and sample.read:
             notes.append(f"rank {proc.rank}: {sample.read}")
-        step, period = self.sampler.steps.fields(proc.pid)
+        step, period, held = self.sampler.steps.fields(proc.pid)
         cpu, rss = self._cpu.read(proc.pid, now)
         kernel = kernel_view.kernel_state(proc.pid)
         self._io_progress(proc.pid, kernel, now)
@@ -111,7 +111,7 @@ class LocalEvidence:
             cpu_pct=cpu, rss_bytes=rss, threads=threads,
             children=proc.children, log_path=proc.log_path,
             detail="; ".join(d for d in (cls.detail if cls else None, sample.read if sample else None) if d) or None,
-            step=step, step_period_s=period,
+            step=step, step_period_s=period, step_held_s=held,
             native=bool(threads) and any(f.native for t in threads[:1] for f in t.frames),
             log=self.sampler.log_activity(proc.log_path, now),
             collective_timeout_s=collective_timeout_s(proc.env or {}),

@@ -83,6 +83,7 @@ class ObservedRank:
     log_path: str | None = None
     step: int | None = None
     step_period_s: float | None = None
+    step_held_s: float | None = None  # how long the current step is known to have lasted (read/… steps clock)
     log: LogActivity | None = None  # growth of the file at log_path
     log_tail: tuple[str, ...] | None = None  # the telling end of that log, secrets masked (read/logs/ranklog.py)
     collective_timeout_s: float | None = None  # from the rank's environment

@@ -40,6 +40,7 @@ PROBLEM_VERDICTS: frozenset[VerdictKind] = HANG_VERDICTS | CRASH_VERDICTS
 HEALTHY_VERDICTS: frozenset[VerdictKind] = frozenset({"healthy"})
 # Verdicts that say nothing is wrong, or nothing could be judged: never a reason to act.
 UNJUDGED_VERDICTS: frozenset[VerdictKind] = HEALTHY_VERDICTS | {"unknown"}
+RAY_TRAIN = "ray train"  # Job.launcher of a Ray Train run (its ranks are Ray actors, placed by Ray)
 
 
 @dataclass(frozen=True)
@@ -198,6 +199,7 @@ class Rank:
     detail: str | None = None  # one line that explains the phase, e.g. which thread holds it
     step: int | None = None  # training step the rank is at (Flight Recorder, loop locals, HF Trainer)
     step_period_s: float | None = None  # the rank's observed time per step
+    step_held_s: float | None = None  # how long its current step is known to have lasted (a lower bound; live)
     native: bool = False  # phase decided from a native (C/C++) sample
     log: LogActivity | None = None  # growth of the file at log_path
     # The telling end of its log (its error first, then its last output), secrets masked; None: not

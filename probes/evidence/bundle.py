@@ -35,7 +35,8 @@ from ..errors import OutputError, TrainwatchError
 from .bundle_rank import RankEvidence, RankPlan, bounded, collect_rank
 from ..redact import Redactor
 from .summary import render
-from ..judge.judgement import JudgeMemory, judge_job
+from ..judge.judgement import JudgeMemory, JudgeOptions, judge_job
+from ..judge.warnings import rejudged_warnings
 from ..read.collectives import hookclient, nccl_state
 from ..read.collectives.collective_feed import CollectiveFeed
 from ..read.processes.discover import find_job
@@ -199,10 +200,12 @@ def rejudged(snapshot: Snapshot, fields: Mapping[str, object],
     if isinstance(mine, CollectiveState) and mine.ras is None and live_ras is not None:
         fields["collectives"] = dataclasses.replace(mine, ras=live_ras)
     observed = dataclasses.replace(observed_snapshot(snapshot), **fields)
-    judged = judge_job(observed, JudgeMemory.after(snapshot, familiar), snapshot.taken_at)
+    judged = judge_job(observed, JudgeMemory.after(snapshot, familiar), snapshot.taken_at,
+                       JudgeOptions(window=snapshot.window_s))
     if judged.verdict.kind in UNJUDGED_VERDICTS:
         return dataclasses.replace(snapshot, collectives=judged.collectives)
-    return dataclasses.replace(snapshot, collectives=judged.collectives, verdict=judged.verdict, groups=judged.groups)
+    return dataclasses.replace(snapshot, collectives=judged.collectives, verdict=judged.verdict, groups=judged.groups,
+                               warnings=rejudged_warnings(snapshot, judged.warnings))
 
 
 def _manifest(source_pid: int, reason: str | None, redacted: bool, evidence: list[RankEvidence],

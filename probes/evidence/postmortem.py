@@ -49,7 +49,7 @@ class PostMortemSource(OneNodeSource):
         judged = judge_job(self.evidence, JudgeMemory(), now)
         notes = [*self.left.notes, *(n for r in self.left.ranks.values() for n in r.notes), *_missing_notes(self.evidence)]
         self.snapshot = Snapshot(job=self.evidence.job, ranks=judged.ranks, groups=judged.groups,
-                                 verdict=judged.verdict, collectives=judged.collectives,
+                                 verdict=judged.verdict, collectives=judged.collectives, warnings=judged.warnings,
                                  notes=tuple(dict.fromkeys(scrub(n) for n in notes)), taken_at=now,
                                  source=SOURCE_PREFIX + ",".join(str(p) for p in self.paths))
 

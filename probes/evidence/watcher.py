@@ -20,7 +20,8 @@ from .crash_catcher import CrashCatcher
 from ..judge import exits
 from ..read.processes import exits as ended
 from ..read.processes.exits import CrashRecord
-from ..judge.judgement import JudgeMemory, judge_job
+from ..judge.judgement import JudgeMemory, JudgeOptions, judge_job
+from ..judge.warnings import rejudged_warnings
 from ..judge.phases import classify
 from ..read.processes import procfs
 from ..read.stacks.sampler import sample_all
@@ -104,10 +105,12 @@ def with_crashes(snapshot: Snapshot, records: list[CrashRecord],
         evidence.append(ended.exited_rank(record.pid, record.rank, record.exit, host=snapshot.job.host))
     evidence = sorted(evidence, key=lambda r: (r.rank is None, r.rank or 0))
     job = dataclasses.replace(observed_snapshot(snapshot), ranks=tuple(evidence))
-    judged = judge_job(job, JudgeMemory.after(snapshot), snapshot.taken_at or time.time())
+    judged = judge_job(job, JudgeMemory.after(snapshot), snapshot.taken_at or time.time(),
+                       JudgeOptions(window=snapshot.window_s))
     first = next((r for r in records if r.exit.first), records[0])
     verdict = dataclasses.replace(judged.verdict, since=first.exit.at)  # the crash began with the first death
-    return dataclasses.replace(snapshot, ranks=judged.ranks, verdict=verdict, groups=judged.groups)
+    return dataclasses.replace(snapshot, ranks=judged.ranks, verdict=verdict, groups=judged.groups,
+                               warnings=rejudged_warnings(snapshot, judged.warnings))
 
 
 class Watcher:

@@ -15,6 +15,7 @@ from .groups import group_ranks
 from .progress import CompletedCollectives, ProgressTracker
 from .ras import RasTracker, progress_pids
 from .verdict import judge
+from .warnings import job_warnings
 from ..observed import ObservedJob, ObservedRank
 from ..snapshot import UNJUDGED_VERDICTS, CollectiveState, Group, RasState, Rank, Snapshot, Verdict
 
@@ -63,6 +64,7 @@ class Judgement:
     groups: tuple[Group, ...]
     verdict: Verdict
     collectives: CollectiveState | None = None  # the evidence's, with NCCL RAS's judged state
+    warnings: tuple[str, ...] = ()  # about the whole job judged (judge/warnings.py)
 
 
 def judge_job(evidence: ObservedJob, memory: JudgeMemory, now: float,
@@ -88,7 +90,7 @@ def judge_job(evidence: ObservedJob, memory: JudgeMemory, now: float,
         verdict = replace(verdict, since=now)
     memory.verdict = verdict
     return Judgement(ranks=tuple(ranks), groups=group_ranks(ranks, verdict.culprits), verdict=verdict,
-                     collectives=collectives)
+                     collectives=collectives, warnings=job_warnings(evidence.job, ranks, options.window))
 
 
 def _with_ras(evidence: ObservedJob, memory: JudgeMemory, now: float,

@@ -181,10 +181,11 @@ class StepReader:
         self._read[pid] = (self._round, after)
         self.clock.observe(pid, step_from_locals(frames, ints), now)
 
-    def fields(self, pid: int) -> tuple[int | None, float | None]:
-        """``(step, step_period_s)`` for the Rank."""
-        period = self.clock.period(pid)
-        return self.clock.step(pid), round(period, 3) if period is not None else None
+    def fields(self, pid: int) -> tuple[int | None, float | None, float | None]:
+        """``(step, step_period_s, step_held_s)`` for the Rank."""
+        period, held = self.clock.period(pid), self.clock.held_for(pid)
+        return (self.clock.step(pid), round(period, 3) if period is not None else None,
+                round(held, 1) if held is not None else None)
 
 
 # -- words -----------------------------------------------------------------------------------------
@@ -219,16 +220,17 @@ def step_label(step: int | None, period: float | None) -> str | None:
     return f"{step:,}" if period is None else f"{step:,} ({seconds(period)}s/step)"
 
 
-def slow_step_warnings(ranks: Sequence[Rank], clock: StepClock, min_s: float) -> list[str]:
+def slow_step_warnings(ranks: Sequence[Rank], min_s: float) -> list[str]:
     """``rank 2: step 1,204 has taken 9.1 s, 3.5x its usual 2.6 s`` for a rank whose current step
     has lasted over :data:`SLOW_FACTOR` times its period (and at least ``min_s``) while another
-    rank is at a later step. The time is what was seen (:meth:`StepClock.held_for`), a lower bound."""
+    rank is at a later step. The time is what was seen (``step_held_s``: :meth:`StepClock.held_for`),
+    a lower bound."""
     live = [r for r in ranks if r.pid is not None and r.step is not None
             and r.state in ("running", "stuck", "unknown")]
     furthest = max((r.step for r in live), default=None)
     out = []
     for rank in live:
-        period, taken = clock.period(rank.pid), clock.held_for(rank.pid)
+        period, taken = rank.step_period_s, rank.step_held_s
         if period is None or taken is None or rank.step >= furthest:
             continue
         if taken >= max(SLOW_FACTOR * period, min_s):

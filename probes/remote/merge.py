@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from ..judge import ras as ras_judge
 from ..read.collectives.flightrec import analyze_rows
-from ..judge.judgement import JudgeMemory, judge_job
+from ..judge.judgement import JudgeMemory, JudgeOptions, judge_job
+from ..judge.warnings import job_warnings
 from ..observed import ObservedJob, combine_states, observed_rank
 from ..snapshot import CollectiveState, HostInfo, Rank, RasState, Snapshot, Verdict, who
 
@@ -92,8 +93,10 @@ def merge_nodes(views: Sequence[NodeView], *, memory: JudgeMemory | None = None,
             notes.append(f"node {view.name}: some ranks were already seen through another node (listed twice?)")
         for info in snap.hosts or (HostInfo(name=label),):
             hosts.append(dataclasses.replace(info, name=label) if info.name != label else info)
-        # "only this node's ranks are shown" is each node's own view; the merged one shows them all.
-        warnings.extend(prefix + w for w in snap.warnings if not w.startswith("job spans "))
+        # The judge's warnings about one node's ranks are made again over the whole job below
+        # ("only this node's ranks are shown" among them); the node's readers' own are kept.
+        judged_there = set(job_warnings(snap.job, snap.ranks, snap.window_s))
+        warnings.extend(prefix + w for w in snap.warnings if w not in judged_there)
         notes.extend(prefix + n for n in snap.notes)
         if view.stale_s is not None:
             notes.append(f"node {view.name}: slow to answer; showing its snapshot from {view.stale_s:.0f}s ago")
@@ -114,13 +117,16 @@ def merge_nodes(views: Sequence[NodeView], *, memory: JudgeMemory | None = None,
     notes.extend(ras_notes)
     taken_at = max(v.snapshot.taken_at for _, v in good)
     evidence = ObservedJob(job=job, ranks=tuple(observed_rank(r) for r in ranks), collectives=collectives)
-    judged = judge_job(evidence, memory if memory is not None else JudgeMemory(), taken_at)
+    window = max(v.snapshot.window_s for _, v in good)
+    judged = judge_job(evidence, memory if memory is not None else JudgeMemory(), taken_at,
+                       JudgeOptions(window=window))
     judged = dataclasses.replace(judged, verdict=_naming_unread(judged.verdict, unread))
+    warnings.extend(judged.warnings)
     return Snapshot(
         job=job, ranks=judged.ranks, groups=judged.groups, verdict=judged.verdict, hosts=tuple(hosts),
         collectives=collectives, warnings=tuple(_unique(warnings)), notes=tuple(_unique(notes)),
         taken_at=taken_at,
-        window_s=max(v.snapshot.window_s for _, v in good), source="remote",
+        window_s=window, source="remote",
     )
 
 

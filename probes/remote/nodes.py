@@ -11,7 +11,7 @@ import subprocess
 from typing import Any
 
 from ..errors import TrainwatchError
-from ..read.processes.discover import RAY_TRAIN
+from ..snapshot import RAY_TRAIN
 from .hostlist import (
     parse_hosts, read_hostfile, slurm_hostnames, slurm_job_nodelist, slurm_running_jobs, unique,
 )

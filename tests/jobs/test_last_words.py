@@ -241,8 +241,8 @@ def test_the_jobs_own_sigterm_handler_still_decides(tmp_path, order):
 SIGINT_JOB = """
 import sys, time
 def wait_here():
+    print("ready", flush=True)  # inside the try: a SIGINT right after "ready" is the job's to catch
     time.sleep(30)
-print("ready", flush=True)
 try:
     wait_here()
 except KeyboardInterrupt:

@@ -144,3 +144,26 @@ def test_a_disagreement_between_nodes_is_found_after_the_merge():
     assert merged.verdict.kind == "mismatch" and merged.verdict.culprits == ()  # two against two: no culprit
     agreeing = merge([NodeView("n1", a, local=True), NodeView("n2", b2)])
     assert agreeing.collectives.divergence is None and [r.rank for r in agreeing.collectives.ranks] == [0, 1, 2, 3]
+
+
+def test_the_judges_warnings_are_made_once_over_the_whole_job():
+    """Each node's judge warned about its own ranks ("only this node's ranks", its GPUs); the merged
+    view says what the whole job shows, and keeps what each node's readers said."""
+    from dataclasses import replace
+
+    from trainwatch.probes.judge.warnings import job_warnings
+    from trainwatch.probes.snapshot import RankGpu
+
+    spin = RankGpu(index=0, util_pct=100.0)
+    ranks_a = [replace(rank(0, "n1", 100), gpu=spin), replace(rank(1, "n1", 101), gpu=spin)]
+    ranks_b = [replace(rank(2, "n2", 200), gpu=spin),
+               replace(rank(3, "n2", 201, phase="compute"), gpu=RankGpu(index=1, util_pct=0.0))]
+    a, b = node("n1", ranks_a), node("n2", ranks_b)
+    a = replace(a, warnings=(*job_warnings(a.job, a.ranks, a.window_s), "NVML slow on n1"))
+    b = replace(b, warnings=job_warnings(b.job, b.ranks, b.window_s))
+    assert any(w.startswith("job spans 2 nodes") for w in a.warnings + b.warnings)
+    merged = merge([NodeView("n1", a, local=True), NodeView("n2", b)])
+    assert not any("job spans" in w for w in merged.warnings), merged.warnings
+    assert "GPUs of ranks 0-2 spin at 100% in the collective; rank 3's GPU is idle" in merged.warnings
+    assert "NVML slow on n1" in merged.warnings
+    assert not any(w.startswith("n2: GPU") for w in merged.warnings), merged.warnings

@@ -3,6 +3,8 @@ clock, and the words: only allowed integer locals of user frames and the HF loop
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from trainwatch.probes.judge.steps import (
     StepClock, StepReader, slow_step_warnings, step_from_locals, step_label, step_note,
 )
@@ -112,7 +114,7 @@ def test_reader_reads_only_when_the_step_can_have_changed():
     reader.next_round()
     reader.next_round()
     assert reader.due(1, busy, 2.0)
-    assert reader.fields(1) == (3, None)
+    assert reader.fields(1) == (3, None, None)  # no change of step seen yet: no period, no time held
 
 
 def rank(number: int, step: int | None, state: str = "running") -> Rank:
@@ -135,14 +137,21 @@ def test_slow_step_warning_only_for_a_rank_left_behind():
             clock.observe(pid, step, now)
     clock.still(100, 14.3)
     clock.still(102, 14.3)
-    ranks = [rank(0, 12), rank(1, 13), rank(2, 12)]
     clock.observe(101, 13, 14.3)
-    warnings = slow_step_warnings(ranks, clock, min_s=3.0)
+    reader = StepReader()
+    reader.clock = clock
+
+    def read(number: int, step: int) -> object:  # the rank as the live view fills it from the clock
+        _, period, held = reader.fields(100 + number)
+        return replace(rank(number, step), step_period_s=period, step_held_s=held)
+
+    ranks = [read(0, 12), read(1, 13), read(2, 12)]
+    warnings = slow_step_warnings(ranks, min_s=3.0)
     assert warnings == ["rank 0: step 12 has taken 9.1 s, 3.5x its usual 2.6 s",
                         "rank 2: step 12 has taken 9.1 s, 3.5x its usual 2.6 s"]
-    assert slow_step_warnings(ranks, clock, min_s=10.0) == []  # shorter than the window
-    level = [rank(0, 12), rank(1, 12), rank(2, 12)]
-    assert slow_step_warnings(level, clock, min_s=3.0) == []  # nobody went further: the verdict's job
+    assert slow_step_warnings(ranks, min_s=10.0) == []  # shorter than the window
+    level = [read(0, 12), read(1, 12), read(2, 12)]
+    assert slow_step_warnings(level, min_s=3.0) == []  # nobody went further: the verdict's job
 
 
 def test_steps_shown_in_summary_md_and_the_plain_table():

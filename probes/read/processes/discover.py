@@ -13,7 +13,7 @@ from ...errors import AccessDenied, NoSuchProcess, NotAJob
 from . import procfs
 from . import ray_train
 from .process import JOB_ENV, JobProcesses, RankProcess
-from ...snapshot import who
+from ...snapshot import RAY_TRAIN, who
 from ..stacks.pyspy import ptrace_remedy
 from ...rundir import hook_records, implicit_run_dir, rank_log_file
 
@@ -357,7 +357,6 @@ def describe_job(root: psutil.Process, launcher: str) -> JobProcesses:
     )
 
 
-RAY_TRAIN = "ray train"
 
 
 def describe_ray_job(ray: ray_train.RayTrainJob) -> JobProcesses:
