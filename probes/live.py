@@ -18,7 +18,7 @@ from .evidence.crash_catcher import CrashThread
 from .judge.judgement import JudgeMemory, JudgeOptions, judge_job
 from .judge.phases import is_stdlib, is_user, main_thread, stack_signature, where_frame
 from .local_evidence import LocalEvidence
-from .observed import ObservedJob
+from .observed import ObservedJob, ObservedRank
 from .read.processes import exit_events, procfs
 from .read.collectives.collective_feed import CollectiveFeed
 from .read.processes.exits import ExitLedger
@@ -27,7 +27,7 @@ from .read.processes.job_watch import JobWatch
 from .read.processes.process import JobProcesses, job_record
 from .read.stacks.sampler import StackSample, sample_all
 from .sampling import Sampler
-from .snapshot import Rank, Snapshot
+from .snapshot import Snapshot
 from .source import OneNodeSource
 
 
@@ -119,8 +119,12 @@ class LocalSource(OneNodeSource):
         missing = self._sampler.pyspy_missing
         evidence = ObservedJob(job_record(job), tuple(ranks), unsampled=missing.message if missing else None,
                                **collective.fields)
-        judged = judge_job(evidence, self.memory, now, JudgeOptions(window=self.window, stuck_after=self.stuck_after))
-        ranked = tuple(self._with_worker(rank) for rank in judged.ranks)
+        options = JudgeOptions(window=self.window, stuck_after=self.stuck_after)
+        judged = judge_job(evidence, self.memory, now, options)
+        if judged.read_workers:  # the judge asks who holds a rank up: read its DataLoader workers, ask again
+            evidence = replace(evidence, ranks=tuple(self._with_worker(r, judged.read_workers) for r in evidence.ranks))
+            judged = judge_job(evidence, self.memory, now, options)
+        ranked = judged.ranks
         if not self._collective_wait:  # the next read, knowing whether a stuck episode (pipe dumps) is on
             self._feed.refresh(stuck=any(r.state == "stuck" for r in ranked))
         if missing is not None:
@@ -131,15 +135,14 @@ class LocalSource(OneNodeSource):
                         warnings=tuple(dict.fromkeys(warnings)), notes=tuple(dict.fromkeys(notes)),
                         taken_at=now, window_s=self.window, source="live")
 
-    def _with_worker(self, rank: Rank) -> Rank:
-        """A rank stuck waiting for its DataLoader: name the worker that holds it up (sampled once per stack)."""
-        if rank.state != "stuck" or rank.phase != "dataloader" or not rank.children or rank.pid is None:
+    def _with_worker(self, rank: ObservedRank, wanted: tuple[int, ...]) -> ObservedRank:
+        """The busy DataLoader worker of a rank the judge asked about (read once per stack)."""
+        if rank.pid not in wanted:
             return rank
         key = (rank.pid, stack_signature(main_thread(rank.threads)))
         if key not in self._workers:
             self._workers[key] = busy_worker(rank.children)
-        found = self._workers[key]
-        return replace(rank, detail=found) if found else rank
+        return replace(rank, dataloader_worker=self._workers[key])
 
 
 def busy_worker(children: tuple[int, ...]) -> str | None:

@@ -80,6 +80,7 @@ class ObservedRank:
     gpu: RankGpu | None = None
     exit: ExitInfo | None = None  # how it ended, or (alive) the exception its log shows
     children: tuple[int, ...] = ()
+    dataloader_worker: str | None = None  # its busy DataLoader worker and where, read when the judge asked
     log_path: str | None = None
     step: int | None = None
     step_period_s: float | None = None

@@ -197,6 +197,7 @@ class Rank:
     children: tuple[int, ...] = ()  # DataLoader workers and other helpers of this rank
     log_path: str | None = None
     detail: str | None = None  # one line that explains the phase, e.g. which thread holds it
+    dataloader_worker: str | None = None  # the DataLoader worker holding it up, and where (read when judged stuck)
     step: int | None = None  # training step the rank is at (Flight Recorder, loop locals, HF Trainer)
     step_period_s: float | None = None  # the rank's observed time per step
     step_held_s: float | None = None  # how long its current step is known to have lasted (a lower bound; live)

@@ -65,6 +65,9 @@ class Judgement:
     verdict: Verdict
     collectives: CollectiveState | None = None  # the evidence's, with NCCL RAS's judged state
     warnings: tuple[str, ...] = ()  # about the whole job judged (judge/warnings.py)
+    # PIDs of ranks stuck waiting for their DataLoader whose workers were not read: the caller reads
+    # them (``dataloader_worker``) and asks again; the answer then explains the rank.
+    read_workers: tuple[int, ...] = ()
 
 
 def judge_job(evidence: ObservedJob, memory: JudgeMemory, now: float,
@@ -89,8 +92,19 @@ def judge_job(evidence: ObservedJob, memory: JudgeMemory, now: float,
     else:
         verdict = replace(verdict, since=now)
     memory.verdict = verdict
+    ranks = [_held_up_by_worker(r) for r in ranks]
     return Judgement(ranks=tuple(ranks), groups=group_ranks(ranks, verdict.culprits), verdict=verdict,
-                     collectives=collectives, warnings=job_warnings(evidence.job, ranks, options.window))
+                     collectives=collectives, warnings=job_warnings(evidence.job, ranks, options.window),
+                     read_workers=tuple(r.pid for r in ranks if _waits_on_worker(r) and r.dataloader_worker is None))
+
+
+def _waits_on_worker(rank: Rank) -> bool:
+    return rank.state == "stuck" and rank.phase == "dataloader" and bool(rank.children) and rank.pid is not None
+
+
+def _held_up_by_worker(rank: Rank) -> Rank:
+    """A rank stuck waiting for its DataLoader is explained by the worker that holds it up, once read."""
+    return replace(rank, detail=rank.dataloader_worker) if _waits_on_worker(rank) and rank.dataloader_worker else rank
 
 
 def _with_ras(evidence: ObservedJob, memory: JudgeMemory, now: float,

@@ -65,3 +65,21 @@ def test_a_bundle_rejudged_with_its_sources_memory_keeps_the_tie_break():
     kept = rejudged(snapshot, {"collectives": state}, Live().remembered_places()).verdict
     alone = rejudged(snapshot, {"collectives": state}).verdict
     assert (kept.kind, kept.culprits, alone.culprits) == ("mismatch", (1,), ())
+
+
+def test_the_judge_asks_who_holds_a_rank_stuck_on_its_dataloader_and_then_names_it():
+    """The judge does no I/O: it asks for the workers of a rank it judged stuck waiting for its
+    DataLoader; the caller reads them and asks again, and the answer explains the rank."""
+    from dataclasses import replace
+
+    waiting = ObservedRank(rank=1, pid=101, seen="stuck", stuck_for_s=30.0, phase="dataloader",
+                           where="train.py:40 main", children=(301, 302))
+    working = ObservedRank(rank=0, pid=100, seen="stuck", stuck_for_s=30.0, phase="collective", op="all_reduce")
+    first = judge_job(ObservedJob(JOB, (working, waiting)), JudgeMemory(), 10.0, JudgeOptions(window=3.0))
+    assert first.read_workers == (101,) and first.ranks[1].detail is None
+    told = "DataLoader worker PID 302 is in dataset.py:12 __getitem__"
+    again = judge_job(ObservedJob(JOB, (working, replace(waiting, dataloader_worker=told))), JudgeMemory(), 10.0,
+                      JudgeOptions(window=3.0))
+    assert again.read_workers == () and again.ranks[1].detail == told
+    running = replace(waiting, seen="running", stuck_for_s=None)
+    assert judge_job(ObservedJob(JOB, (working, running)), JudgeMemory(), 10.0).read_workers == ()
