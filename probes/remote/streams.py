@@ -230,8 +230,9 @@ class StreamSource(NodeEvidence):
                     continue
                 try:
                     self._read_fd(key.fd)
-                except Exception:  # noqa: BLE001 - one bad stream must not stop reading the others
+                except Exception as exc:  # noqa: BLE001 - one bad stream must not stop reading the others
                     with self._lock:
+                        self._lost_stream(key.fd, exc)
                         self._drop_fd(key.fd)
 
     def _read_fd(self, fd: int) -> None:
@@ -265,6 +266,14 @@ class StreamSource(NodeEvidence):
             run.buffers[fd] = bytearray(rest)
         for line in lines:  # decoded outside the lock: the UI's poll never waits on it
             self._line(run, line)
+
+    def _lost_stream(self, fd: int, exc: Exception) -> None:
+        """A stream that could not be read is dropped; its nodes say why (the supervisor restarts them)."""
+        index, _kind = self._by_fd.get(fd, (None, ""))
+        run = self._running.get(index) if index is not None else None
+        for name in run.launch.names if run is not None else ():
+            self.nodes[name].error = f"its stream could not be read: {type(exc).__name__}: {exc}"[:300]
+            self.nodes[name].error_at = time.monotonic()
 
     def _drop_fd(self, fd: int) -> None:
         self._by_fd.pop(fd, None)

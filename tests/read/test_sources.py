@@ -18,7 +18,7 @@ def test_every_source_fills_a_field_of_the_evidence_record():
     assert len(set(found.values())) == len(found), "two sources fill one field"
 
 
-def test_a_failing_source_says_nothing_and_the_others_still_answer():
+def test_a_failing_source_says_why_and_the_others_still_answer():
     class Broken(CollectiveSource):
         field = "collectives"
 
@@ -37,3 +37,19 @@ def test_a_failing_source_says_nothing_and_the_others_still_answer():
         feed.close()
     assert evidence.fields["collectives"] is None and "ras" in evidence.fields
     assert ObservedJob(job=None, **evidence.fields).collective_state() is None  # type: ignore[arg-type]
+    assert "collective state from collectives lost: RuntimeError: another one" in evidence.notes, evidence.notes
+
+
+def test_a_rank_whose_flight_recorder_read_fails_is_named_in_the_notes(monkeypatch):
+    """A damaged record read in the source's per-rank thread: that rank is named with the error, not dropped unsaid."""
+    from trainwatch.probes.read.collectives.sources import FeedOptions, flight_recorder
+    from trainwatch.probes.read.processes.process import RankProcess
+
+    def broken(self, proc, sock, since):
+        raise ValueError(f"damaged entry in rank {proc.rank}'s trace")
+
+    monkeypatch.setattr(flight_recorder.Source, "_fetch_rank", broken)
+    job = JobProcesses(launcher="torchrun", root_pid=1, host="h", ranks=(RankProcess(pid=1, rank=3),))
+    source = flight_recorder.Source(FeedOptions())
+    source.fetch(job)
+    assert source.reading(job).notes == ("rank 3: Flight Recorder read failed: ValueError: damaged entry in rank 3's trace",)

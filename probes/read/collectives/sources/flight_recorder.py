@@ -14,6 +14,7 @@ The traces are analysed across ranks (``flightrec.analyze``) into the ``collecti
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
@@ -45,6 +46,7 @@ class Source(CollectiveSource):
         self._seen_files: dict[str, tuple[float, int]] = {}  # path -> (mtime, size) already read
         self._files: dict[str, bytes] = {}  # bundles: raw traces by bundle path
         self._notes: dict[int, list[str]] = {}  # bundles: per rank, what could not be had
+        self._failed: dict[int, str] = {}  # rank -> why its last read failed (a probe bug), said as a note
 
     # -- the source interface --------------------------------------------------------------
     def episode(self, stuck: bool) -> None:
@@ -58,8 +60,10 @@ class Source(CollectiveSource):
         sockets = hookclient.armed_ranks(Path(job.run_dir)) if job.run_dir else {}
         since = job.started_at or 0.0
         ranks = [p for p in job.ranks if p.rank is not None]
-        threads = [_thread(self._fetch_rank, p, sockets.get(p.rank), since, name="tw-flight-recorder")
-                   for p in ranks]
+        with self._lock:
+            self._failed.clear()  # said again if this round fails again
+        threads = [_thread(self._fetch_rank, p, sockets.get(p.rank), since, name="tw-flight-recorder",
+                           lost=functools.partial(self._lost, p.rank)) for p in ranks]
         for thread in threads:
             thread.start()
         bound = self.options.hook_timeout + 1.0 + (2 * self.options.hook_timeout if self.options.debug_urls else 0)
@@ -71,8 +75,9 @@ class Source(CollectiveSource):
     def reading(self, job: JobProcesses) -> Reading:
         with self._lock:
             state = self._state
+            failed = tuple(f"rank {rank}: Flight Recorder read failed: {why}" for rank, why in sorted(self._failed.items()))
             if not self.options.bundle:
-                return Reading(state)
+                return Reading(state, notes=failed)
             traces = dict(self._traces)
             notes = {rank: list(found) for rank, found in self._notes.items()}
             for proc in job.ranks:
@@ -81,7 +86,7 @@ class Source(CollectiveSource):
             worked: dict[str, list[str]] = {}
             for rank, found in sorted(traces.items()):
                 worked.setdefault(found.source, []).append(f"rank {rank}")
-            return Reading(state, files=dict(self._files),
+            return Reading(state, notes=failed, files=dict(self._files),
                            worked={name: tuple(where) for name, where in worked.items()},
                            rank_notes={rank: tuple(dict.fromkeys(n)) for rank, n in notes.items()})
 
@@ -94,6 +99,12 @@ class Source(CollectiveSource):
 
     def close(self) -> None:
         self._closed.set()
+
+    def _lost(self, rank: int, exc: Exception) -> None:
+        with self._lock:
+            why = f"{type(exc).__name__}: {exc}"[:300]
+            self._failed[rank] = why
+            self._notes.setdefault(rank, []).append(f"Flight Recorder read failed: {why}")
 
     # -- one rank ------------------------------------------------------------------------------
     def _fetch_rank(self, proc: RankProcess, sock: Path | None, since: float) -> None:
@@ -178,7 +189,8 @@ class Source(CollectiveSource):
                 return
             self._piped.add(rank)
             self._awaiting.add(rank)
-            thread = _thread(self._await_pipe, rank, env, name="tw-flight-recorder-pipe")
+            thread = _thread(self._await_pipe, rank, env, name="tw-flight-recorder-pipe",
+                             lost=functools.partial(self._lost, rank))
             self._pipes = [t for t in self._pipes if t.is_alive()] + [thread]
         thread.start()
 
@@ -260,12 +272,13 @@ def found_trace(data: bytes, source: str, at: float) -> flightrec.FoundTrace | N
     return flightrec.FoundTrace(trace, source, at) if flightrec.has_entries(trace) else None
 
 
-def _thread(target: Callable[..., None], *args: object, name: str) -> threading.Thread:
-    """A daemon thread that swallows a probe bug instead of printing a traceback over the TUI."""
+def _thread(target: Callable[..., None], *args: object, name: str,
+            lost: Callable[[Exception], None]) -> threading.Thread:
+    """A daemon thread that hands a probe bug to ``lost`` instead of printing a traceback over the TUI."""
     def run() -> None:
         try:
             target(*args)
-        except Exception:  # a damaged trace or record must not take the feed (or the screen) down
-            pass
+        except Exception as exc:  # a damaged trace or record must not take the feed (or the screen) down
+            lost(exc)
 
     return threading.Thread(target=run, name=name, daemon=True)
