@@ -147,3 +147,17 @@ def test_the_checks_see_real_imports():
     assert io_calls(ast.parse("open('x')\ntime.sleep(1)\nPath('a').read_text()\nos.listdir('.')")) == [
         ("open", 1), ("time.sleep", 2), ("Path('a').read_text", 3), ("os.listdir", 4)]
     assert [m for m, _, _ in probe_imports(ROOT / "tui/app.py")] and module_name(ROOT / "tui/app.py") == "trainwatch.tui.app"
+
+
+def test_every_package_folder_is_installed():
+    """pyproject.toml lists the packages by hand (the card's folders map onto trainwatch.*): a folder
+    left out installs without its modules, which only a fresh install shows."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    folders = {module_name(init) for top in PACKAGES for init in (ROOT / top).rglob("__init__.py")
+               if "armed" not in init.parts and "__pycache__" not in init.parts}
+    assert folders == listed, (sorted(folders - listed), sorted(listed - folders))
+    for package in listed:
+        assert (ROOT / config["package-dir"][package]).is_dir(), package
