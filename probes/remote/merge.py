@@ -95,7 +95,7 @@ def merge_nodes(views: Sequence[NodeView], *, memory: JudgeMemory | None = None,
             hosts.append(dataclasses.replace(info, name=label) if info.name != label else info)
         # The judge's warnings about one node's ranks are made again over the whole job below
         # ("only this node's ranks are shown" among them); the node's readers' own are kept.
-        judged_there = set(job_warnings(snap.job, snap.ranks, snap.window_s))
+        judged_there = set(job_warnings(snap.job, snap.ranks, snap.window_s)) if snap.warnings else set()
         warnings.extend(prefix + w for w in snap.warnings if w not in judged_there)
         notes.extend(prefix + n for n in snap.notes)
         if view.stale_s is not None:
