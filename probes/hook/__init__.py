@@ -32,6 +32,7 @@ import importlib.util
 import itertools
 import json
 import os
+import re
 import select
 import signal
 import socket
@@ -249,6 +250,7 @@ class _LastWords:
         self.handlers: dict[int, object] = {}  # signal -> our Python handler
         self.previous: dict[int, object] = {}  # signal -> the handler ours chains to
         self.log = None  # faulthandler's file: kept alive (faulthandler keeps only the fd)
+        self.log_start = 0  # its size when armed: what faulthandler writes at our signal comes after
         self.wakeup_fd: int | None = None  # the pipe's ends: Python's C handler writes, the listener reads
         self.read_fd: int | None = None
         self.listener: threading.Thread | None = None
@@ -291,6 +293,7 @@ def _arm_last_words(run_dir: Path, rank: int) -> dict[str, str]:
         try:
             if words.log is None:
                 words.log = open(rundir.last_words_log(run_dir, rank), "a", buffering=1)
+                words.log_start = os.fstat(words.log.fileno()).st_size
             handler = _signal_handler(words, previous)
             signal.signal(signum, handler)  # first: faulthandler chains to the handler it finds
             faulthandler.register(signum, file=words.log, all_threads=True, chain=True)
@@ -448,7 +451,10 @@ def _write_last_words(words: _LastWords, trigger: str, deadline: float, tb: obje
     started = time.monotonic()
     record = {
         "format": LAST_WORDS_FORMAT, "rank": words.rank, "pid": os.getpid(), "host": socket.gethostname(),
-        "trigger": trigger, "at": time.time(), "stacks": all_stacks(current=_job_frames(tb) if tb is not None else None),
+        "trigger": trigger, "at": time.time(),
+        # At a signal, faulthandler's dump of that instant: a moment later the job's code may have
+        # moved on (a wait that the signal interrupted raises, and the stack unwinds).
+        "stacks": (tb is None and _stacks_at_signal(words)) or all_stacks(current=_job_frames(tb) if tb is not None else None),
         "fr": None, "fr_error": f"the Flight Recorder dump did not finish within {LAST_WORDS_BUDGET_S:g} s",
         "elapsed_s": None,
     }
@@ -602,6 +608,33 @@ def all_stacks(current: traceback.StackSummary | None = None) -> str:
             parts.append(f'  File "{entry.filename}", line {entry.lineno} in {entry.name}')
         parts.append("")
     return "\n".join(parts)
+
+
+_DUMP_HEADER = re.compile(r"^(Thread|Current thread) 0x([0-9a-f]+) \(most recent call first\):$", re.M)
+MAX_DUMP_BYTES = 1 << 20
+
+
+def _stacks_at_signal(words: _LastWords) -> str | None:
+    """What faulthandler wrote into the last-words log when our signal arrived (its C handler runs
+    before ours), with thread names added as :func:`all_stacks` writes them; None without one."""
+    if words.log is None:
+        return None
+    try:
+        with open(words.log.name, errors="replace") as handle:
+            handle.seek(words.log_start)
+            text = handle.read(MAX_DUMP_BYTES)
+    except OSError:
+        return None
+    if not _DUMP_HEADER.search(text):
+        return None
+    names = _thread_names()
+
+    def named(found: re.Match) -> str:
+        name = names.get(int(found.group(2), 16))
+        label = f' "{name}"' if name else ""
+        return f"{found.group(1)} 0x{found.group(2)}{label} (most recent call first):"
+
+    return _DUMP_HEADER.sub(named, text)
 
 
 def _thread_names() -> dict[int, str]:
