@@ -32,7 +32,6 @@ from . import procfacts, procfs
 
 WORKER_NAME = "ray::RayTrainWorker"
 MAX_LOG_LINES = 200  # a worker's rank is on its first lines; bounded for week-long logs
-MAX_CONTROLLER_BYTES = 64 << 20  # a controller log read for its worker groups (restarts log new ones)
 _WORLD = re.compile(r"\[rank=(\d+), world_size=(\d+)\]")
 _GROUP_STARTED = "Started training worker group of size"
 _PLACED = re.compile(r"^- \(ip=([^,\s]+), pid=(\d+)\) world_rank=(\d+), local_rank=(\d+), node_rank=(\d+)",
@@ -172,13 +171,11 @@ def read_worker_group(logs: Path, run_name: str) -> tuple[RayPlacement, ...]:
     group: tuple[RayPlacement, ...] = ()
     for path in sorted((logs / "train").glob("ray-train-sys-controller-*.log")):
         try:
-            with open(path, errors="replace") as handle:
-                text = handle.read(MAX_CONTROLLER_BYTES)
+            with open(path, errors="replace") as handle:  # line by line: a restart may be logged far in
+                lines = [line for line in handle if _GROUP_STARTED in line]
         except OSError:
             continue
-        for line in text.splitlines():
-            if _GROUP_STARTED not in line:
-                continue
+        for line in lines:
             try:
                 entry = json.loads(line)
             except ValueError:
