@@ -205,8 +205,8 @@ class ObservedJob:
 
 def combine_states(states: list[CollectiveState | None]) -> CollectiveState | None:
     """Several collective states as one: each (rank, process group) row from the first state that
-    has it, the first divergence found, every culprit, the sources joined with ``+``, the first
-    NCCL RAS state."""
+    has it, the sources joined with ``+``, the first NCCL RAS state. Where the rows disagree is
+    judged afresh (``judge/collectives.py``), so no state's own finding is kept."""
     present = [s for s in states if s is not None]
     if len(present) <= 1:
         return present[0] if present else None
@@ -216,8 +216,6 @@ def combine_states(states: list[CollectiveState | None]) -> CollectiveState | No
             rows.setdefault((row.rank, row.pg), row)
     return CollectiveState(source="+".join(dict.fromkeys(s.source for s in present)),
                            ranks=tuple(sorted(rows.values(), key=lambda r: (r.rank, r.pg))),
-                           divergence=next((s.divergence for s in present if s.divergence), None),
-                           culprits=tuple(sorted({c for s in present for c in s.culprits})),
                            ras=next((s.ras for s in present if s.ras is not None), None))
 
 

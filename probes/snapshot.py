@@ -235,7 +235,24 @@ class Verdict:
 
 
 @dataclass(frozen=True)
+class CollectiveCall:
+    """One collective a rank enqueued in one process group, as its Flight Recorder (or its watchdog) held it."""
+
+    seq: int  # the group's collective sequence number
+    op: str  # all_reduce, _allgather_base, ...
+    sizes: str = "?"  # input sizes, "[8x4],[2]"
+    dtype: str = "?"
+    done: bool = False  # completed (or retired) as the rank's own record says
+    created: float | None = None  # unix time it was enqueued
+
+
+@dataclass(frozen=True)
 class RankCollective:
+    """One rank's collectives in one process group: its own record (``calls``: the recent ones,
+    from a little before its last completed), and what the judge derived from it across ranks
+    (``last_completed`` and the pending call, corrected where another rank shows a call never
+    finished)."""
+
     rank: int
     pg: str = "0"
     last_enqueued: int | None = None
@@ -246,6 +263,7 @@ class RankCollective:
     pending_seq: int | None = None  # oldest collective enqueued but not completed
     pending_op: str | None = None
     pending_since: float | None = None  # unix time it was enqueued (Flight Recorder time_created_ns)
+    calls: tuple[CollectiveCall, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -294,8 +312,8 @@ class RasState:
 class CollectiveState:
     source: str  # where the traces came from: "hook", "flight-recorder-file", "pipe", "ras", ...
     ranks: tuple[RankCollective, ...] = ()
-    divergence: str | None = None  # first point where ranks disagree, in words
-    culprits: tuple[int, ...] = ()
+    divergence: str | None = None  # first point where ranks disagree, in words (judge/collectives.py)
+    culprits: tuple[int, ...] = ()  # the ranks at fault there
     ras: RasState | None = None  # NCCL RAS's view of every rank, when the job's RAS answered
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trainwatch.probes.read.collectives.flightrec import analyze, load_trace
+from trainwatch.probes.read.collectives.flightrec import load_trace, read_rows
 from trainwatch.probes.judge.judgement import JudgeMemory, JudgeOptions, Judgement, judge_job
 from trainwatch.probes.observed import ObservedJob, ObservedRank
 from trainwatch.probes.read.processes.exits import ExitLedger
@@ -88,14 +88,14 @@ def gloo_mismatch(memory: JudgeMemory) -> tuple[list[ObservedRank], CollectiveSt
     ranks = [sample_rounds(memory, 100 + n, [stacks] * 3, 0, None, n) for n in (0, 1)]
     traces = {n: load_trace((FIXTURES / "fr" / "gloo-2.13" / "mismatch" / f"rank{n}.json").read_bytes())
               for n in (0, 1)}
-    return ranks, analyze(traces, source="hook"), END
+    return ranks, read_rows(traces, source="hook"), END
 
 
 def h100_item_hang(memory: JudgeMemory) -> tuple[list[ObservedRank], CollectiveState, float]:
     """The recorded H100 hang in ``.item()`` behind an all_reduce, with its Flight Recorder dump,
     judged 27.4 s after the all_reduce was enqueued."""
     fr = FIXTURES / "fr" / "h100" / "hook-dump_nccl_trace_json-hung.json"
-    state = analyze({0: load_trace(fr.read_bytes())}, source="hook")
+    state = read_rows({0: load_trace(fr.read_bytes())}, source="hook")
     now = state.ranks[0].pending_since + 27.4
     rank = observe(memory, "nccl_item-pid557", 557, wakeups_per_sample=0, start=now - 3 * SPACING)
     return [rank], state, now

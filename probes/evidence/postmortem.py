@@ -190,7 +190,7 @@ def _exit(found: RankLeft, failure) -> ExitInfo:  # noqa: ANN001
 
 
 def _collectives(left: Leftovers) -> CollectiveState | None:
-    """Each rank's freshest Flight Recorder trace (``flightrec.fresher``), analysed across ranks."""
+    """Each rank's freshest Flight Recorder trace (``flightrec.fresher``), read into its collectives."""
     chosen: dict[int, flightrec.FoundTrace] = {}
     for number, found in left.ranks.items():
         for dump in found.dumps:
@@ -198,7 +198,7 @@ def _collectives(left: Leftovers) -> CollectiveState | None:
     if not chosen:
         return None
     sources = "+".join(sorted({f.source for f in chosen.values()}))
-    return flightrec.analyze({rank: f.trace for rank, f in chosen.items()}, source=sources)
+    return flightrec.read_rows({rank: f.trace for rank, f in chosen.items()}, source=sources)
 
 
 def _watchdog(left: Leftovers) -> CollectiveState | None:

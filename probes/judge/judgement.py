@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from .collectives import judge_collectives
 from .exits import first_to_die
 from .groups import group_ranks
 from .progress import CompletedCollectives, ProgressTracker
@@ -73,7 +74,7 @@ class Judgement:
 def judge_job(evidence: ObservedJob, memory: JudgeMemory, now: float,
               options: JudgeOptions = JudgeOptions()) -> Judgement:
     """Judge one poll's evidence; updates ``memory``."""
-    collectives = evidence.collective_state()
+    collectives = judge_collectives(evidence.collective_state())
     # Completed collectives that advanced are progress, whatever the stacks showed.
     moved = memory.completed.advanced(collectives)
     for ev in evidence.ranks:

@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..judge import ras as ras_judge
-from ..read.collectives.flightrec import analyze_rows
 from ..judge.judgement import JudgeMemory, JudgeOptions, judge_job
 from ..judge.warnings import job_warnings
 from ..observed import ObservedJob, combine_states, observed_rank
@@ -109,7 +108,8 @@ def merge_nodes(views: Sequence[NodeView], *, memory: JudgeMemory | None = None,
     warnings.extend(_conflicts(ranks))
     job = dataclasses.replace(base.job, world_size=world,
                               nnodes=max(base.job.nnodes or 0, len(views)) or None)
-    collectives = _merge_collectives([v.snapshot.collectives for _, v in good])
+    # Every node's record of its ranks' collectives, together: the judge finds disagreements across nodes.
+    collectives = combine_states([v.snapshot.collectives for _, v in good])
     ras_state, ras_notes = merge_ras([(v.name, v.snapshot.collectives.ras) for _, v in good
                                       if v.snapshot.collectives is not None], ranks)
     if ras_state is not None:
@@ -124,7 +124,7 @@ def merge_nodes(views: Sequence[NodeView], *, memory: JudgeMemory | None = None,
     warnings.extend(judged.warnings)
     return Snapshot(
         job=job, ranks=judged.ranks, groups=judged.groups, verdict=judged.verdict, hosts=tuple(hosts),
-        collectives=collectives, warnings=tuple(_unique(warnings)), notes=tuple(_unique(notes)),
+        collectives=judged.collectives, warnings=tuple(_unique(warnings)), notes=tuple(_unique(notes)),
         taken_at=taken_at,
         window_s=window, source="remote",
     )
@@ -175,16 +175,6 @@ def _conflicts(ranks: Sequence[Rank]) -> list[str]:
     return [f"rank {n} is reported by more than one process: "
             + ", ".join(f"{r.host} pid {r.pid}" for r in claims)
             for n, claims in sorted(by_rank.items())]
-
-
-def _merge_collectives(states: list[CollectiveState | None]) -> CollectiveState | None:
-    present = [s for s in states if s is not None]
-    combined = combine_states(present)
-    if combined is not None and len(present) > 1 and combined.divergence is None:
-        across = analyze_rows(list(combined.ranks), combined.source)  # none seen on one node: look across
-        if across is not None and across.divergence:
-            return across
-    return combined
 
 
 def merge_ras(states: list[tuple[str, RasState | None]], ranks: Sequence[Rank]) -> tuple[RasState | None, list[str]]:

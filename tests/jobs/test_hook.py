@@ -161,7 +161,7 @@ def test_fr_trace_asks_both_recorders(tmp_path, mode):
     if mode == "both":
         assert result["calls"] == [{"includeCollectives": True, "onlyActive": False}]
         assert [name for name, _ in traces] == ["nccl"]
-        [row] = flightrec.analyze({0: flightrec.merge_traces([t for _, t in traces])}).ranks
+        [row] = flightrec.read_rows({0: flightrec.merge_traces([t for _, t in traces])}).ranks
         assert (row.pending_seq, row.pending_op, row.last_completed) == (544, "all_reduce", 543)
     else:
         assert [name for name, _ in traces] == ["generic"]

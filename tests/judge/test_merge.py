@@ -110,13 +110,17 @@ def test_stale_node_is_noted():
 
 
 def test_collectives_are_combined():
-    ca = CollectiveState("flight-recorder-file", ranks=(RankCollective(0, last_enqueued=5),))
-    cb = CollectiveState("flight-recorder-file", ranks=(RankCollective(1, last_enqueued=4),), culprits=(1,))
+    # Node n2 judged alone found nothing wrong (and claims a culprit it cannot show): the merged
+    # judge finds, across nodes, that rank 1 never reached rank 0's all_reduce #5.
+    ca = CollectiveState("flight-recorder-file", ranks=(RankCollective(0, last_enqueued=5, op="all_reduce"),))
+    cb = CollectiveState("flight-recorder-file", ranks=(RankCollective(1, last_enqueued=4, op="all_reduce"),),
+                         culprits=(0,))
     a = node("n1", [rank(0, "n1", 100)], world=2, collectives=ca)
     b = node("n2", [rank(1, "n2", 200)], world=2, collectives=cb)
     merged = merge([NodeView("n1", a, local=True), NodeView("n2", b)])
     assert [e.rank for e in merged.collectives.ranks] == [0, 1]
     assert merged.collectives.culprits == (1,)
+    assert merged.collectives.divergence == "rank 0 enqueued all_reduce #5; rank 1 never reached it (rank 1 at #4)"
 
 
 def test_merged_snapshot_round_trips_as_json():
@@ -167,3 +171,28 @@ def test_the_judges_warnings_are_made_once_over_the_whole_job():
     assert "GPUs of ranks 0-2 spin at 100% in the collective; rank 3's GPU is idle" in merged.warnings
     assert "NVML slow on n1" in merged.warnings
     assert not any(w.startswith("n2: GPU") for w in merged.warnings), merged.warnings
+
+
+def test_a_size_disagreement_between_nodes_travels_in_each_ranks_calls_over_the_wire():
+    """Ranks 0-2 (n1) enqueued all_reduce of [4] as #3, rank 3 (n2) all_reduce of [8]: the same op, so only
+    each rank's record of its calls (sent by its node, through the agents' wire) shows who is odd."""
+    from trainwatch.probes.read.collectives.flightrec import read_rows
+    from trainwatch.probes.remote.wire import decode_line, encode_line
+
+    def trace(size: int) -> dict:
+        entries = [{"collective_seq_id": s, "profiling_name": "gloo:all_reduce", "process_group": ["0", ""],
+                    "input_sizes": [[size if s == 3 else 4]], "input_dtypes": ["Float"],
+                    "state": "completed" if s < 3 else "scheduled"} for s in (1, 2, 3)]
+        return {"entries": entries, "pg_status": {"0": {"last_enqueued_collective": 3, "last_completed_collective": 2}}}
+
+    a = node("n1", [rank(n, "n1", 100 + n) for n in range(3)],
+             collectives=read_rows({n: trace(4) for n in range(3)}, "hook"))
+    b = node("n2", [rank(3, "n2", 200)], collectives=read_rows({3: trace(8)}, "hook"))
+    assert a.collectives.divergence is None and b.collectives.divergence is None  # the readers judge nothing
+    over_wire = decode_line(encode_line(b, "n2")).snapshot
+    assert over_wire.collectives == b.collectives  # every call of every row survives the wire
+    for view in (NodeView("n2", b), NodeView("n2", over_wire)):
+        merged = merge([NodeView("n1", a, local=True), view])
+        assert merged.collectives.divergence == ("rank 3 enqueued all_reduce of [8] #3 while ranks 0-2 enqueued "
+                                                 "all_reduce of [4] #3")
+        assert merged.collectives.culprits == (3,) and merged.verdict.culprits == (3,)

@@ -12,7 +12,6 @@ from recorded import JOB, WINDOW, JudgeMemory, gloo_mismatch, h100_item_hang, ju
 from trainwatch.probes.source import OneNodeSource
 from trainwatch.probes.evidence.bundle import rejudged
 from trainwatch.probes.evidence.watcher import Watcher
-from trainwatch.probes.read.collectives.flightrec import analyze_rows
 from trainwatch.probes.remote.merge import NodeView, merge_nodes
 from trainwatch.probes.snapshot import CollectiveState, Snapshot
 
@@ -26,7 +25,7 @@ def live(scenario: str, with_collectives: bool = True) -> Snapshot:
     state = collectives if with_collectives else None
     judgement = judged(memory, ranks, state, now)
     return Snapshot(job=JOB, ranks=judgement.ranks, groups=judgement.groups, verdict=judgement.verdict,
-                    collectives=state, taken_at=now, window_s=WINDOW)
+                    collectives=judgement.collectives, taken_at=now, window_s=WINDOW)
 
 
 def said(snapshot: Snapshot) -> tuple:
@@ -65,8 +64,8 @@ def test_every_path_says_what_the_live_view_says(scenario, tmp_path):
 
 
 def _own_part(state: CollectiveState, rank: int) -> CollectiveState:
-    rows = tuple(r for r in state.ranks if r.rank == rank)
-    return analyze_rows(list(rows), state.source) or CollectiveState(source=state.source, ranks=rows)
+    """What one node reads: its own rank's record of its collectives (judged there alone)."""
+    return CollectiveState(source=state.source, ranks=tuple(r for r in state.ranks if r.rank == rank))
 
 
 def test_ranks_split_over_two_nodes_are_judged_as_one_job():

@@ -22,7 +22,7 @@ from trainwatch.probes.observed import ObservedRank
 from trainwatch.probes.read.processes.process import collective_timeout_s
 from trainwatch.probes.read.processes.procfs import ThreadCounters
 from trainwatch.probes.snapshot import LogActivity
-from trainwatch.probes.read.collectives.flightrec import analyze, load_trace
+from trainwatch.probes.read.collectives.flightrec import load_trace, read_rows
 
 PYSPY = Path(__file__).parents[1] / "fixtures" / "h100" / "pyspy"
 
@@ -159,7 +159,7 @@ def test_counters_in_the_recordings_are_a_spin():
 def test_nccl_item_hang_with_its_flight_recorder_names_the_pending_all_reduce():
     # The Flight Recorder dump taken through the hook during the same recorded hang.
     fr = Path(__file__).parents[1] / "fixtures" / "fr" / "h100" / "hook-dump_nccl_trace_json-hung.json"
-    state = analyze({0: load_trace(fr.read_bytes())})
+    state = read_rows({0: load_trace(fr.read_bytes())})
     (row,) = state.ranks
     memory = JudgeMemory()
     evidence = observe(memory, "nccl_item-pid557", 557, wakeups_per_sample=0)

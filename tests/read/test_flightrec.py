@@ -1,5 +1,6 @@
-"""Cross-rank Flight Recorder analysis on real gloo (torch 2.13) and NCCL (H100, torch 2.11) dumps,
-constructed cases, and the verdicts it leads to."""
+"""Flight Recorder traces read into each rank's collectives (read/collectives/flightrec.py) and
+judged across ranks (judge/collectives.py), on real gloo (torch 2.13) and NCCL (H100, torch 2.11)
+dumps, constructed cases, and the verdicts they lead to."""
 
 import json
 from dataclasses import replace
@@ -8,13 +9,19 @@ from pathlib import Path
 import pytest
 
 from trainwatch.probes.read.collectives.flightrec import (
-    HOOK_FORMAT, TraceError, analyze, describe, has_entries, hook_reply_traces, load_trace, merge_traces,
+    HOOK_FORMAT, TraceError, describe, has_entries, hook_reply_traces, load_trace, merge_traces, read_rows,
 )
+from trainwatch.probes.judge.collectives import judge_collectives
 from trainwatch.probes.judge.verdict import behind, judge
 from trainwatch.probes.remote.merge import NodeView, merge_nodes
 from trainwatch.probes.snapshot import Job, Rank, Snapshot
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "fr" / "gloo-2.13"
+
+
+def analyze(traces: dict[int, dict], source: str = "flight-recorder"):
+    """What a view shows: the ranks' traces as read, judged across ranks."""
+    return judge_collectives(read_rows(traces, source))
 
 
 def _load(scenario: str, ext: str) -> dict[int, dict]:
@@ -116,12 +123,13 @@ def test_works_without_torch():
     import sys
     code = ("import sys; sys.modules['torch'] = None\n"
             "from pathlib import Path\n"
-            "from trainwatch.probes.read.collectives.flightrec import analyze, load_trace\n"
+            "from trainwatch.probes.read.collectives.flightrec import load_trace, read_rows\n"
+            "from trainwatch.probes.judge.collectives import judge_collectives\n"
             f"d = Path({str(FIXTURES / 'mismatch')!r})\n"
-            "state = analyze({r: load_trace((d / f'rank{r}.json').read_bytes()) for r in (0, 1)})\n"
-            "print([row.pending_op for row in state.ranks])")
+            "state = judge_collectives(read_rows({r: load_trace((d / f'rank{r}.json').read_bytes()) for r in (0, 1)}))\n"
+            "print([row.pending_op for row in state.ranks], state.culprits)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.stdout.strip() == "['all_reduce', 'all_gather']", out.stderr
+    assert out.stdout.strip() == "['all_reduce', 'all_gather'] ()", out.stderr
 
 
 # ---- real NCCL recordings from an H100 (torch 2.11, NCCL 2.28.9)

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from trainwatch.probes.read.collectives.sources.watchdog import op_name, parse_watchdog, watchdog_state
-from trainwatch.probes.snapshot import RankCollective
+from trainwatch.probes.judge.collectives import judge_collectives
+from trainwatch.probes.snapshot import CollectiveCall, RankCollective
 
 LOGS = Path(__file__).parents[1] / "fixtures" / "logs"
 RECORDED = LOGS / "nccl-watchdog-timeout-rank0-output.log"  # one rank's own output, H100, torch 2.x
@@ -36,7 +37,7 @@ def test_recorded_h100_timeout():
     assert (row.last_enqueued, row.last_completed, row.op, row.sizes) == (861, 860, "all_reduce", "1048576")
     # [E1122 12:18:27.888…]: whole seconds only (the fraction is CLOCK_MONOTONIC's), minus "ran for 45072 milliseconds"
     assert row.pending_since == pytest.approx(local(2026, 11, 22, 12, 18, 27) - 45.072)
-    state = watchdog_state(rows)
+    state = judge_collectives(watchdog_state(rows))
     assert state is not None and state.source == "watchdog" and state.divergence is None and state.culprits == ()
 
 
@@ -48,7 +49,7 @@ def test_synthetic_mismatch_names_rank_2():
         0: "_allgather_base", 1: "_allgather_base", 2: "all_reduce", 3: "_allgather_base"}
     assert {(r.pending_seq, r.last_enqueued, r.last_completed) for r in rows.values()} == {(12, 12, 11)}
     assert rows[(2, "0")].pending_since == pytest.approx(local(2026, 3, 5, 9, 14, 27) - 600.046)  # E305 is March 5
-    state = watchdog_state(rows)
+    state = judge_collectives(watchdog_state(rows))
     assert state is not None and state.source == "watchdog"
     assert state.divergence == "rank 2 enqueued all_reduce #12 while ranks 0-1,3 enqueued _allgather_base #12"
     assert state.culprits == (2,)
@@ -66,7 +67,8 @@ def test_older_torch_without_group_status():
     ])
     rows = parse_watchdog(text, now=local(2024, 6, 1))
     assert rows[(1, "0")] == RankCollective(rank=1, pg="0", last_enqueued=668, last_completed=None, op="all_reduce",
-                                            sizes="52", pending_seq=668, pending_op="all_reduce")
+                                            sizes="52", pending_seq=668, pending_op="all_reduce",
+                                            calls=(CollectiveCall(668, "all_reduce"),))
     assert rows[(3, "0")] == RankCollective(rank=3, pg="0", pending_op="broadcast")  # no sequence number
     assert len(rows) == 2
 
@@ -181,7 +183,7 @@ def test_garbage_never_raises(text):
     rows = parse_watchdog(text, since=0.0, now=local(2025, 3, 1))
     assert isinstance(rows, dict)
     assert all(isinstance(r, RankCollective) for r in rows.values())
-    watchdog_state(rows)
+    judge_collectives(watchdog_state(rows))
 
 
 def test_mangled_logs_never_raise():
@@ -197,7 +199,7 @@ def test_mangled_logs_never_raise():
             mangled.append(line[:cut] + rng.choice(junk) + line[rng.randrange(cut, len(line) + 1):])
         rows = parse_watchdog("\n".join(picked + mangled), since=rng.choice([None, 0.0, 2e9]), now=local(2026, 6, 1))
         assert isinstance(rows, dict)
-        watchdog_state(rows)
+        judge_collectives(watchdog_state(rows))
 
 
 def test_garbage_keeps_what_it_can():
@@ -232,11 +234,13 @@ def test_the_feed_reads_the_ranks_logs_and_the_judge_names_the_odd_rank(tmp_path
         fields = feed.evidence().fields
     finally:
         feed.close()
-    assert fields["watchdog"].source == "watchdog" and fields["watchdog"].culprits == (2,)
+    # The reader judges nothing: its rows say what each rank's log said; the judge finds the odd rank.
+    assert fields["watchdog"].source == "watchdog" and fields["watchdog"].culprits == ()
+    assert {r.rank: r.pending_op for r in fields["watchdog"].ranks}[2] == "all_reduce"
     ranks = tuple(ObservedRank(rank=r, pid=999_000 + r, seen="stuck", phase="gpu_wait", op="item()", stuck_for_s=600.0)
                   for r in (0, 1, 3)) + (ObservedRank(rank=2, seen="missing"),)
     judged = judge_job(ObservedJob(Job("torchrun", 1, "h", world_size=4), ranks, **fields), JudgeMemory(), time.time())
-    assert judged.collectives.source == "watchdog"
+    assert judged.collectives.source == "watchdog" and judged.collectives.culprits == (2,)
     assert 2 in judged.verdict.culprits
     assert judged.verdict.summary == ("rank 2 enqueued all_reduce #12 while ranks 0-1,3 enqueued _allgather_base #12 "
                                       "(NCCL watchdog timeouts in the logs)")

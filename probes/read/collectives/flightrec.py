@@ -1,4 +1,5 @@
-"""Cross-rank analysis of Flight Recorder traces: where do the ranks' collectives disagree?
+"""Flight Recorder traces read into each rank's record of its collectives (where the ranks
+disagree is judged in ``judge/collectives.py``).
 
 Pure and torch-free. A trace is the dict torch's Flight Recorder dumps (JSON from
 ``_dump_fr_trace_json``, or the pickle of ``_dump_fr_trace`` / the on-timeout files):
@@ -25,9 +26,9 @@ from __future__ import annotations
 import io
 import json
 import pickle
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from ...snapshot import CollectiveState, RankCollective, age_text, compact_ranks
+from ...snapshot import CollectiveCall, CollectiveState, RankCollective, age_text
 
 
 class TraceError(ValueError):
@@ -83,6 +84,10 @@ def load_trace(data: bytes) -> dict:
 
 HOOK_FORMAT = "trainwatch-fr/2"  # the hook's fr_trace reply: {"format", "nccl", "generic", "errors"}
 _EPOCH_2001_S = 1e9  # a creation time before this is not wall-clock time: no age is derived from it
+# The calls a row keeps: from this many before the last completed one (a disagreement sits at or just
+# before it: gloo retires a collective that timed out as if it had completed), at most CALLS_KEPT.
+CALLS_BEFORE = 4
+CALLS_KEPT = 16
 
 
 def hook_reply_traces(text: str) -> tuple[list[tuple[str, dict]], list[str]]:
@@ -147,16 +152,6 @@ def merge_traces(traces: list[dict]) -> dict | None:
     return merged if merged["entries"] else None
 
 
-@dataclass(frozen=True)
-class _Call:
-    seq: int
-    op: str
-    sizes: str
-    dtype: str
-    done: bool
-    created: float | None = None  # unix seconds (time_created_ns)
-
-
 def _int(value: object) -> int | None:
     try:
         number = int(value)  # type: ignore[arg-type]
@@ -191,9 +186,9 @@ def _pg_key(entry: dict) -> str:
     return str(entry.get("pg_id", "0"))
 
 
-def _collectives(trace: dict) -> dict[str, dict[int, _Call]]:
+def _collectives(trace: dict) -> dict[str, dict[int, CollectiveCall]]:
     """Per process group: collective sequence number -> the call (p2p ops left out)."""
-    groups: dict[str, dict[int, _Call]] = {}
+    groups: dict[str, dict[int, CollectiveCall]] = {}
     for entry in trace.get("entries") or []:
         if not isinstance(entry, dict) or entry.get("is_p2p"):
             continue
@@ -201,7 +196,7 @@ def _collectives(trace: dict) -> dict[str, dict[int, _Call]]:
         if not seq:
             continue
         done = entry.get("state") == "completed" or bool(entry.get("retired"))
-        groups.setdefault(_pg_key(entry), {})[seq] = _Call(
+        groups.setdefault(_pg_key(entry), {})[seq] = CollectiveCall(
             seq, _op_name(entry.get("profiling_name")), _sizes(entry.get("input_sizes")),
             _dtypes(entry.get("input_dtypes")), done,
             _created(entry.get("time_created_ns")))
@@ -214,7 +209,8 @@ def _created(value: object) -> float | None:
     return ns / 1e9 if ns and ns / 1e9 > _EPOCH_2001_S else None
 
 
-def _pending(calls: dict[int, _Call], enqueued: int | None, completed: int | None) -> tuple[int | None, _Call | None]:
+def _pending(calls: dict[int, CollectiveCall], enqueued: int | None,
+             completed: int | None) -> tuple[int | None, CollectiveCall | None]:
     """The oldest collective enqueued but not completed: (its seq, its entry when still held)."""
     waiting = [c for s, c in calls.items() if s > (completed or 0) and not c.done]
     if waiting:
@@ -225,7 +221,7 @@ def _pending(calls: dict[int, _Call], enqueued: int | None, completed: int | Non
     return None, None
 
 
-def _status(trace: dict, pg: str, calls: dict[int, _Call]) -> tuple[int | None, int | None]:
+def _status(trace: dict, pg: str, calls: dict[int, CollectiveCall]) -> tuple[int | None, int | None]:
     """(last enqueued, last completed) for one group: pg_status when present, else the entries."""
     statuses = trace.get("pg_status")
     status = statuses.get(pg) if isinstance(statuses, dict) else None
@@ -239,136 +235,31 @@ def _status(trace: dict, pg: str, calls: dict[int, _Call]) -> tuple[int | None, 
     return enqueued, completed
 
 
-def _never_finished(calls: dict[int, dict[int, _Call]]) -> int | None:
-    """The first sequence number the ranks hold as different collectives: it cannot have completed
-    anywhere, whatever a trace says. Gloo retires a collective that failed (timed out) as if it had
-    completed, and its pg_status counts it completed: a dump written after the timeout would
-    otherwise show the waiting ranks done and the odd rank behind."""
-    for seq in sorted({s for per in calls.values() for s in per}):
-        kinds = {(c.op, c.sizes, c.dtype) for per in calls.values() if (c := per.get(seq)) is not None}
-        if len(kinds) > 1:
-            return seq
-    return None
-
-
-def _plural(ranks: list[int]) -> str:
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {compact_ranks(ranks)}"
-
-
-def _culprit_side(sides: list[list[int]], completed: dict[int, int | None]) -> tuple[list[list[int]], str]:
-    """The sides at fault, and why; none without a reason (never a coin toss).
-
-    A reason is a minority (one side holds more ranks than any other: the rest are at fault),
-    or Flight Recorder order (one side's last completed collective lags every other rank's).
-    """
-    biggest = max(len(side) for side in sides)
-    majority = [side for side in sides if len(side) == biggest]
-    if len(majority) == 1:
-        return [side for side in sides if side is not majority[0]], "minority"
-    done = {r: completed.get(r) if completed.get(r) is not None else -1 for side in sides for r in side}
-    for side in sides:
-        others = [done[r] for other in sides if other is not side for r in other]
-        if max(done[r] for r in side) < min(others):
-            return [side], "lags"
-    return [], "tie"
-
-
-def _divergence(pg: str, calls: dict[int, dict[int, _Call]], enqueued: dict[int, int | None],
-                completed: dict[int, int | None], multi_pg: bool) -> tuple[str, list[int]] | None:
-    """The first sequence number where the ranks of one group disagree, in words, and its culprits."""
-    where = f" in process group {pg}" if multi_pg else ""
-    ranks = sorted(calls)
-    seqs = sorted({s for per in calls.values() for s in per})
-    for seq in seqs:
-        seen = {r: calls[r][seq] for r in ranks if seq in calls[r]}
-        # A rank whose buffer no longer holds seq but which went past it agreed (ring buffer).
-        never = [r for r in ranks if seq not in calls[r] and (enqueued[r] or 0) < seq]
-        kinds: dict[tuple[str, str, str], list[int]] = {}
-        for rank, call in seen.items():
-            kinds.setdefault((call.op, call.sizes, call.dtype), []).append(rank)
-        if len(kinds) > 1:
-            return _disagreement(seq, where, seen, sorted(kinds.values()), completed)
-        if never and seen:
-            call = next(iter(seen.values()))
-            last = ", ".join(f"rank {r} at #{enqueued[r]}" if enqueued[r] else f"rank {r} at none"
-                             for r in never)
-            return (f"{_plural(sorted(seen))} enqueued {call.op} #{seq}{where}; "
-                    f"{_plural(never)} never reached it ({last})", never)
-    return None
-
-
-def _disagreement(seq: int, where: str, seen: dict[int, _Call], sides: list[list[int]],
-                  completed: dict[int, int | None]) -> tuple[str, list[int]]:
-    """Ranks that enqueued different collectives under one sequence number, in words."""
-    bad, why = _culprit_side(sides, completed)
-    if not bad:
-        first = seen[sides[0][0]]
-        second = seen[sides[1][0]]
-        parts = [f"{_plural(side)} enqueued {_describe(seen[side[0]], second if side is sides[0] else first)}"
-                 for side in sides]
-        return f"ranks disagree at #{seq}{where}: " + "; ".join(parts), []
-    good = [side for side in sides if not any(side is b for b in bad)]
-    ref = seen[good[0][0]]
-    odd = "; ".join(f"{_plural(side)} enqueued {_describe(seen[side[0]], ref)} #{seq}" for side in bad)
-    rest = "; ".join(f"{_plural(side)} enqueued {_describe(seen[side[0]], seen[bad[0][0]])} #{seq}"
-                     for side in good)
-    text = f"{odd}{where} while {rest}"
-    if why == "lags":
-        lag = max(completed.get(r) or 0 for r in bad[0])
-        ahead = min(completed.get(r) or 0 for side in good for r in side)
-        text += f" ({_plural(bad[0])} {'lags' if len(bad[0]) == 1 else 'lag'}: last completed #{lag} vs #{ahead})"
-    return text, sorted(r for side in bad for r in side)
-
-
-def _describe(call: _Call, other: _Call) -> str:
-    """The op, plus sizes or dtype when that is what differs."""
-    if call.op != other.op:
-        return call.op
-    if call.sizes != other.sizes:
-        return f"{call.op} of {call.sizes}"
-    return f"{call.op} ({call.dtype})"
-
-
-def analyze(traces: dict[int, dict], source: str = "flight-recorder") -> CollectiveState | None:
-    """Per-rank collective progress and the first disagreement, from each rank's trace.
-
-    ``traces`` maps global rank -> parsed trace (see :func:`load_trace`). None when no
-    trace holds a collective.
-    """
-    per_rank = {rank: _collectives(trace) for rank, trace in traces.items() if isinstance(trace, dict)}
-    pgs = sorted({pg for groups in per_rank.values() for pg in groups}, key=lambda p: (len(p), p))
-    if not pgs:
-        return None
+def read_rows(traces: dict[int, dict], source: str = "flight-recorder") -> CollectiveState | None:
+    """Each rank's collectives per process group, as its own trace records them: the last
+    enqueued and completed, the pending one, and the recent calls (from ``CALLS_BEFORE`` before
+    the last completed, at most ``CALLS_KEPT``). Where the ranks disagree is the judge's
+    (``judge/collectives.py``). ``traces`` maps global rank -> parsed trace (see
+    :func:`load_trace`). None when no trace holds a collective."""
     rows: list[RankCollective] = []
-    findings: list[tuple[str, list[int]]] = []
-    for pg in pgs:
-        calls = {rank: groups[pg] for rank, groups in per_rank.items() if pg in groups}
-        unfinished = _never_finished(calls)
-        enqueued: dict[int, int | None] = {}
-        completed: dict[int, int | None] = {}
-        for rank in sorted(calls):
-            last_enq, last_done = _status(traces[rank], pg, calls[rank])
-            if unfinished is not None and last_done is not None and last_done >= unfinished:
-                last_done = unfinished - 1
-                calls[rank] = {s: replace(c, done=False) if s >= unfinished else c for s, c in calls[rank].items()}
-            enqueued[rank], completed[rank] = last_enq, last_done
-            last = calls[rank].get(last_enq) if last_enq else None
-            pending_seq, pending = _pending(calls[rank], last_enq, last_done)
+    for rank, trace in traces.items():
+        if not isinstance(trace, dict):
+            continue
+        for pg, calls in _collectives(trace).items():
+            last_enq, last_done = _status(trace, pg, calls)
+            last = calls.get(last_enq) if last_enq else None
+            pending_seq, pending = _pending(calls, last_enq, last_done)
+            start = (last_done or 0) - CALLS_BEFORE
+            kept = tuple(calls[s] for s in sorted(calls) if s >= start)[:CALLS_KEPT]
             rows.append(RankCollective(rank=rank, pg=pg, last_enqueued=last_enq, last_completed=last_done,
                                        op=last.op if last else None, sizes=last.sizes if last else None,
                                        dtype=last.dtype if last else None, pending_seq=pending_seq,
                                        pending_op=pending.op if pending else None,
-                                       pending_since=pending.created if pending else None))
-        if len(calls) > 1:
-            found = _divergence(pg, calls, enqueued, completed, multi_pg=len(pgs) > 1)
-            if found:
-                findings.append(found)
-    culprits: list[int] = []
-    for _, ranks in findings:
-        culprits.extend(r for r in ranks if r not in culprits)
-    return CollectiveState(source=source, ranks=tuple(rows),
-                           divergence=findings[0][0] if findings else None,
-                           culprits=tuple(sorted(culprits)))
+                                       pending_since=pending.created if pending else None, calls=kept))
+    if not rows:
+        return None
+    rows.sort(key=lambda r: (len(r.pg), r.pg, r.rank))
+    return CollectiveState(source=source, ranks=tuple(rows))
 
 
 def describe(state: CollectiveState, now: float | None = None) -> list[str]:
@@ -386,23 +277,3 @@ def describe(state: CollectiveState, now: float | None = None) -> list[str]:
                 line += f" for {age_text(now - row.pending_since)}"
         lines.append(line)
     return lines
-
-
-def analyze_rows(rows: list[RankCollective], source: str) -> CollectiveState | None:
-    """The same analysis over per-rank summaries (what nodes send in their snapshots), so a merged
-    multi-node view finds disagreements between ranks of different nodes: each row becomes a
-    minimal trace of its last enqueued and its pending collective, with its group's status."""
-    traces: dict[int, dict] = {}
-    for row in rows:
-        trace = traces.setdefault(row.rank, {"entries": [], "pg_status": {}})
-        trace["pg_status"][row.pg] = {"last_enqueued_collective": row.last_enqueued,
-                                      "last_completed_collective": row.last_completed}
-        calls = {row.last_enqueued: row.op, row.pending_seq: row.pending_op}
-        for seq, op in calls.items():
-            if seq is None or op is None:
-                continue
-            done = row.last_completed is not None and seq <= row.last_completed
-            trace["entries"].append({"collective_seq_id": seq, "profiling_name": op, "process_group": [row.pg],
-                                     "state": "completed" if done else "scheduled"})
-    state = analyze(traces, source=source)
-    return replace(state, ranks=tuple(rows)) if state is not None else None

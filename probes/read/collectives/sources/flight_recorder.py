@@ -9,7 +9,7 @@ Where a rank's trace comes from:
   its own;
 * bundles only: each rank's torch.distributed.debug server (``fr_trace_json``).
 
-The traces are analysed across ranks (``flightrec.analyze``) into the ``collectives`` field.
+Each rank's trace is read into its record of its collectives (``flightrec.read_rows``), the ``collectives`` field.
 """
 
 from __future__ import annotations
@@ -234,7 +234,7 @@ class Source(CollectiveSource):
             if not traces:
                 return
             source = "+".join(sorted({t.source for t in traces.values()}))
-            state = flightrec.analyze({rank: t.trace for rank, t in traces.items()}, source=source)
+            state = flightrec.read_rows({rank: t.trace for rank, t in traces.items()}, source=source)
             with self._lock:
                 self._state = state
 

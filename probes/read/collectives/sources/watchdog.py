@@ -43,10 +43,10 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from . import CollectiveSource, FeedOptions, RankEnvs, Reading
-from .. import flightrec, nccl_state
+from .. import nccl_state
 from ...processes.process import JobProcesses
 from ...logs.ranklog import split_prefix
-from ....snapshot import CollectiveState, RankCollective
+from ....snapshot import CollectiveCall, CollectiveState, RankCollective
 
 MAX_LINE = 8192  # longer lines are not torch's (its watchdog lines are a few hundred characters)
 STALE_S = 60  # a timeout stamped this long before ``since`` belongs to an earlier run
@@ -134,10 +134,10 @@ def parse_watchdog(text: str, since: float | None = None, now: float | None = No
 
 
 def watchdog_state(rows: dict[tuple[int, str], RankCollective]) -> CollectiveState | None:
-    """The rows analysed across ranks like Flight Recorder rows (flightrec.analyze_rows), source "watchdog"."""
+    """The rows as one collective state, source "watchdog" (judged across ranks like any other)."""
     if not rows:
         return None
-    return flightrec.analyze_rows(list(rows.values()), source="watchdog")
+    return CollectiveState(source="watchdog", ranks=tuple(rows.values()))
 
 
 def _read_line(index: int, line: str, now: float) -> _Said | None:
@@ -228,7 +228,9 @@ def _row(rank: int, pg: str, said: _Said) -> RankCollective:
     return RankCollective(rank=rank, pg=pg, last_enqueued=enqueued, last_completed=said.completed,
                           op=said.op if known else None,
                           sizes=str(said.numel) if known and said.numel is not None else None,
-                          pending_seq=said.seq, pending_op=said.op, pending_since=since)
+                          pending_seq=said.seq, pending_op=said.op, pending_since=since,
+                          calls=(CollectiveCall(said.seq, said.op, created=since),)
+                          if said.seq is not None and said.op else ())
 
 
 TAIL_BYTES = nccl_state.LOG_TAIL_BYTES  # the first look: the watchdog's lines come last, then the crash
