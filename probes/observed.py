@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 from .errors import TrainwatchError
 from .snapshot import (CollectiveState, ExitInfo, Job, KernelState, LogActivity, Phase, Rank, RankCollective, RankGpu,
-                       Snapshot, State, ThreadStack)
+                       RasState, Snapshot, State, ThreadStack)
 
 
 SIGNAL_REASONS = {"SIGSEGV": "segmentation fault", "SIGBUS": "bus error", "SIGABRT": "aborted",
@@ -188,7 +188,8 @@ class ObservedJob:
     ``ras``: NCCL RAS's recent replies, oldest first (``nccl_ras.py``): judging them takes memory
     across polls, so they are raw evidence, not a ``CollectiveState`` (``judge/ras.py``; the
     judged state joins the collective state as ``CollectiveState.ras``); empty: none this poll.
-    ``unsampled``: why no rank could be sampled at all (py-spy missing), or None."""
+    ``unsampled``: why no rank could be sampled at all (py-spy missing), or None. ``ras_views``:
+    the RAS states other nodes judged (a merged view); the judge picks the one that counts."""
 
     job: Job
     ranks: tuple[ObservedRank, ...] = ()
@@ -196,6 +197,8 @@ class ObservedJob:
     unsampled: str | None = None
     ras: tuple[ObservedRas, ...] = ()
     watchdog: CollectiveState | None = None  # the NCCL watchdog's timeout lines in the ranks' logs
+    # Merged views: each node's NCCL RAS state as that node judged its replies, (node, state).
+    ras_views: tuple[tuple[str, RasState], ...] = ()
 
     def collective_state(self) -> CollectiveState | None:
         """Every collective-state source of this poll as one state (:func:`combine_states`)."""

@@ -302,6 +302,9 @@ class RasState:
     ranks: tuple[RasRank, ...] = ()  # every rank when small; else the notable ones (culprits, local, not ok)
     kind: str | None = None  # behind, mismatch, unreachable, dead, error, abort, left, level; None: nothing wrong (yet)
     finding: str | None = None  # the kind in words, culprits with host and PID
+    # The same words with each named rank's host marked, so a view that knows the nodes' names
+    # (a merged one) words it again (judge/ras.py: with_names); None when no host is named.
+    finding_template: str | None = None
     culprits: tuple[int, ...] = ()  # global ranks
     advancing: bool = False  # some communicator's counts advanced since the previous poll
     still_s: float | None = None  # how long the counts have not moved

@@ -14,7 +14,7 @@ from .collectives import judge_collectives
 from .exits import first_to_die
 from .groups import group_ranks
 from .progress import CompletedCollectives, ProgressTracker
-from .ras import RasTracker, progress_pids
+from .ras import RasTracker, across_nodes, progress_pids
 from .verdict import judge
 from .warnings import job_warnings
 from ..observed import ObservedJob, ObservedRank
@@ -69,6 +69,7 @@ class Judgement:
     # PIDs of ranks stuck waiting for their DataLoader whose workers were not read: the caller reads
     # them (``dataloader_worker``) and asks again; the answer then explains the rank.
     read_workers: tuple[int, ...] = ()
+    notes: tuple[str, ...] = ()  # where the evidence contradicts itself (nodes' RAS views)
 
 
 def judge_job(evidence: ObservedJob, memory: JudgeMemory, now: float,
@@ -82,6 +83,7 @@ def judge_job(evidence: ObservedJob, memory: JudgeMemory, now: float,
             memory.progress.mark_progress(ev.pid, now)
     collectives = _with_ras(evidence, memory, now, collectives)
     ranks = _first_to_die([rank_state(ev, memory.progress, now, options) for ev in evidence.ranks])
+    collectives, notes = _with_nodes_ras(evidence, ranks, collectives)
     for rank in ranks:  # where each rank goes while it makes progress: breaks ties between waiting ranks
         if rank.state == "running" and rank.where and rank.rank is not None:
             memory.familiar[rank.rank] = memory.familiar.get(rank.rank, frozenset()) | {rank.where}
@@ -96,7 +98,8 @@ def judge_job(evidence: ObservedJob, memory: JudgeMemory, now: float,
     ranks = [_held_up_by_worker(r) for r in ranks]
     return Judgement(ranks=tuple(ranks), groups=group_ranks(ranks, verdict.culprits), verdict=verdict,
                      collectives=collectives, warnings=job_warnings(evidence.job, ranks, options.window),
-                     read_workers=tuple(r.pid for r in ranks if _waits_on_worker(r) and r.dataloader_worker is None))
+                     read_workers=tuple(r.pid for r in ranks if _waits_on_worker(r) and r.dataloader_worker is None),
+                     notes=tuple(notes))
 
 
 def _waits_on_worker(rank: Rank) -> bool:
@@ -131,6 +134,15 @@ def _with_ras(evidence: ObservedJob, memory: JudgeMemory, now: float,
     if memory.ras_state is None:
         return collectives
     return replace(collectives or CollectiveState(source="ras"), ras=memory.ras_state)
+
+
+def _with_nodes_ras(evidence: ObservedJob, ranks: list[Rank],
+                    collectives: CollectiveState | None) -> tuple[CollectiveState | None, list[str]]:
+    """A merged view: the RAS state that counts among those the nodes judged, in the nodes' names."""
+    if not evidence.ras_views:
+        return collectives, []
+    chosen, notes = across_nodes(evidence.ras_views, ranks)
+    return replace(collectives or CollectiveState(source="ras"), ras=chosen), notes
 
 
 def rank_state(ev: ObservedRank, progress: ProgressTracker, now: float, options: JudgeOptions) -> Rank:

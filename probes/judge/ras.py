@@ -30,15 +30,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from operator import itemgetter
-from typing import Iterable, Mapping, NamedTuple
+from typing import Iterable, Mapping, NamedTuple, Sequence
 
 from ..observed import ANY_OP, RasComm, RasReport
-from ..snapshot import OpCount, RasRank, RasState, compact_ranks
+from ..snapshot import OpCount, Rank, RasRank, RasState, compact_ranks, who
 
 _new = tuple.__new__  # a NamedTuple without its Python-level __new__ (thousands of rows a poll)
 _STATE = itemgetter(8, 10, 11)  # a _Row's status, error, comm_status
 MAX_ROWS = 256  # rows kept in a snapshot; beyond, only the notable ones (culprits, local, not ok)
 NAMED = 4  # culprits spelled out one by one in the finding
+HOST = "\x1f"  # marks a named rank's host in a finding's template (never in NCCL's words: removed there)
 SCOPE = ("NCCL RAS counts Broadcast, Reduce, AllGather, ReduceScatter and AllReduce only: not send/recv "
          "(pipeline stages) nor collectives captured in CUDA graphs")
 
@@ -110,12 +111,14 @@ class RasTracker:
             if found:
                 findings.append(found)
         self._unreachable = {(r.comm, r.comm_rank) for r in rows if r.status == "unreachable"}
-        kind, finding, culprits = findings[0] if findings else (None, None, ())
-        if finding and caveat:
-            finding += " [report not matched to this job for sure]"
+        kind, template, culprits = findings[0] if findings else (None, None, ())
+        if template and caveat:
+            template += " [report not matched to this job for sure]"
         return RasState(origin=origin, format=report.format, nccl_version=report.nccl_version, taken_at=at,
                         comms=tuple(c.hash for c in comms), ranks=_kept(rows, culprits, set(local_pids)),
-                        kind=kind, finding=finding, culprits=tuple(culprits), advancing=advancing,
+                        kind=kind, finding=_worded(template, {}),
+                        finding_template=template if template and HOST in template else None,
+                        culprits=tuple(culprits), advancing=advancing,
                         still_s=round(min(still), 1) if still and len(still) == len(comms) else None,
                         notes=(*report.notes, *((caveat,) if caveat else ()), *((SCOPE,) if kind else ())))
 
@@ -136,7 +139,7 @@ class RasTracker:
                     moving = old != r.counts and sum(n for _, n in r.counts) > sum(n for _, n in old)
             out.append(_new(_Row, (comm.hash, r.rank, global_of.get((r.host, r.pid), r.rank if biggest else None),
                                    names.get(r.host, r.host), r.pid, r.cuda_dev, r.nvml_dev, r.counts, r.status,
-                                   moving, r.error, r.comm_status)))
+                                   moving, r.error.replace(HOST, "") if r.error else r.error, r.comm_status)))
         return out
 
 
@@ -344,7 +347,8 @@ def _names(rows: list[_Row]) -> str:
     """``rank 37 (node12, pid 4411)``, several joined, the rest counted."""
     def one(row: _Row) -> str:
         who = f"rank {row.rank}" if row.rank is not None else f"comm rank {row.comm_rank}"
-        return f"{who} ({row.host or 'unknown node'}, pid {row.pid if row.pid is not None else '?'})"
+        host = f"{HOST}{row.host}{HOST}" if row.host else "unknown node"
+        return f"{who} ({host}, pid {row.pid if row.pid is not None else '?'})"
     shown = [one(r) for r in rows[:NAMED]]
     if len(rows) > NAMED:
         rest = _numbers(rows[NAMED:])
@@ -371,6 +375,49 @@ def _kept(rows: list[_Row], culprits: Iterable[int], local: set[int]) -> tuple[R
                          moving=r.moving, error=r.error, comm_status=r.comm_status) for r in rows)
 
 
+def _worded(template: str | None, names: Mapping[str, str]) -> str | None:
+    """A finding's template in words, each marked host by its name in ``names`` where known."""
+    if template is None or HOST not in template:
+        return template
+    parts = template.split(HOST)
+    return "".join(names.get(p, p) if i % 2 else p for i, p in enumerate(parts))
+
+
 def with_names(state: RasState, names: Mapping[str, str]) -> RasState:
-    """The same state with host addresses replaced by node names (a merged view knows more)."""
-    return replace(state, ranks=tuple(replace(r, host=names.get(r.host, r.host)) for r in state.ranks))
+    """The same state with RAS's host addresses replaced by node names (a merged view knows more),
+    in its ranks and in its finding's words."""
+    if not names:
+        return state
+    ranks = tuple(replace(r, host=names.get(r.host, r.host)) for r in state.ranks)
+    if state.finding_template is None:
+        return replace(state, ranks=ranks)
+    template = HOST.join(names.get(p, p) if i % 2 else p for i, p in enumerate(state.finding_template.split(HOST)))
+    return replace(state, ranks=ranks, finding=_worded(template, {}), finding_template=template)
+
+
+# A lost rank is the plainest fact, then a rank's own broken state, then counts.
+_GRAVITY = {"dead": 4, "unreachable": 3, "error": 3, "abort": 3, "left": 2, "mismatch": 1, "behind": 1, "level": 0}
+
+
+def across_nodes(states: Sequence[tuple[str, RasState]], ranks: Sequence[Rank]) -> tuple[RasState | None, list[str]]:
+    """One NCCL RAS view for a job seen through several nodes (each node judged its own RAS
+    replies), checked against the ranks: the state with the gravest finding (a lost rank first;
+    then the freshest), RAS's addresses worded as the nodes' names where a rank's PID matches, and
+    notes where the nodes' RAS views or their own ranks disagree."""
+    if not states:
+        return None, []
+    notes = []
+    named = {(r.rank, r.pid): r.host for r in ranks if r.rank is not None and r.pid is not None and r.host}
+    findings = {node: s.culprits for node, s in states if s.kind}
+    if len(set(findings.values())) > 1:
+        notes.append("NCCL RAS views differ between nodes: " + "; ".join(
+            f"{node} names {who(c) if c else 'no rank'}" for node, c in findings.items()))
+    chosen = max(states, key=lambda item: (_GRAVITY.get(item[1].kind or "", 0), item[1].taken_at or 0.0))[1]
+    names = {row.host: named[(row.rank, row.pid)] for row in chosen.ranks if (row.rank, row.pid) in named}
+    by_rank = {r.rank: r for r in ranks if r.rank is not None}
+    for rank in chosen.culprits:
+        seen = by_rank.get(rank)
+        if chosen.kind in ("dead", "unreachable") and seen is not None and seen.state == "running":
+            notes.append(f"NCCL RAS says rank {rank} is {chosen.kind}, but node {seen.host} sees it running "
+                         "(the RAS network may be cut, not the rank)")
+    return with_names(chosen, names), notes

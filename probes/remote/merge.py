@@ -14,11 +14,10 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..judge import ras as ras_judge
 from ..judge.judgement import JudgeMemory, JudgeOptions, judge_job
 from ..judge.warnings import job_warnings
 from ..observed import ObservedJob, combine_states, observed_rank
-from ..snapshot import CollectiveState, HostInfo, Rank, RasState, Snapshot, Verdict, who
+from ..snapshot import HostInfo, Rank, Snapshot, Verdict
 
 
 @dataclass(frozen=True)
@@ -110,18 +109,17 @@ def merge_nodes(views: Sequence[NodeView], *, memory: JudgeMemory | None = None,
                               nnodes=max(base.job.nnodes or 0, len(views)) or None)
     # Every node's record of its ranks' collectives, together: the judge finds disagreements across nodes.
     collectives = combine_states([v.snapshot.collectives for _, v in good])
-    ras_state, ras_notes = merge_ras([(v.name, v.snapshot.collectives.ras) for _, v in good
-                                      if v.snapshot.collectives is not None], ranks)
-    if ras_state is not None:
-        collectives = dataclasses.replace(collectives or CollectiveState(source="ras"), ras=ras_state)
-    notes.extend(ras_notes)
+    # Each node judged its own RAS replies: the judge picks the view that counts and words it.
+    ras_views = tuple((v.name, s.ras) for _, v in good if (s := v.snapshot.collectives) is not None and s.ras)
     taken_at = max(v.snapshot.taken_at for _, v in good)
-    evidence = ObservedJob(job=job, ranks=tuple(observed_rank(r) for r in ranks), collectives=collectives)
+    evidence = ObservedJob(job=job, ranks=tuple(observed_rank(r) for r in ranks), collectives=collectives,
+                           ras_views=ras_views)
     window = max(v.snapshot.window_s for _, v in good)
     judged = judge_job(evidence, memory if memory is not None else JudgeMemory(), taken_at,
                        JudgeOptions(window=window))
     judged = dataclasses.replace(judged, verdict=_naming_unread(judged.verdict, unread))
     warnings.extend(judged.warnings)
+    notes.extend(judged.notes)
     return Snapshot(
         job=job, ranks=judged.ranks, groups=judged.groups, verdict=judged.verdict, hosts=tuple(hosts),
         collectives=judged.collectives, warnings=tuple(_unique(warnings)), notes=tuple(_unique(notes)),
@@ -175,35 +173,6 @@ def _conflicts(ranks: Sequence[Rank]) -> list[str]:
     return [f"rank {n} is reported by more than one process: "
             + ", ".join(f"{r.host} pid {r.pid}" for r in claims)
             for n, claims in sorted(by_rank.items())]
-
-
-def merge_ras(states: list[tuple[str, RasState | None]], ranks: Sequence[Rank]) -> tuple[RasState | None, list[str]]:
-    """One NCCL RAS view for the merged job, checked against the nodes' answers: the state with the
-    gravest finding (a lost rank first; then the freshest), RAS's node addresses renamed to the nodes' names
-    where a rank's PID matches, and a note where the nodes' RAS views or their own ranks disagree."""
-    present = [(node, s) for node, s in states if s is not None]
-    if not present:
-        return None, []
-    notes = []
-    named = {(r.rank, r.pid): r.host for r in ranks if r.rank is not None and r.pid is not None}
-    findings = {node: s.culprits for node, s in present if s.kind}
-    if len(set(findings.values())) > 1:
-        notes.append("NCCL RAS views differ between nodes: " + "; ".join(
-            f"{node} names {who(c) if c else 'no rank'}" for node, c in findings.items()))
-    # A lost rank is the plainest fact, then a rank's own broken state, then counts.
-    weight = {"dead": 4, "unreachable": 3, "error": 3, "abort": 3, "left": 2, "mismatch": 1, "behind": 1, "level": 0}
-    chosen = max(present, key=lambda item: (weight.get(item[1].kind or "", 0), item[1].taken_at or 0.0))[1]
-    names = {row.host: named[(row.rank, row.pid)] for row in chosen.ranks if (row.rank, row.pid) in named}
-    finding = chosen.finding
-    for address, node in names.items():
-        finding = finding.replace(f"({address}, ", f"({node}, ") if finding else finding
-    by_rank = {r.rank: r for r in ranks if r.rank is not None}
-    for rank in chosen.culprits:
-        seen = by_rank.get(rank)
-        if chosen.kind in ("dead", "unreachable") and seen is not None and seen.state == "running":
-            notes.append(f"NCCL RAS says rank {rank} is {chosen.kind}, but node {seen.host} sees it running "
-                         "(the RAS network may be cut, not the rank)")
-    return dataclasses.replace(ras_judge.with_names(chosen, names), finding=finding), notes
 
 
 def _sorted(ranks: list[Rank]) -> list[Rank]:

@@ -89,7 +89,7 @@ def test_describe_lists_each_rank():
 
 
 def test_merged_view_names_nodes_and_checks_them_against_each_other():
-    from trainwatch.probes.remote.merge import merge_ras
+    merge_ras = ras_judge.across_nodes
     from trainwatch.probes.snapshot import Rank
 
     _, node11 = two_polls("straggler")
@@ -213,3 +213,25 @@ def test_through_the_one_judge_advancing_counts_keep_a_gpu_waiting_rank_running(
     stalled = poll(ObservedRas("localhost:28028", 117.0, report("straggler", "b"), tuple(NAMES.items())), 40.0)  # past twice its 8 s rhythm
     assert stalled.verdict.kind == "straggler" and stalled.verdict.culprits == (6,), stalled.verdict
     assert stalled.verdict.summary.endswith("(NCCL RAS); local ranks 0-3 wait on their GPU (item()) at train.py:88 main")
+
+
+def test_a_merged_view_words_ras_finding_in_the_nodes_names_through_the_judge():
+    """Two nodes' snapshots, each with the RAS state its own judge made (addresses only): merging is
+    putting them together and judging; the finding names the nodes, with no address left in it."""
+    from trainwatch.probes.remote.merge import NodeView, merge_nodes
+    from trainwatch.probes.snapshot import Job, Snapshot
+
+    _, seen = two_polls("straggler")
+    assert "10.0.0.12" in seen.finding and ras_judge.HOST not in seen.finding
+    views = []
+    for node, first in (("node11", 0), ("node12", 4)):
+        ranks = tuple(Rank(rank=n, pid=(4101 if n < 4 else 5201) + n % 4, host=node, state="stuck", phase="gpu_wait")
+                      for n in range(first, first + 4))
+        job = Job("torchrun", 1, node, world_size=8, local_world_size=4, nnodes=2, master_addr="10.0.0.11",
+                  master_port=29500)
+        views.append(NodeView(node, Snapshot(job=job, ranks=ranks, collectives=CollectiveState("ras", ras=seen),
+                                             taken_at=seen.taken_at, window_s=1.0), local=node == "node11"))
+    merged = merge_nodes(views)
+    assert merged.collectives.ras.finding.startswith("rank 6 (node12, pid 5203) is 1 collective behind")
+    assert "10.0.0.12" not in merged.collectives.ras.finding
+    assert merged.verdict.culprits == (6,)
