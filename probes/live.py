@@ -27,7 +27,7 @@ from .read.processes.job_watch import JobWatch
 from .read.processes.process import JobProcesses, job_record
 from .read.stacks.sampler import StackSample, sample_all
 from .sampling import Sampler
-from .snapshot import Snapshot
+from .snapshot import PROBLEM_VERDICTS, Snapshot
 from .source import OneNodeSource
 
 
@@ -48,7 +48,7 @@ class LocalSource(OneNodeSource):
         self.memory = JudgeMemory()  # progress, tie-break places and the last verdict, across polls
         exits = ExitLedger(self.job.root_pid, self.job.run_dir)  # deaths, first to die, lingering crashes
         exits.exit_events = exit_events.shared()  # how DataLoader workers a dying rank names ended
-        self._sampler = Sampler(self.memory, exits, auto_native)
+        self._sampler = Sampler(exits, auto_native)
         self._gpu = GpuProbe() if gpu else None
         self._evidence = LocalEvidence(self._sampler, exits, self._gpu)
         self._catcher = CrashThread(self.job.root_pid, self.job.run_dir) if catch_crashes else None
@@ -56,6 +56,7 @@ class LocalSource(OneNodeSource):
         self._feed = CollectiveFeed(lambda: self.job)  # reads while the first window is sampled
         self._workers: dict[tuple[int, tuple], str | None] = {}  # (pid, stack) -> stuck DataLoader worker
         self._polls = 0
+        self._problem = False  # the last verdict was a problem: the sampler reads more then
         self._lock = threading.Lock()
 
     @property
@@ -83,7 +84,7 @@ class LocalSource(OneNodeSource):
             finally:
                 for proc in self.job.ranks:
                     tid = self._sampler.train_tid.get(proc.pid)
-                    self.memory.progress.rebaseline(proc.pid, procfs.thread_counters(proc.pid, tid))
+                    self._sampler.watch.rebaseline(proc.pid, procfs.thread_counters(proc.pid, tid))
 
     def poll(self, native_for: frozenset[int] = frozenset()) -> Snapshot:
         """Rediscover, sample (several times within the window on the first poll), judge."""
@@ -99,7 +100,8 @@ class LocalSource(OneNodeSource):
             for i in range(rounds):
                 if i:  # on a schedule from the first round: sampling time (native dumps too) comes out of the pause
                     time.sleep(max(0.0, first_done + i * pause - time.monotonic()))
-                samples = self._sampler.round(job, self._polls, native_for, resolve=i >= rounds - 2)
+                samples = self._sampler.round(job, self._polls, native_for, resolve=i >= rounds - 2,
+                                              problem=self._problem)
                 first_done = first_done or time.monotonic()
             self._polls += 1
             if self._catcher is not None:  # its findings (signal, faulthandler frame, fatal message) win over ours
@@ -125,6 +127,7 @@ class LocalSource(OneNodeSource):
             evidence = replace(evidence, ranks=tuple(self._with_worker(r, judged.read_workers) for r in evidence.ranks))
             judged = judge_job(evidence, self.memory, now, options)
         ranked = judged.ranks
+        self._problem = judged.verdict.kind in PROBLEM_VERDICTS
         if not self._collective_wait:  # the next read, knowing whether a stuck episode (pipe dumps) is on
             self._feed.refresh(stuck=any(r.state == "stuck" for r in ranked))
         if missing is not None:

@@ -116,6 +116,8 @@ class LocalEvidence:
             log=self.sampler.log_activity(proc.log_path, now),
             collective_timeout_s=collective_timeout_s(proc.env or {}),
             kernel=kernel,
+            progress_seen=self.sampler.watch.take_signs(proc.pid),
+            watched_since=self.sampler.watch.first_seen(proc.pid),
         )
 
     def _io_progress(self, pid: int, kernel: KernelState | None, now: float) -> None:
@@ -127,7 +129,7 @@ class LocalEvidence:
         before = self._io.get(pid)
         self._io[pid] = moved
         if before is not None and moved > before and kernel.syscall in kernel_view.FILE_CALLS:
-            self.sampler.memory.progress.mark_progress(pid, now)
+            self.sampler.watch.mark(pid, now)
 
     def _with_exits(self, ranks: list[ObservedRank], job: JobProcesses, now: float) -> list[ObservedRank]:
         """Live ranks (a lingering one that raised carries its exception) and exited ones (with their last step)."""

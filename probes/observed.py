@@ -90,6 +90,10 @@ class ObservedRank:
     collective_timeout_s: float | None = None  # from the rank's environment
     kernel: KernelState | None = None  # the kernel's view of its main thread (read/processes/kernel_view.py)
     longest_quiet_s: float | None = None  # as reported (bundles, other nodes); live: the judge's memory
+    # Live ranks: when the readers saw it progress this poll (stacks, log, storage), and since when it
+    # is watched; the judge's memory of its progress takes them in (judge/progress.py).
+    progress_seen: tuple[float, ...] = ()
+    watched_since: float | None = None
 
     def as_rank(self, state: State, stuck_for_s: float | None) -> Rank:
         """The snapshot's rank record for this evidence in ``state``."""
@@ -230,7 +234,8 @@ def observed_rank(rank: Rank) -> ObservedRank:
 
 # Field names looked up once: merged views turn thousands of ranks into evidence and back each poll.
 _RANK_FIELDS = tuple(f.name for f in dataclasses.fields(Rank) if f.name not in ("state", "stuck_for_s"))
-_OBSERVED_FIELDS = tuple(f.name for f in dataclasses.fields(ObservedRank) if f.name not in ("seen", "sampled"))
+_OBSERVED_FIELDS = tuple(f.name for f in dataclasses.fields(ObservedRank)
+                         if f.name not in ("seen", "sampled", "progress_seen", "watched_since"))
 
 
 def observed_snapshot(snapshot: Snapshot) -> ObservedJob:

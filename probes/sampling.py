@@ -1,8 +1,9 @@
-"""One sampling round over a local job's ranks, feeding the judge's progress memory.
+"""One sampling round over a local job's ranks: what it reads, and when it saw each rank progress.
 
 py-spy stacks (an unchanged rank's kept: its scheduler counters show it did not run), their
 classification, native stacks where a Python stack cannot say (``judge/native.py``), step-like
-locals (``judge/steps.py``), and the growth of the ranks' logs. Used by ``live.py``.
+locals (``judge/steps.py``), the growth of the ranks' logs, and the moments a rank showed progress
+(``StackWatch``: handed to the judge with each rank's evidence). Used by ``live.py``.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ import time
 from collections.abc import Callable
 
 from .errors import ToolMissing
-from .judge.judgement import JudgeMemory
 from .judge.native import PARALLEL as NATIVE_PARALLEL, NativeCache, resolve_natively
 from .judge.phases import Classification, classify, main_thread, stack_signature
+from .judge.progress import StackWatch
 from .judge.steps import StepReader
 from .read.processes import procfs
 from .read.processes.exits import ExitLedger
@@ -22,7 +23,7 @@ from .read.processes.process import JobProcesses
 from .read.stacks.pyspy import find_pyspy
 from .read.stacks.sampler import StackSample, sample_all
 from .read.stacks.source_lines import source_line
-from .snapshot import PROBLEM_VERDICTS, LogActivity
+from .snapshot import LogActivity
 
 FULL_REFRESH_EVERY = 5  # every few polls, dump every rank anyway (other threads, stale lines)
 
@@ -31,8 +32,8 @@ class Sampler:
     """What the last rounds saw of each rank: its stacks and their classification, its steps,
     its log's growth; and why no rank could be sampled (py-spy missing)."""
 
-    def __init__(self, memory: JudgeMemory, exits: ExitLedger, auto_native: bool = True) -> None:
-        self.memory = memory
+    def __init__(self, exits: ExitLedger, auto_native: bool = True) -> None:
+        self.watch = StackWatch()  # each rank's last look, and when it progressed
         self.exits = exits  # who writes which log (growth of a shared one is nobody's in particular)
         self.auto_native = auto_native
         self.native = NativeCache()
@@ -53,16 +54,17 @@ class Sampler:
             self.train_tid.pop(pid, None)
             self.native.forget(pid)
             self.steps.forget(pid)
-            self.memory.progress.forget(pid)
+            self.watch.forget(pid)
         for path in [p for p in self._growth if p not in logs]:
             del self._growth[path]
             self._logs.forget(path)
 
     def round(self, job: JobProcesses, poll: int, native_for: frozenset[int],
-              resolve: bool = True) -> dict[int, StackSample]:
+              resolve: bool = True, problem: bool = False) -> dict[int, StackSample]:
         """One sampling round in poll number ``poll``. ``resolve``: take native samples where needed
         (the last two rounds of a poll: the first of them finds an unchanged stack, its dumps
-        overlap the pause before the last, which then reuses them from the cache)."""
+        overlap the pause before the last, which then reuses them from the cache). ``problem``:
+        the last verdict was a problem (step-like locals are read every poll then)."""
         try:
             find_pyspy()
             self.pyspy_missing = None
@@ -76,9 +78,9 @@ class Sampler:
             native = proc.rank in native_for
             tid = self.train_tid.get(proc.pid)
             counters = procfs.thread_counters(proc.pid, tid)
-            skip = poll % FULL_REFRESH_EVERY and not self.memory.progress.needs_dump(proc.pid, counters)
+            skip = poll % FULL_REFRESH_EVERY and not self.watch.needs_dump(proc.pid, counters)
             requests.append((proc.pid, native, self.stacks.get(proc.pid), bool(skip), counters, tid))
-        samples = sample_all(requests, locals_for=self._steps_due(requests, poll))
+        samples = sample_all(requests, locals_for=self._steps_due(requests, poll, problem))
         now = time.time()
         self._read_steps(samples, now)
         take = lambda pids: sample_all([(pid, True, None, False, None) for pid in pids],  # noqa: E731
@@ -90,18 +92,18 @@ class Sampler:
     def absorb(self, samples: dict[int, StackSample], now: float,
                take_native: Callable[[list[int]], dict[int, StackSample]], resolve: bool = True) -> dict[int, StackSample]:
         """The part of a round after py-spy: classify the samples, take native ones (``take_native``)
-        where a Python stack cannot say, and let the progress memory observe each rank. Recorded
+        where a Python stack cannot say, and look at each rank's progress (``watch``). Recorded
         samples replayed by the tests come through here too."""
         classified = {pid: classify(sample.threads, source_line) for pid, sample in samples.items()
                       if sample.threads is not None}
         if self.auto_native and resolve:
-            samples, classified = resolve_natively(samples, classified, self.native, self.memory.progress, now,
+            samples, classified = resolve_natively(samples, classified, self.native, self.watch, now,
                                                    take_native, source_line)
         for pid, cls in classified.items():
             sample = samples[pid]
             self.stacks[pid] = sample.threads
             self.classes[pid] = cls
-            self.memory.progress.observe(pid, stack_signature(main_thread(sample.threads)), cls.phase, sample.before,
+            self.watch.observe(pid, stack_signature(main_thread(sample.threads)), cls.phase, sample.before,
                                          sample.after, now, dumped=not sample.reused)
             self._follow_training_thread(pid, sample.threads)
         return samples
@@ -116,7 +118,7 @@ class Sampler:
                 self.train_tid.pop(pid, None)
             else:
                 self.train_tid[pid] = tid
-            self.memory.progress.rebaseline(pid, procfs.thread_counters(pid, tid))  # compare like with like
+            self.watch.rebaseline(pid, procfs.thread_counters(pid, tid))  # compare like with like
 
     def log_activity(self, path: str | None, now: float) -> LogActivity | None:
         """The growth of the log at ``path`` as last looked at."""
@@ -134,16 +136,14 @@ class Sampler:
         for proc in job.ranks:
             growth = looked.get(proc.log_path) if proc.log_path else None
             if growth is not None and growth.grew and self.exits.logs.own(growth.path):
-                self.memory.progress.mark_progress(proc.pid, now)
+                self.watch.mark(proc.pid, now)
 
     # -- steps (probes/judge/steps.py) ---------------------------------------------------------------
-    def _steps_due(self, requests: list, poll: int) -> frozenset[int]:
+    def _steps_due(self, requests: list, poll: int, problem: bool) -> frozenset[int]:
         """Ranks whose step-like locals this round reads, with --locals in the same pass: every
         round of the first window and of the full refreshes (every rank is dumped then anyway),
         every poll while the verdict is a problem; see StepReader.due."""
         self.steps.next_round()
-        last = self.memory.verdict
-        problem = last is not None and last.kind in PROBLEM_VERDICTS
         force, now = poll % FULL_REFRESH_EVERY == 0 or problem, time.time()
         return frozenset(pid for pid, native, _prev, _skip, counters, *_ in requests
                          if not native and self.steps.due(pid, counters, now, force=force))

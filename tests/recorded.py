@@ -33,20 +33,20 @@ def load(name: str, pid: int) -> tuple[ThreadStack, ...]:
     return tuple(parse_dump(json.loads((H100 / f"{name}.json").read_text()), pid))
 
 
-def observe(memory: JudgeMemory, prefix: str, pid: int, wakeups_per_sample: int, native: bool = True,
+def observe(prefix: str, pid: int, wakeups_per_sample: int, native: bool = True,
             rank: int = 0, start: float = 1000.0) -> ObservedRank:
     """One rank sampled as the live view samples it: three plain samples of ``<prefix>-1..3``
-    (+ the recorded native one when asked for), each observed by the judge's progress memory."""
+    (+ the recorded native one when asked for), its evidence carrying what the sampler saw."""
     native_threads = load(f"{prefix}-native", pid)
-    return sample_rounds(memory, pid, [load(f"{prefix}-{i}", pid) for i in (1, 2, 3)], wakeups_per_sample,
+    return sample_rounds(pid, [load(f"{prefix}-{i}", pid) for i in (1, 2, 3)], wakeups_per_sample,
                          native_threads if native else None, rank, start)
 
 
-def sample_rounds(memory: JudgeMemory, pid: int, rounds: list[tuple[ThreadStack, ...]], wakeups_per_sample: int,
+def sample_rounds(pid: int, rounds: list[tuple[ThreadStack, ...]], wakeups_per_sample: int,
                   native_threads: tuple[ThreadStack, ...] | None, rank: int, start: float = 1000.0) -> ObservedRank:
     """Observe ``rounds`` (one per sample, ``SPACING`` apart from ``start``) with the main thread's
     counters as recorded in the hangs: CPU always burning, ``wakeups_per_sample`` wake-ups each."""
-    sampler = Sampler(memory, ExitLedger(root_pid=1))  # the live view's own sampler, after its py-spy calls
+    sampler = Sampler(ExitLedger(root_pid=1))  # the live view's own sampler, after its py-spy calls
     now = start
     for i, threads in enumerate(rounds, start=1):
         now += SPACING
@@ -59,7 +59,8 @@ def sample_rounds(memory: JudgeMemory, pid: int, rounds: list[tuple[ThreadStack,
     cls, threads = sampler.classes[pid], sampler.stacks[pid]
     return ObservedRank(rank=rank, pid=pid, host="h", phase=cls.phase, op=cls.op, where=cls.where,
                         user_frame=cls.user_frame, detail=cls.detail, threads=threads,
-                        native=bool(threads) and any(f.native for f in threads[0].frames))
+                        native=bool(threads) and any(f.native for f in threads[0].frames),
+                        progress_seen=sampler.watch.take_signs(pid), watched_since=sampler.watch.first_seen(pid))
 
 
 def judged(memory: JudgeMemory, ranks: list[ObservedRank], collectives: CollectiveState | None = None,
@@ -71,7 +72,7 @@ def judged(memory: JudgeMemory, ranks: list[ObservedRank], collectives: Collecti
 def replay(prefix: str, pid: int, wakeups_per_sample: int, native: bool = True) -> Rank:
     """One rank's replayed recording, judged on its own."""
     memory = JudgeMemory()
-    (rank,) = judged(memory, [observe(memory, prefix, pid, wakeups_per_sample, native)]).ranks
+    (rank,) = judged(memory, [observe(prefix, pid, wakeups_per_sample, native)]).ranks
     return rank
 
 
@@ -81,21 +82,21 @@ def gloo_stacks(name: str) -> tuple[ThreadStack, ...]:
     return tuple(parse_dump(data, main_pid))
 
 
-def gloo_mismatch(memory: JudgeMemory) -> tuple[list[ObservedRank], CollectiveState, float]:
+def gloo_mismatch() -> tuple[list[ObservedRank], CollectiveState, float]:
     """Two gloo ranks (torch 2.13) that never wake up, both at the recorded all_gather stack, with
     the Flight Recorder traces of the recorded mismatch (rank 0 enqueued all_reduce #5)."""
     stacks = gloo_stacks("gloo_all_gather.json")
-    ranks = [sample_rounds(memory, 100 + n, [stacks] * 3, 0, None, n) for n in (0, 1)]
+    ranks = [sample_rounds(100 + n, [stacks] * 3, 0, None, n) for n in (0, 1)]
     traces = {n: load_trace((FIXTURES / "fr" / "gloo-2.13" / "mismatch" / f"rank{n}.json").read_bytes())
               for n in (0, 1)}
     return ranks, read_rows(traces, source="hook"), END
 
 
-def h100_item_hang(memory: JudgeMemory) -> tuple[list[ObservedRank], CollectiveState, float]:
+def h100_item_hang() -> tuple[list[ObservedRank], CollectiveState, float]:
     """The recorded H100 hang in ``.item()`` behind an all_reduce, with its Flight Recorder dump,
     judged 27.4 s after the all_reduce was enqueued."""
     fr = FIXTURES / "fr" / "h100" / "hook-dump_nccl_trace_json-hung.json"
     state = read_rows({0: load_trace(fr.read_bytes())}, source="hook")
     now = state.ranks[0].pending_since + 27.4
-    rank = observe(memory, "nccl_item-pid557", 557, wakeups_per_sample=0, start=now - 3 * SPACING)
+    rank = observe("nccl_item-pid557", 557, wakeups_per_sample=0, start=now - 3 * SPACING)
     return [rank], state, now

@@ -28,7 +28,8 @@ SLACK = 0.95
 class JudgeMemory:
     """What the judge remembers between polls of one job.
 
-    ``progress``: per PID, when each rank last showed progress (fed by whoever samples stacks);
+    ``progress``: per PID, when each rank last showed progress (the readers' moments in its
+    evidence, its completed collectives, RAS counts) and its rhythm;
     ``familiar``: per rank, the places it was seen at while running (breaks ties between groups);
     ``verdict``: the last verdict, so ``since`` says when the current one first held."""
 
@@ -75,6 +76,7 @@ class Judgement:
 def judge_job(evidence: ObservedJob, memory: JudgeMemory, now: float,
               options: JudgeOptions = JudgeOptions()) -> Judgement:
     """Judge one poll's evidence; updates ``memory``."""
+    _take_progress(evidence, memory.progress)
     collectives = judge_collectives(evidence.collective_state())
     # Completed collectives that advanced are progress, whatever the stacks showed.
     moved = memory.completed.advanced(collectives)
@@ -100,6 +102,16 @@ def judge_job(evidence: ObservedJob, memory: JudgeMemory, now: float,
                      collectives=collectives, warnings=job_warnings(evidence.job, ranks, options.window),
                      read_workers=tuple(r.pid for r in ranks if _waits_on_worker(r) and r.dataloader_worker is None),
                      notes=tuple(notes))
+
+
+def _take_progress(evidence: ObservedJob, progress: ProgressTracker) -> None:
+    """The readers' moments of progress join the memory; ranks no longer in the evidence leave it."""
+    for ev in evidence.ranks:
+        if ev.pid is not None and ev.watched_since is not None:
+            progress.watch(ev.pid, ev.watched_since)
+            for at in ev.progress_seen:
+                progress.mark_progress(ev.pid, at)
+    progress.forget_except({ev.pid for ev in evidence.ranks if ev.pid is not None})
 
 
 def _waits_on_worker(rank: Rank) -> bool:

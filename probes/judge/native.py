@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from .phases import Classification, SourceLine, classify, main_thread, stack_signature
-from .progress import ProgressTracker
+from .progress import StackWatch
 from ..observed import StackSample
 from ..snapshot import Phase, ThreadStack
 
@@ -77,7 +77,7 @@ class NativeCache:
 
 
 def resolve_natively(samples: dict[int, StackSample], classified: dict[int, Classification], cache: NativeCache,
-                     tracker: ProgressTracker, now: float,
+                     tracker: StackWatch, now: float,
                      take_native: Callable[[list[int]], dict[int, StackSample]],
                      source_line: SourceLine | None = None,
                      ) -> tuple[dict[int, StackSample], dict[int, Classification]]:

@@ -32,66 +32,133 @@ STEP_FACTOR = 3.0
 
 
 @dataclass
-class _Track:
+class _Look:
+    """The sampler's last look at one rank's main thread."""
+
     signature: tuple
     after: ThreadCounters | None  # counters at the last observation (right after a dump, if any)
-    progress_at: float  # last time progress was seen (or first seen)
     first_seen: float
     dumped_after: ThreadCounters | None = None  # counters right after the last real py-spy dump
+    signs: list[float] = field(default_factory=list)  # when progress was seen, not yet handed on
+
+
+def _woke(look: _Look, counters: ThreadCounters | None) -> bool:
+    """The main thread blocked and woke up at least ``MIN_WAKEUPS`` times since the last look."""
+    return counters is not None and look.after is not None and \
+        counters.voluntary - look.after.voluntary >= MIN_WAKEUPS
+
+
+class StackWatch:
+    """What the sampler read of each rank across its rounds: the last stack signature and
+    counters, and the moments they showed progress (or its log or storage counters grew), handed
+    to the judge with the rank's evidence (``ObservedRank.progress_seen``) and then forgotten.
+    Owned by the sampler; the judge keeps its own memory (:class:`ProgressTracker`)."""
+
+    SIGNS_KEPT = 64  # between two polls; a sampler that is never asked keeps only the latest
+
+    def __init__(self) -> None:
+        self._looks: dict[int, _Look] = {}
+
+    def observe(self, pid: int, signature: tuple, phase: str, before: ThreadCounters | None,
+                after: ThreadCounters | None, now: float, dumped: bool = True) -> None:
+        look = self._looks.get(pid)
+        if look is None:
+            self._looks[pid] = _Look(signature, after, now, dumped_after=after if dumped else None)
+            return
+        if self._progressed(look, signature, phase, before):
+            self.mark(pid, now)
+        look.signature, look.after = signature, after
+        if dumped:
+            look.dumped_after = after
+
+    @staticmethod
+    def _progressed(look: _Look, signature: tuple, phase: str, before: ThreadCounters | None) -> bool:
+        if signature != look.signature:
+            return True
+        if before is None or look.after is None:
+            return False
+        if _woke(look, before):
+            return True
+        return phase not in WAITING_PHASES and before.cpu_ticks > look.after.cpu_ticks
+
+    def mark(self, pid: int, now: float) -> None:
+        """Progress seen now by a reader (the stacks, the rank's own log, its storage counters)."""
+        look = self._looks.get(pid)
+        if look is not None:
+            look.signs = (look.signs + [now])[-self.SIGNS_KEPT:]
+
+    def take_signs(self, pid: int) -> tuple[float, ...]:
+        """The moments progress was seen since the last call (for this poll's evidence)."""
+        look = self._looks.get(pid)
+        if look is None:
+            return ()
+        signs, look.signs = tuple(look.signs), []
+        return signs
+
+    def first_seen(self, pid: int) -> float | None:
+        """When the sampler first looked at ``pid`` (None: never)."""
+        look = self._looks.get(pid)
+        return None if look is None else look.first_seen
+
+    def signature(self, pid: int) -> tuple | None:
+        """The Python stack signature last observed for ``pid``."""
+        look = self._looks.get(pid)
+        return None if look is None else look.signature
+
+    def woke(self, pid: int, before: ThreadCounters | None) -> bool:
+        """Whether the main thread blocked and woke up repeatedly since the last observation."""
+        look = self._looks.get(pid)
+        return look is not None and _woke(look, before)
+
+    def rebaseline(self, pid: int, counters: ThreadCounters | None) -> None:
+        """Forget counter changes someone else caused (an evidence dump's py-spy attaches)."""
+        look = self._looks.get(pid)
+        if look is not None and counters is not None:
+            look.after = counters
+
+    def needs_dump(self, pid: int, counters: ThreadCounters | None) -> bool:
+        """Whether a fresh stack is worth a py-spy call. Not when the main thread has not run at
+        all since the last dump (its stack cannot differ), nor when it plainly keeps working
+        (woke up repeatedly since the last look: progress is already known; the stack shown
+        may be a few polls old)."""
+        look = self._looks.get(pid)
+        if look is None or counters is None or look.dumped_after is None or look.after is None:
+            return True
+        if counters == look.dumped_after:
+            return False
+        return not _woke(look, counters)
+
+    def forget(self, pid: int) -> None:
+        self._looks.pop(pid, None)
+
+
+@dataclass
+class _Track:
+    progress_at: float  # last time progress was seen (or first seen)
+    first_seen: float
     gaps: list[float] = field(default_factory=list)  # recent quiet stretches that ended in progress
 
 
-def _woke(track: _Track, counters: ThreadCounters | None) -> bool:
-    """The main thread blocked and woke up at least ``MIN_WAKEUPS`` times since the track's last look."""
-    return counters is not None and track.after is not None and \
-        counters.voluntary - track.after.voluntary >= MIN_WAKEUPS
-
-
 class ProgressTracker:
-    """Per-PID memory of the last sample; lives as long as a live view or a snapshot window."""
+    """The judge's memory of each rank's progress across polls (per PID): when it was first
+    watched, when it last progressed (seen by the readers, or by its completed collectives and
+    NCCL RAS counts), and its recent quiet stretches, its rhythm."""
 
     def __init__(self) -> None:
         self._tracks: dict[int, _Track] = {}
 
-    def observe(self, pid: int, signature: tuple, phase: str, before: ThreadCounters | None,
-                after: ThreadCounters | None, now: float, dumped: bool = True) -> None:
-        track = self._tracks.get(pid)
-        if track is None:
-            self._tracks[pid] = _Track(signature, after, now, now, dumped_after=after if dumped else None)
-            return
-        if self._progressed(track, signature, phase, before):
-            self.mark_progress(pid, now)
-        track.signature, track.after = signature, after
-        if dumped:
-            track.dumped_after = after
-
-    @staticmethod
-    def _progressed(track: _Track, signature: tuple, phase: str, before: ThreadCounters | None) -> bool:
-        if signature != track.signature:
-            return True
-        if before is None or track.after is None:
-            return False
-        if _woke(track, before):
-            return True
-        return phase not in WAITING_PHASES and before.cpu_ticks > track.after.cpu_ticks
+    def watch(self, pid: int, since: float) -> None:
+        """Start following ``pid``, watched (sampled) since ``since``; nothing if already followed."""
+        if pid not in self._tracks:
+            self._tracks[pid] = _Track(since, since)
 
     def mark_progress(self, pid: int, now: float) -> None:
-        """Record progress seen now (by the stacks, or by another source such as Flight Recorder)."""
+        """Record progress seen at ``now`` (by a reader, or by another source such as Flight Recorder)."""
         track = self._tracks.get(pid)
         if track is None or now <= track.progress_at:
             return
         track.gaps = (track.gaps + [now - track.progress_at])[-GAPS_KEPT:]
         track.progress_at = now
-
-    def signature(self, pid: int) -> tuple | None:
-        """The Python stack signature last observed for ``pid``."""
-        track = self._tracks.get(pid)
-        return None if track is None else track.signature
-
-    def woke(self, pid: int, before: ThreadCounters | None) -> bool:
-        """Whether the main thread blocked and woke up repeatedly since the last observation."""
-        track = self._tracks.get(pid)
-        return track is not None and _woke(track, before)
 
     def threshold(self, pid: int, window: float, step_period: float | None = None) -> float:
         """Seconds without progress after which this rank counts as stuck (see the module doc)."""
@@ -105,14 +172,8 @@ class ProgressTracker:
         track = self._tracks.get(pid)
         return max(track.gaps) if track is not None and track.gaps else None
 
-    def rebaseline(self, pid: int, counters: ThreadCounters | None) -> None:
-        """Forget counter changes someone else caused (an evidence dump's py-spy attaches)."""
-        track = self._tracks.get(pid)
-        if track is not None and counters is not None:
-            track.after = counters
-
     def idle_for(self, pid: int, now: float) -> float | None:
-        """Seconds since the rank last showed progress; None if never sampled."""
+        """Seconds since the rank last showed progress; None if never watched."""
         track = self._tracks.get(pid)
         return None if track is None else now - track.progress_at
 
@@ -120,20 +181,10 @@ class ProgressTracker:
         track = self._tracks.get(pid)
         return 0.0 if track is None else now - track.first_seen
 
-    def needs_dump(self, pid: int, counters: ThreadCounters | None) -> bool:
-        """Whether a fresh stack is worth a py-spy call. Not when the main thread has not run at
-        all since the last dump (its stack cannot differ), nor when it plainly keeps working
-        (woke up repeatedly since the last look: progress is already known; the stack shown
-        may be a few polls old)."""
-        track = self._tracks.get(pid)
-        if track is None or counters is None or track.dumped_after is None or track.after is None:
-            return True
-        if counters == track.dumped_after:
-            return False
-        return not _woke(track, counters)
-
-    def forget(self, pid: int) -> None:
-        self._tracks.pop(pid, None)
+    def forget_except(self, pids: set[int]) -> None:
+        """Forget every PID not in ``pids`` (ranks no longer in the evidence: restarted, gone)."""
+        for pid in [p for p in self._tracks if p not in pids]:
+            del self._tracks[pid]
 
 
 class CompletedCollectives:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from trainwatch.probes.judge.native import NativeCache, resolve_natively
 from trainwatch.probes.judge.phases import classify, main_thread, stack_signature
 from trainwatch.probes.read.processes.procfs import ThreadCounters
-from trainwatch.probes.judge.progress import ProgressTracker
+from trainwatch.probes.judge.progress import StackWatch
 from trainwatch.probes.read.stacks.sampler import StackSample
 from trainwatch.probes.snapshot import Frame, ThreadStack
 
@@ -23,7 +23,7 @@ def backward_stack(pid: int, native: bool = False) -> tuple[ThreadStack, ...]:
 
 def test_ranks_with_the_same_python_stack_share_one_native_sample():
     pids = [101, 102, 103]
-    tracker, cache, asked = ProgressTracker(), NativeCache(), []
+    tracker, cache, asked = StackWatch(), NativeCache(), []
     samples = {pid: StackSample(pid, backward_stack(pid), COUNTERS, COUNTERS) for pid in pids}
     for pid in pids:  # seen once before with the same stack: unchanged now
         tracker.observe(pid, stack_signature(main_thread(samples[pid].threads)), "compute", COUNTERS, COUNTERS, 1.0)

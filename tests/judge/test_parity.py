@@ -21,7 +21,7 @@ SCENARIOS = {"h100-item-hang": h100_item_hang, "gloo-mismatch": gloo_mismatch}
 def live(scenario: str, with_collectives: bool = True) -> Snapshot:
     """The snapshot the live view builds from this evidence (``LocalSource._build``)."""
     memory = JudgeMemory()
-    ranks, collectives, now = SCENARIOS[scenario](memory)
+    ranks, collectives, now = SCENARIOS[scenario]()
     state = collectives if with_collectives else None
     judgement = judged(memory, ranks, state, now)
     return Snapshot(job=JOB, ranks=judgement.ranks, groups=judgement.groups, verdict=judgement.verdict,

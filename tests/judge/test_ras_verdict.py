@@ -197,7 +197,7 @@ def test_through_the_one_judge_advancing_counts_keep_a_gpu_waiting_rank_running(
     ranks = tuple(ObservedRank(rank=n, pid=4101 + n, host="node11", phase="gpu_wait", op="item()",
                                where="train.py:88 main") for n in range(4))
     for pid in (4101, 4102, 4103, 4104):
-        memory.progress.observe(pid, ("same",), "gpu_wait", None, None, 0.0)
+        memory.progress.watch(pid, 0.0)
     options = JudgeOptions(window=3.0)
 
     def poll(seen, now):

@@ -18,6 +18,7 @@ from dataclasses import replace
 
 from recorded import END, JudgeMemory, judged, load, observe, replay
 from trainwatch.probes.judge.phases import classify, main_thread, stack_signature
+from trainwatch.probes.judge.progress import StackWatch
 from trainwatch.probes.observed import ObservedRank
 from trainwatch.probes.read.processes.process import collective_timeout_s
 from trainwatch.probes.read.processes.procfs import ThreadCounters
@@ -40,7 +41,7 @@ HANGS = [  # (recording, pid, op shown, where)
 def test_nccl_hangs_are_not_called_hang_on_first_attach_without_evidence(prefix, pid, op, where):
     # 3 s of waiting on the GPU and no collective state: a long GPU step would look the same.
     memory = JudgeMemory()
-    result = judged(memory, [observe(memory, prefix, pid, wakeups_per_sample=0)])
+    result = judged(memory, [observe(prefix, pid, wakeups_per_sample=0)])
     (rank,), verdict = result.ranks, result.verdict
     assert (rank.state, rank.phase, rank.op, rank.where) == ("stuck", "gpu_wait", op, where)
     assert verdict.kind == "unknown"
@@ -51,7 +52,7 @@ def test_nccl_hangs_are_not_called_hang_on_first_attach_without_evidence(prefix,
 @pytest.mark.parametrize("prefix,pid,op,where", HANGS, ids=[h[0] for h in HANGS])
 def test_nccl_hangs_judged_hang_once_the_bound_passes(prefix, pid, op, where):
     memory = JudgeMemory()
-    evidence = observe(memory, prefix, pid, wakeups_per_sample=0)
+    evidence = observe(prefix, pid, wakeups_per_sample=0)
     verdict = judged(memory, [evidence], now=END + 122.0).verdict  # the live view, 2 min on: no progress since
     assert verdict.kind == "hang"
     assert verdict.summary.startswith(f"rank 0 waits on its GPU ({op}) at {where} for 125s+: no local culprit")
@@ -62,7 +63,7 @@ def test_nccl_hangs_judged_hang_once_the_bound_passes(prefix, pid, op, where):
 def test_nccl_hangs_judged_hang_at_once_when_the_log_went_silent(prefix, pid, op, where):
     memory = JudgeMemory()
     silent = LogActivity(age_s=19 * 60, every_s=10.0, longest_s=12.0)
-    verdict = judged(memory, [replace(observe(memory, prefix, pid, wakeups_per_sample=0), log=silent)]).verdict
+    verdict = judged(memory, [replace(observe(prefix, pid, wakeups_per_sample=0), log=silent)]).verdict
     assert verdict.kind == "hang"
     assert verdict.summary.endswith("; last output 19 min ago; it wrote every 10 s: its log went silent")
 
@@ -70,7 +71,7 @@ def test_nccl_hangs_judged_hang_at_once_when_the_log_went_silent(prefix, pid, op
 def first_attach(log: LogActivity | None = None, prefix: str = "nccl_item-pid557", pid: int = 557, **fields):
     """The recorded hang's rank on first attach with ``log`` (and other evidence ``fields``), judged."""
     memory = JudgeMemory()
-    evidence = replace(observe(memory, prefix, pid, wakeups_per_sample=0), log=log, **fields)
+    evidence = replace(observe(prefix, pid, wakeups_per_sample=0), log=log, **fields)
     return memory, evidence, judged(memory, [evidence]).verdict
 
 
@@ -107,8 +108,8 @@ def test_the_jobs_own_timeout_and_rhythm_set_the_bound():
 
 def test_gpu_waits_at_different_places_are_no_mismatch_without_evidence():
     memory = JudgeMemory()
-    ranks = [observe(memory, "nccl_item-pid557", 557, wakeups_per_sample=0, rank=0),
-             observe(memory, "nccl_sync-pid564", 564, wakeups_per_sample=0, rank=1)]
+    ranks = [observe("nccl_item-pid557", 557, wakeups_per_sample=0, rank=0),
+             observe("nccl_sync-pid564", 564, wakeups_per_sample=0, rank=1)]
     verdict = judged(memory, ranks).verdict
     assert verdict.kind == "unknown"
     assert verdict.summary.startswith("all 2 ranks wait on their GPUs (rank 0 is in a GPU wait (item()) at gpujob.py:100 "
@@ -133,7 +134,7 @@ def test_without_native_frames_the_spin_looks_like_work(prefix, pid):
 
 def test_nccl_barrier_stays_a_collective_hang_without_native_sample():
     memory = JudgeMemory()
-    result = judged(memory, [observe(memory, "nccl_barrier-pid555", 555, wakeups_per_sample=0)])
+    result = judged(memory, [observe("nccl_barrier-pid555", 555, wakeups_per_sample=0)])
     (rank,) = result.ranks
     assert (rank.state, rank.phase, rank.op, rank.native) == ("stuck", "collective", "barrier", False)
     assert not any(f.native for t in rank.threads for f in t.frames)  # clear from Python: no native sample
@@ -142,7 +143,7 @@ def test_nccl_barrier_stays_a_collective_hang_without_native_sample():
 
 def test_gpubound_job_stays_healthy():
     memory = JudgeMemory()
-    result = judged(memory, [observe(memory, f"gpubound-pid{pid}", pid, wakeups_per_sample=4, rank=i)
+    result = judged(memory, [observe(f"gpubound-pid{pid}", pid, wakeups_per_sample=4, rank=i)
                              for i, pid in enumerate((558, 559))])
     ranks = result.ranks
     assert [r.phase for r in ranks] == ["gpu_wait", "gpu_wait"]  # a sync point, seen each time...
@@ -162,7 +163,7 @@ def test_nccl_item_hang_with_its_flight_recorder_names_the_pending_all_reduce():
     state = read_rows({0: load_trace(fr.read_bytes())})
     (row,) = state.ranks
     memory = JudgeMemory()
-    evidence = observe(memory, "nccl_item-pid557", 557, wakeups_per_sample=0)
+    evidence = observe("nccl_item-pid557", 557, wakeups_per_sample=0)
     verdict = judged(memory, [evidence], state, now=row.pending_since + 27.4).verdict
     assert verdict.kind == "hang"
     assert verdict.summary.startswith(
@@ -187,7 +188,7 @@ def test_replayed_long_gpu_step_is_never_hang():
     """A healthy rank whose host blocks 8 s in ``torch.cuda.synchronize`` every step, spinning as the
     recorded CUDA waits do (voluntary context switches +0, CPU 100%), then moves on; the live view
     polls it every second from first attach and the one judge decides."""
-    pid, memory = 558, JudgeMemory()
+    pid, memory, watch = 558, JudgeMemory(), StackWatch()  # the sampler's look, the judge's memory
     waiting = load("gpubound-pid558-1", pid)
     moving = _moved_on(waiting)
     now, ticks, seen = 1000.0, 0, []
@@ -196,9 +197,10 @@ def test_replayed_long_gpu_step_is_never_hang():
             now, ticks = now + 1.0, ticks + 100
             counters = ThreadCounters(cpu_ticks=ticks, voluntary=40, involuntary=3)
             cls = classify(threads)
-            memory.progress.observe(pid, stack_signature(main_thread(threads)), cls.phase, counters, counters, now)
+            watch.observe(pid, stack_signature(main_thread(threads)), cls.phase, counters, counters, now)
             evidence = ObservedRank(rank=0, pid=pid, host="h", phase=cls.phase, op=cls.op, where=cls.where,
-                                    user_frame=cls.user_frame, threads=threads)
+                                    user_frame=cls.user_frame, threads=threads, progress_seen=watch.take_signs(pid),
+                                    watched_since=watch.first_seen(pid))
             seen.append((step, cls.phase, judged(memory, [evidence], now=now).verdict))
     assert {phase for _s, phase, _v in seen} == {"gpu_wait", "compute"}
     assert not [v for _s, _p, v in seen if v.kind == "hang"]
