@@ -123,9 +123,11 @@ class LocalSource(OneNodeSource):
                                **collective.fields)
         options = JudgeOptions(window=self.window, stuck_after=self.stuck_after)
         judged = judge_job(evidence, self.memory, now, options)
-        if judged.read_workers:  # the judge asks who holds a rank up: read its DataLoader workers, ask again
-            evidence = replace(evidence, ranks=tuple(self._with_worker(r, judged.read_workers) for r in evidence.ranks))
-            judged = judge_job(evidence, self.memory, now, options)
+        if judged.read_workers:  # the judge asks who holds a rank up: read its DataLoader workers
+            read = tuple(self._with_worker(r, judged.read_workers) for r in evidence.ranks)
+            if any(r.dataloader_worker for r in read):  # one is busy somewhere: ask again, knowing it
+                evidence = replace(evidence, ranks=read)
+                judged = judge_job(evidence, self.memory, now, options)
         ranked = judged.ranks
         self._problem = judged.verdict.kind in PROBLEM_VERDICTS
         if not self._collective_wait:  # the next read, knowing whether a stuck episode (pipe dumps) is on
