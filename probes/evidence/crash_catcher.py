@@ -34,6 +34,17 @@ from ..read.logs.ranklog import RankLogs
 LATE_S = 10.0  # how long a rank reaped without a word may still be explained by its log
 ALONE_S = 2.0  # a rank gone with no word while the others live on this long left the job abnormally
 LAUNCHER_LOG_BYTES = 512 * 1024
+CRASHES_KEPT = 1024  # crash records kept: the first death and the latest others
+
+
+def latest_records(records: list[CrashRecord], kept: int = CRASHES_KEPT) -> list[CrashRecord]:
+    """The first death and the latest others, at most ``kept`` in all: a job restarting for a week
+    does not grow the catcher without end."""
+    if len(records) <= kept:
+        return records
+    first = [r for r in records if r.exit.first][:1]
+    others = [r for r in records if not r.exit.first]
+    return first + others[len(others) - (kept - len(first)):]
 
 
 class CrashCatcher:
@@ -47,7 +58,6 @@ class CrashCatcher:
         self.run_dir = Path(run_dir) if run_dir else None
         self.save_dir = Path(save_dir) if save_dir else None
         self.records: list[CrashRecord] = []
-        self.exited_ok: list[int] = []  # ranks that ended with status 0
         self.logs = RankLogs()
         self._tracked: dict[int, RankProcess] = {}
         self._done: set[int] = set()  # pids already judged
@@ -127,6 +137,7 @@ class CrashCatcher:
         if self.run_dir is None and job.run_dir:
             self.run_dir = Path(job.run_dir)
         ranks = ended.infer_ranks(job)
+        self._done &= {proc.pid for proc in ranks}  # judged and no longer listed: never seen again
         for proc in ranks:
             self.logs.note_writer(proc.pid, proc.log_path)
         if job.launcher_pid:
@@ -170,7 +181,6 @@ class CrashCatcher:
                            source=info.source or "memory cgroup")
         record = replace(record, exit=info)
         if info.code == 0 and info.signal is None:
-            self.exited_ok.append(proc.pid)
             return None
         if info.reason is None:
             self._unexplained[proc.pid] = (proc, status, info.at or time.time())
@@ -294,6 +304,7 @@ class CrashCatcher:
     def _mark_first(self, new: list[CrashRecord]) -> None:
         if any(r.exit.first for r in self.records):
             self.records.extend(new)
+            self.records[:] = latest_records(self.records)
             return
         first_pid = exits.first_to_die((r.pid, r.exit) for r in new)
         ordered = sorted(new, key=lambda r: r.pid != first_pid)

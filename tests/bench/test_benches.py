@@ -16,6 +16,7 @@ sys.path.insert(0, str(HERE))
 PURE = {
     "bench_merge": ["--sizes", "64,128"],
     "bench_gpu": ["--ticks", "3"],
+    "bench_restarts": ["--restarts", "40"],
     "bench_fanout": ["--nodes", "12", "--polls", "2", "--window", "0.5", "--interval", "0.5", "--start", "0.05", "0.2"],
 }
 # Benchmarks that start real jobs.

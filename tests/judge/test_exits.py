@@ -187,3 +187,35 @@ def test_a_single_node_job_in_rendezvous_is_not_said_to_wait_for_other_nodes():
     assert one.kind == two.kind == "rendezvous"
     assert "other nodes" not in one.summary and "still starting its workers" in one.summary
     assert two.summary.endswith("other nodes have not joined")
+
+
+def test_the_kernel_log_is_read_once_for_ranks_that_die_together_and_the_last_fault_of_a_pid_wins(tmp_path):
+    from trainwatch.probes.read.logs import kernlog
+
+    kmsg = tmp_path / "kmsg-together"
+    kmsg.write_text("6,1,1,-;python[4242]: segfault at 0 ip 0 sp 0 error 4 in libc.so\n"
+                    "6,2,2,-;traps: python[4242] trap invalid opcode ip:0 sp:0 error:0\n"
+                    "6,3,3,-;traps: python[4243] trap divide error ip:0 sp:0 error:0\n")
+    assert kernlog.kernel_fault(4242, str(kmsg))[0] == "SIGILL"
+    kmsg.write_text("")  # within FRESH_S: the same read answers the rank that died beside it
+    assert kernlog.kernel_fault(4243, str(kmsg))[0] == "SIGFPE"
+
+
+def test_a_week_of_restarts_keeps_the_first_death_and_the_latest_others():
+    from trainwatch.probes.evidence.crash_catcher import latest_records
+
+    records = [CrashRecord(rank=n % 8, pid=1000 + n, exit=ExitInfo(code=1, first=n == 3)) for n in range(50)]
+    kept = latest_records(records, kept=10)
+    assert [r.pid for r in kept] == [1003, *range(1041, 1050)]
+    assert latest_records(records[:10], kept=10) == records[:10]
+
+
+def test_the_ledger_remembers_only_the_latest_restarted_pids(monkeypatch):
+    from trainwatch.probes.read.processes import exits as ledger_module
+
+    monkeypatch.setattr(ledger_module, "FORGOTTEN_KEPT", 3)
+    ledger = ExitLedger(root_pid=GONE_PID)
+    for pid in range(10, 20):
+        ledger.forget(pid)
+    ledger.adopt([CrashRecord(rank=0, pid=pid, exit=ExitInfo(code=1)) for pid in (15, 19)])
+    assert list(ledger._exits) == [15]  # 19 was restarted lately: not shown again; 15's PID may be reused

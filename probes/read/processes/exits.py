@@ -33,6 +33,8 @@ from ..logs.ranklog import LogReason, RankLogs
 from ...snapshot import ExitInfo, ThreadStack
 
 Clean = Callable[[str], str]
+FORGOTTEN_KEPT = 4096  # restarted PIDs remembered as never to be shown again
+
 _WORKERS = re.compile(r"DataLoader worker \(pids?\(?s?\)? ([\d, ]+)\)")
 
 
@@ -213,7 +215,9 @@ class ExitLedger:
         self._logs_of: dict[int, str] = {}  # pid -> the log an exited rank's reason came from
         self._launcher_log: str | None = None
         self.exit_events: ExitEvents | None = None  # set by whoever listens (the crash catcher's)
-        self._forgotten: set[int] = set()  # PIDs of ranks restarted since: never shown again
+        # PIDs of ranks restarted since: never shown again. Only the latest FORGOTTEN_KEPT: a record
+        # for an older one no longer arrives, and the kernel reuses PIDs.
+        self._forgotten: dict[int, None] = {}
 
     def note_job(self, job: JobProcesses) -> None:
         """Remember who writes which log (a file with several writers is shared)."""
@@ -252,7 +256,9 @@ class ExitLedger:
 
     def forget(self, pid: int) -> None:
         """A rank restarted under a new PID: its old process is not shown again, nor remembered."""
-        self._forgotten.add(pid)
+        self._forgotten[pid] = None
+        while len(self._forgotten) > FORGOTTEN_KEPT:
+            del self._forgotten[next(iter(self._forgotten))]
         for known in (self._exits, self._numbers, self._procs, self._raised, self._logs_of):
             known.pop(pid, None)
 
