@@ -153,7 +153,7 @@ class LocalEvidence:
             return None, ranks
         try:
             reading = self.gpu.read(job.ranks, job.launcher)
-        except Exception as exc:  # the GPU probe must never take the snapshot down
+        except Exception as exc:  # noqa: BLE001 - the GPU probe must never take the snapshot down
             notes.append(f"GPU probe failed: {exc}")
             return None, ranks
         warnings += list(reading.warnings)

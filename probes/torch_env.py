@@ -110,6 +110,6 @@ def library_names(torch_dir: str, names: list[str]) -> dict[str, bool | None]:
             with open(path, "rb") as lib, mmap.mmap(lib.fileno(), 0, access=mmap.ACCESS_READ) as data:
                 found = {m.group(1).decode() for m in pattern.finditer(data)}
         except (OSError, ValueError):
-            continue
+            continue  # not in this torch build (or empty): the next library may name them
         return {name: name in found for name in names}
     return dict.fromkeys(names)

@@ -70,7 +70,7 @@ def run_torchfrtrace(
     with tempfile.TemporaryDirectory(prefix="torchfrtrace-") as tmp:
         try:
             _stage(dumps, Path(tmp))
-        except Exception as exc:  # every failure becomes the answer's error
+        except Exception as exc:  # noqa: BLE001 - every failure becomes the answer's error
             return AnchorAnswer((), None, "", (), f"{type(exc).__name__}: {exc}")
         read_order = tuple(int(name[len(PREFIX):]) for name in next(os.walk(tmp))[2])
         command = (sys.executable, "-m", MODULE, tmp, "--prefix", PREFIX)

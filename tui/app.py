@@ -180,7 +180,7 @@ class TrainwatchApp(App[None]):
                 result.append(SnapshotReady(snapshot))
             except TrainwatchError as exc:
                 result.append(PollFailed(exc.message + (f" ({exc.remedy})" if exc.remedy else "")))
-            except Exception as exc:  # a probe bug must not take the monitor down
+            except Exception as exc:  # noqa: BLE001 - a probe bug must not take the monitor down
                 result.append(PollFailed(f"sampling failed: {type(exc).__name__}: {exc}"))
             finally:
                 done.set()

@@ -34,17 +34,17 @@ def stop_job_tree(pid: int, grace: float = 3.0) -> None:
         root = psutil.Process(pid)
         family = [root, *root.children(recursive=True)]
     except psutil.Error:
-        return
+        return  # already gone
     try:
         root.terminate()
     except psutil.Error:
-        pass
+        pass  # gone meanwhile
     _, alive = psutil.wait_procs(family, timeout=grace)
     for proc in alive:
         try:
             proc.kill()
         except psutil.Error:
-            pass
+            pass  # gone meanwhile
     psutil.wait_procs(alive, timeout=grace)
 
 

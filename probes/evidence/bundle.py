@@ -72,7 +72,7 @@ class _Writer:
             try:
                 content = content.decode("utf-8")
             except UnicodeDecodeError:
-                pass
+                pass  # binary: written as it is, unredacted text cannot hide in it
         if isinstance(content, str):
             data = self.redactor.text(content).encode()
         else:

@@ -56,7 +56,7 @@ def bounded(fn: Callable[[], Any], timeout: float) -> tuple[Any, str | None]:
             box["result"] = fn()
         except TrainwatchError as exc:
             box["error"] = exc.message
-        except Exception as exc:  # a probe bug must not abort the dump
+        except Exception as exc:  # noqa: BLE001 - a probe bug must not abort the dump
             box["error"] = f"{type(exc).__name__}: {exc}"
 
     thread = threading.Thread(target=target, daemon=True, name="trainwatch-bundle-step")

@@ -125,7 +125,7 @@ class CrashCatcher:
             try:
                 family = frozenset(p.pid for p in psutil.Process(self.root_pid).children(recursive=True))
             except psutil.Error:
-                return
+                return  # the root is gone: job_alive() says so and the catcher's last tick follows
         if family == self._family:
             return
         self._family = family

@@ -164,7 +164,7 @@ class Watcher:
             return
         try:
             snapshot = self.source.poll()
-        except Exception as exc:  # the job may be ending under us; the crash path still works
+        except Exception as exc:  # noqa: BLE001 - the job may be ending under us; the crash path still works
             self._say(WatchEvent("note", f"note: snapshot failed: {exc}"))
             return
         self.last = snapshot
@@ -329,7 +329,7 @@ class Watcher:
             with self.source.paused_judgement() if self.source is not None else contextlib.nullcontext():
                 path = write_bundle(self.pid, snapshot, self.out_dir, reason=reason,
                                     familiar=self.source.remembered_places(), early_stacks=self.early)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a bundle that fails is said, and watching goes on
             self._say(WatchEvent("note", f"note: bundle failed: {type(exc).__name__}: {exc}"))
             return None
         self.bundles.append(Path(path))

@@ -123,7 +123,7 @@ def _ensure_run_json(run_dir: Path, signal_no: int | None) -> None:
     try:
         fd = os.open(rundir.run_json(run_dir), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
-        return
+        return  # another rank wrote it first
     with os.fdopen(fd, "w") as out:
         json.dump({"command": None, "started_at": time.time(), "host": socket.gethostname(),
                    "faulthandler": {"signal": signal_no}, "armed_by": "import"}, out, indent=2)
@@ -204,7 +204,7 @@ def _hook_excepthook(path: Path) -> None:
                 "exception": "".join(traceback.format_exception_only(kind, value)).strip(),
                 "frame": f"{last.filename}:{last.lineno} {last.name}" if last else None,
             })
-        except Exception:
+        except Exception:  # noqa: BLE001 - inside the job's excepthook: the job's own traceback still prints
             pass
         words = _state.get("last_words")
         if isinstance(words, _LastWords) and os.getpid() == _state.get("pid"):
@@ -404,7 +404,7 @@ def _listen(words: _LastWords, read_fd: int) -> None:
             words.reading = False
             continue
         except (OSError, ValueError):
-            return
+            return  # the pipe closed: the hook is being let go
         if not data:
             return
         for signum in data:
@@ -437,7 +437,7 @@ def _speak(words: _LastWords, trigger: str, deadline: float, then_die: bool = Fa
             timer.name, timer.daemon = "trainwatch-last-words-deadline", True
             timer.start()
         _write_last_words(words, trigger, deadline, tb)
-    except Exception:  # last words never take the job down, nor keep it from ending
+    except Exception:  # noqa: BLE001 - last words never take the job down, nor keep it from ending
         pass
     finally:
         words.done.set()
@@ -480,7 +480,7 @@ def _die_by(words: _LastWords, signum: int) -> None:
             words.libc_signal(signum, None)
         os.kill(os.getpid(), signum)
     except (OSError, ValueError, TypeError):
-        pass
+        pass  # inside the job: its own end goes on as it would have
 
 
 def _forget_last_words() -> None:
@@ -496,14 +496,14 @@ def _forget_last_words() -> None:
             if signal.getsignal(signum) is handler:  # the job's own disposition, as before arming
                 signal.signal(signum, words.previous[signum])
         except (RuntimeError, ValueError, OSError):
-            pass
+            pass  # disarming inside the job: what cannot be undone stays as armed
     if words.wakeup_fd is not None:
         try:
             old = signal.set_wakeup_fd(-1)
             if old != words.wakeup_fd:  # the job's since: keep it
                 signal.set_wakeup_fd(old)
         except (ValueError, OSError):
-            pass
+            pass  # not the main thread: the wakeup fd stays as it is
 
 
 def _await_last_words() -> None:
@@ -570,14 +570,14 @@ def _accept_loop(server: socket.socket) -> None:
         try:
             conn, _ = server.accept()
         except OSError:
-            return
+            return  # the socket was closed: the hook is being let go
         with conn:
             try:
                 conn.settimeout(5.0)
                 command = conn.recv(MAX_REQUEST).decode(errors="replace").strip()
                 reply = handle(command)
                 conn.sendall(json.dumps(reply).encode() + b"\n")
-            except Exception:  # a broken client never takes the hook down
+            except Exception:  # noqa: BLE001 - a broken client never takes the hook down
                 continue
 
 
@@ -590,7 +590,7 @@ def handle(command: str) -> dict:
             return _ok(all_stacks())
         if command == "fr_trace":
             return fr_trace()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the job's own process: the client gets the error
         return _err(f"{command} failed: {type(exc).__name__}: {exc}")
     return _err(f"unknown command {command!r}; expected one of {', '.join(COMMANDS)}")
 
@@ -671,7 +671,7 @@ def fr_trace() -> dict:
             continue
         try:
             raw = dump(**kwargs)
-        except Exception as exc:  # e.g. no process group of that backend
+        except Exception as exc:  # noqa: BLE001 - e.g. no process group of that backend
             errors[name] = f"{function} failed: {type(exc).__name__}: {exc}"
             continue
         parts[name] = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)

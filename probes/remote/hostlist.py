@@ -137,7 +137,7 @@ def slurm_hostnames(nodelist: str, timeout: float = 10.0) -> list[str]:
             if done.returncode == 0 and done.stdout.strip():
                 return unique(done.stdout.split())
         except (OSError, subprocess.TimeoutExpired):
-            pass
+            pass  # no answer from scontrol: expanded here instead
     return expand_nodelist(nodelist)
 
 

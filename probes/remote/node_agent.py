@@ -47,14 +47,14 @@ class Requests:
             for raw in stream:
                 self._take(raw)
         except (OSError, ValueError):
-            pass
+            pass  # stdin closed: the viewer asks nothing more; the agent polls on until its stdout breaks
         self.stop.set()  # stdin closed: the viewer is gone
 
     def _take(self, raw: bytes) -> None:
         try:
             data = json.loads(raw)
         except ValueError:
-            return
+            return  # not a request (a stray line on the terminal): ignored
         if isinstance(data, dict):
             self.full_all = data.get("full") == "all" or (self.full_all and "full" not in data)
             self.full = _ranks(data.get("full"), self.full)
@@ -82,7 +82,7 @@ def _die_with_parent() -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
-        pass
+        pass  # no prctl (not Linux): the agent still ends when its stdout breaks
 
 
 def run_agent(open_source: Callable[[], Any], interval: float, *, once: bool = False,
@@ -146,7 +146,7 @@ def run_agent(open_source: Callable[[], Any], interval: float, *, once: bool = F
                 if requests.changed.wait(min(0.2, max(0.0, deadline - time.monotonic()))):
                     break
     except BrokenPipeError:
-        pass
+        pass  # the viewer went away: the agent's work is done
     finally:
         if source is not None:
             source.close()

@@ -221,7 +221,10 @@ class StreamSource(NodeEvidence):
         while not self._closed.is_set():
             try:
                 events = self._selector.select(timeout=0.5)
-            except (OSError, ValueError):
+            except (OSError, ValueError) as exc:  # closed by close(); otherwise every node hears why
+                if not self._closed.is_set():
+                    with self._lock:
+                        self._fail(list(self.nodes), f"reading the agents stopped: {exc}", time.monotonic())
                 return
             for key, _ in events:
                 if key.fd == self._wake_r:
@@ -239,7 +242,7 @@ class StreamSource(NodeEvidence):
         try:
             chunk = os.read(fd, 1 << 16)
         except BlockingIOError:
-            return
+            return  # woken for nothing: the next select says when there is more
         except OSError:
             chunk = b""
         with self._lock:

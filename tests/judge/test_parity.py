@@ -1,6 +1,7 @@
 """One judge, every path: the same recorded evidence gives the same verdict, culprits and words
 through the live view, a bundle re-judged with its own Flight Recorder traces, `watch`, and the
-merged multi-node view (one node, and the ranks split over two nodes)."""
+merged multi-node view (one node, and the ranks split over two nodes; a node read through the agents'
+compact wire and through its snapshot JSON)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from trainwatch.probes.source import OneNodeSource
 from trainwatch.probes.evidence.bundle import rejudged
 from trainwatch.probes.evidence.watcher import Watcher
 from trainwatch.probes.remote.merge import NodeView, merge_nodes
+from trainwatch.probes.remote.wire import decode_line, encode_line
 from trainwatch.probes.snapshot import CollectiveState, Snapshot
 
 SCENARIOS = {"h100-item-hang": h100_item_hang, "gloo-mismatch": gloo_mismatch}
@@ -79,3 +81,15 @@ def test_ranks_split_over_two_nodes_are_judged_as_one_job():
                               local=n == 0))
     merged = merge_nodes(nodes)
     assert said(merged) == said(expected)
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_a_node_read_through_its_agent_and_through_its_snapshot_json_is_judged_alike(scenario):
+    expected = live(scenario)
+    through_json = Snapshot.from_json(expected.to_json())
+    through_wire = decode_line(encode_line(expected, "h")).snapshot
+    by_json = merge_nodes([NodeView("h", through_json, local=False)])
+    by_wire = merge_nodes([NodeView("h", through_wire, local=False)])
+    assert said(by_wire) == said(by_json) == said(expected)
+    assert [(r.rank, r.state, r.where, r.log_tail) for r in by_wire.ranks] == \
+        [(r.rank, r.state, r.where, r.log_tail) for r in by_json.ranks]

@@ -300,7 +300,7 @@ def test_read_is_safe_from_threads():
         try:
             for _ in range(20):
                 assert p.read(ranks, "torchrun").per_pid[1003].index == 3
-        except Exception as exc:  # pragma: no cover - reported below
+        except Exception as exc:  # noqa: BLE001 - pragma: no cover - reported below
             errors.append(exc)
 
     threads = [threading.Thread(target=work) for _ in range(4)]

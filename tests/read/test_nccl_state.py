@@ -23,6 +23,9 @@ def test_fr_files_on_disk(tmp_path):
     assert found.data == b'{"entries": []}' and found.origin == str(tmp_path / "fr_2")
     [missing] = nccl_state.fr_files_on_disk(3, env)
     assert missing.data is None and "fr_3" in missing.note
+    (tmp_path / "fr_4").mkdir()  # there, but not readable as a dump: said, not skipped
+    [unreadable] = nccl_state.fr_files_on_disk(4, env)
+    assert unreadable.data is None and f"unreadable: {tmp_path / 'fr_4'}: Is a directory" in unreadable.note
 
 
 def test_pipe_nobody_reading_is_a_note(tmp_path):

@@ -77,7 +77,8 @@ class DemoJob:
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            pass
+            print(f"trainwatch demo: the demo job (PID {self.proc.pid}) did not end within 10 s after SIGKILL",
+                  file=sys.stderr)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

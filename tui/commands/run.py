@@ -113,7 +113,7 @@ def _forward(pgid: int, signum: int) -> None:
     try:
         os.killpg(pgid, signum)
     except ProcessLookupError:
-        pass
+        pass  # the job has ended already
 
 
 def _terminal_fd() -> int | None:
@@ -122,7 +122,7 @@ def _terminal_fd() -> int | None:
         if os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp():
             return 0
     except OSError:
-        pass
+        pass  # no terminal: a batch job
     return None
 
 

@@ -138,7 +138,7 @@ def _remove_if_empty(top: Path, out: Path | None) -> None:
         try:
             path.rmdir()  # only succeeds when empty
         except OSError:
-            return
+            return  # not empty: it holds evidence and stays
         if path == top or path.parent == path:
             return
         path = path.parent

@@ -51,7 +51,7 @@ def display_path(path: Path) -> str:
     try:
         return "./" + str(path.relative_to(Path.cwd()))
     except ValueError:
-        pass
+        pass  # not under the current directory: shown in full
     home = Path.home()
     try:
         return "~/" + str(path.relative_to(home))

@@ -73,7 +73,7 @@ def _wrap_init(c10d) -> None:  # noqa: ANN001
         try:
             if not os.environ.get("TRAINWATCH_ARMED_PID"):
                 _load_hook().install(rank=c10d.get_rank())
-        except Exception as exc:  # never break the user's program
+        except Exception as exc:  # noqa: BLE001 - never break the user's program
             sys.stderr.write(f"trainwatch: hook not installed: {type(exc).__name__}: {exc}\n")
         return result
 
@@ -99,6 +99,6 @@ def _chain() -> None:
 
 try:
     _arm()
-except Exception as _exc:  # never break the user's program
+except Exception as _exc:  # noqa: BLE001 - never break the user's program
     sys.stderr.write(f"trainwatch: hook not installed: {type(_exc).__name__}: {_exc}\n")
 _chain()

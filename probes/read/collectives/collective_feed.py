@@ -125,7 +125,7 @@ class CollectiveFeed:
         """Each source whose interval has passed, in parallel, each bounded."""
         try:
             job = self._job()
-        except Exception as exc:  # the job's getter (rediscovery) must never kill the feed thread
+        except Exception as exc:  # noqa: BLE001 - the job's getter (rediscovery) must never kill the feed thread
             self._note_lost("the job's processes", exc)
             return
         now = time.monotonic()
@@ -144,7 +144,7 @@ class CollectiveFeed:
     def _fetch(self, source: CollectiveSource, job: JobProcesses) -> None:
         try:
             source.fetch(job)
-        except Exception as exc:  # a probe bug must not take the feed (or the screen) down: noted instead
+        except Exception as exc:  # noqa: BLE001 - a probe bug must not take the feed (or the screen) down: noted instead
             self._note_lost(source.field, exc)
         else:
             with self._lock:
@@ -153,7 +153,7 @@ class CollectiveFeed:
     def _reading(self, source: CollectiveSource, job: JobProcesses) -> Reading:
         try:
             return source.reading(job)
-        except Exception as exc:  # likewise: a source that cannot say anything says nothing, and why
+        except Exception as exc:  # noqa: BLE001 - likewise: a source that cannot say anything says nothing, and why
             self._note_lost(source.field, exc)
             return Reading()
 

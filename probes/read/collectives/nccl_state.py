@@ -71,7 +71,7 @@ def read_capped(path: Path, limit: int = MAX_FILE_BYTES, tail: bool = False) -> 
 
 def fr_files_on_disk(rank: int, env: dict[str, str], since: float = 0.0) -> list[Found]:
     """Existing dumps for this rank (newer than ``since``), or one note saying where none was."""
-    found, looked = [], []
+    found, looked, unreadable = [], [], []
     for prefix in fr_prefixes(env):
         path = Path(f"{prefix}{rank}")
         looked.append(str(path))
@@ -79,11 +79,15 @@ def fr_files_on_disk(rank: int, env: dict[str, str], since: float = 0.0) -> list
             if path.stat().st_mtime < since:
                 continue
             found.append(Found("flight-recorder-file", read_capped(path), str(path)))
-        except OSError:
-            continue
+        except FileNotFoundError:
+            continue  # no dump under this prefix: the note lists where we looked
+        except OSError as exc:
+            unreadable.append(f"{path}: {exc.strerror or exc}")
     if found:
         return found
-    return [Found("flight-recorder-file", note=f"no Flight Recorder dump on disk (looked at {', '.join(looked)})")]
+    why = f"; unreadable: {'; '.join(unreadable)}" if unreadable else ""
+    return [Found("flight-recorder-file",
+                  note=f"no Flight Recorder dump on disk (looked at {', '.join(looked)}){why}")]
 
 
 def pipe_path(rank: int, env: dict[str, str]) -> Path | None:

@@ -14,6 +14,7 @@ from types import ModuleType
 from typing import Any
 
 from ...snapshot import GpuDevice, GpuProcess
+from .nvml_errors import nvml_errors
 
 # Clock-event (throttle) reason bits, stable across NVML versions, with short names.
 THROTTLE_NAMES = (
@@ -109,7 +110,7 @@ class NvmlSession:
 
                 self._nvml = pynvml
             self._nvml.nvmlInit()
-        except Exception as exc:  # ImportError, NVMLError_*, OSError from ctypes
+        except (ImportError, *nvml_errors(self._nvml)) as exc:  # no bindings, no library, no driver
             self.error = init_error_text(exc, self._nvml)
             return False
         nv = self._nvml
@@ -125,7 +126,7 @@ class NvmlSession:
             state = _DeviceState()
             try:
                 state.handle = nv.nvmlDeviceGetHandleByIndex(index)
-            except Exception as exc:
+            except nvml_errors(self._nvml) as exc:
                 state.lost = _is_lost(exc)
                 state.unsupported.add("*")  # no handle: nothing else can be read
             self.devices.append(state)
@@ -137,8 +138,8 @@ class NvmlSession:
         if self._started and self.error is None and self._nvml is not None:
             try:
                 self._nvml.nvmlShutdown()
-            except Exception:
-                pass
+            except nvml_errors(self._nvml):
+                pass  # letting the library go: nothing read is lost
         self._started = False
         self.error = None
         self.devices = []
@@ -228,7 +229,7 @@ class NvmlSession:
             for i, (_name, metric) in enumerate(GPM_METRICS):
                 request.metrics[i].metricId = metric
             nv.nvmlGpmMetricsGet(request)
-        except Exception as exc:
+        except nvml_errors(self._nvml) as exc:
             if _is_lost(exc):
                 raise _Lost() from exc
             if _unsupported(exc) or isinstance(exc, AttributeError):
@@ -255,7 +256,7 @@ class NvmlSession:
             sample = nv.nvmlGpmSampleAlloc()
             nv.nvmlGpmSampleGet(state.handle, sample)
             return sample
-        except Exception as exc:
+        except nvml_errors(self._nvml) as exc:
             self._free(sample)
             if _is_lost(exc):
                 raise _Lost() from exc
@@ -267,8 +268,8 @@ class NvmlSession:
         if sample is not None:
             try:
                 self._nvml.nvmlGpmSampleFree(sample)
-            except Exception:
-                pass
+            except nvml_errors(self._nvml):
+                pass  # freeing a sample: nothing read is lost
 
     def _free_gpm(self, state: _DeviceState) -> None:
         sample, state.gpm_sample = state.gpm_sample, None
@@ -308,7 +309,7 @@ class NvmlSession:
                 continue
             try:
                 result = fn(state.handle)
-            except Exception as exc:
+            except nvml_errors(self._nvml) as exc:
                 if _is_lost(exc):
                     raise _Lost() from exc
                 if _type_name(exc) in ("NVMLError_FunctionNotFound", "NVMLLibraryMismatchError"):
@@ -333,7 +334,7 @@ class NvmlSession:
         now = self.clock()
         try:
             samples = self._nvml.nvmlDeviceGetProcessUtilization(state.handle, state.last_seen_us)
-        except Exception as exc:
+        except nvml_errors(self._nvml) as exc:
             if _is_lost(exc):
                 raise _Lost() from exc
             if _type_name(exc) == "NVMLError_NotFound":
@@ -367,7 +368,7 @@ class NvmlSession:
             return None
         try:
             return fn(state.handle, *args)
-        except Exception as exc:
+        except nvml_errors(self._nvml) as exc:
             if _is_lost(exc):
                 raise _Lost() from exc
             if _unsupported(exc):
@@ -380,8 +381,8 @@ class NvmlSession:
             return None
         try:
             return fn()
-        except Exception:
-            return None
+        except nvml_errors(nv):
+            return None  # an unreadable version string: shown as NA
 
     def _device_from_static(self, index: int, state: _DeviceState, lost: bool) -> GpuDevice:
         return GpuDevice(

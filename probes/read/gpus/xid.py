@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from .nvml_errors import nvml_errors
+
 XID_EVENT_MASK = 0x8  # nvmlEventTypeXidCriticalError
 
 # The Xids most often behind a dead or hanging multi-GPU job.
@@ -211,7 +213,7 @@ class KmsgReader:
             try:
                 os.close(self._fd)
             except OSError:
-                pass
+                pass  # closing: nothing read is lost
             self._fd = None
 
 
@@ -242,7 +244,7 @@ class NvmlXidListener:
         nv = self._nvml
         try:
             self._set = nv.nvmlEventSetCreate()
-        except Exception as exc:
+        except nvml_errors(self._nvml) as exc:
             self.error = f"NVML Xid events unavailable: {exc or type(exc).__name__}"
             return
         registered, why = 0, ""
@@ -254,7 +256,7 @@ class NvmlXidListener:
                     continue
                 nv.nvmlDeviceRegisterEvents(handle, XID_EVENT_MASK, self._set)
                 registered += 1
-            except Exception as exc:
+            except nvml_errors(self._nvml) as exc:
                 why = str(exc) or type(exc).__name__
         if self._handles and not registered:
             self.error = f"NVML Xid events unavailable: {why}"
@@ -267,7 +269,7 @@ class NvmlXidListener:
         for _ in range(max_events):
             try:
                 data = self._nvml.nvmlEventSetWait(self._set, timeout_ms)
-            except Exception as exc:
+            except nvml_errors(self._nvml) as exc:
                 if type(exc).__name__ != "NVMLError_Timeout":
                     self.error = f"NVML Xid events stopped: {exc or type(exc).__name__}"
                 break
@@ -282,13 +284,13 @@ class NvmlXidListener:
     def _index_of(self, device: Any) -> int | None:
         try:
             return int(self._nvml.nvmlDeviceGetIndex(device))
-        except Exception:
-            return None
+        except nvml_errors(self._nvml):
+            return None  # the event is still reported, without its GPU's index
 
     def close(self) -> None:
         if self._set is not None:
             try:
                 self._nvml.nvmlEventSetFree(self._set)
-            except Exception:
-                pass
+            except nvml_errors(self._nvml):
+                pass  # letting the event set go: nothing read is lost
             self._set = None

@@ -103,7 +103,7 @@ def _check_access(proc: psutil.Process) -> None:
     except psutil.AccessDenied:
         raise AccessDenied(f"permission denied reading PID {proc.pid}'s environment", ptrace_remedy(proc.pid)) from None
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
-        pass
+        pass  # gone: the caller's next read says so
 
 
 def find_job(pid: int) -> JobProcesses:
@@ -439,7 +439,7 @@ def _ranks_below(root: psutil.Process) -> list[RankProcess]:
             try:
                 child = psutil.Process(pid)
             except psutil.Error:
-                continue
+                continue  # exited between listing and reading: not a rank any more
             env = job_env(child)
             if env and "RANK" in env:
                 ranks.append(_rank_process(child, env, children=descendants(tree, pid)))
@@ -498,7 +498,7 @@ def _import_armed_dir(ranks: list[RankProcess]) -> str | None:
             proc = psutil.Process(rank.pid)
             path = implicit_run_dir(proc.uids().real, proc.ppid())
         except psutil.Error:
-            continue
+            continue  # exited: another rank names the run directory
         if path.is_dir():
             return str(path)
     return None

@@ -83,7 +83,7 @@ def collective_timeout_s(env: dict[str, str]) -> float | None:
         try:
             value = float(env.get(name, ""))
         except ValueError:
-            continue
+            continue  # unset or not a number: NCCL and torch ignore it too
         if value > 0:
             return value * unit
     return None

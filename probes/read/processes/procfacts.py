@@ -142,7 +142,7 @@ def job_versions(pid: int, frame_files: list[str] | None = None) -> dict[str, st
     try:
         exe = os.readlink(f"/proc/{pid}/exe")
     except OSError:
-        pass
+        pass  # a kernel thread or gone: the mapped files still say
     for path in [exe or "", *paths, *(frame_files or [])]:
         match = re.search(r"python(\d+\.\d+)", path)
         if match:

@@ -90,7 +90,7 @@ def descendant_pids(pid: int) -> frozenset[int] | None:
         try:
             tasks = os.listdir(f"/proc/{current}/task")
         except OSError:
-            continue
+            continue  # exited meanwhile: it has no children left to list
         for tid in tasks:
             text = read_text(f"/proc/{current}/task/{tid}/children")
             if text is None:

@@ -174,12 +174,12 @@ def read_worker_group(logs: Path, run_name: str) -> tuple[RayPlacement, ...]:
             with open(path, errors="replace") as handle:  # line by line: a restart may be logged far in
                 lines = [line for line in handle if _GROUP_STARTED in line]
         except OSError:
-            continue
+            continue  # rotated away: the other controller logs still say
         for line in lines:
             try:
                 entry = json.loads(line)
             except ValueError:
-                continue
+                continue  # a line cut by rotation
             if isinstance(entry, dict) and entry.get("run_name") == run_name:
                 group = tuple(RayPlacement(ip=m.group(1), pid=int(m.group(2)), rank=int(m.group(3)),
                                            local_rank=int(m.group(4)), node_rank=int(m.group(5)))
@@ -221,7 +221,7 @@ def _read_worker_log(path: Path) -> RayRank | None:
                 try:
                     entry = json.loads(line)
                 except ValueError:
-                    continue
+                    continue  # a line cut by rotation
                 if not isinstance(entry, dict) or not isinstance(entry.get("world_rank"), int):
                     continue
                 pid, rank = entry.get("process"), entry["world_rank"]

@@ -278,7 +278,7 @@ def _thread(target: Callable[..., None], *args: object, name: str,
     def run() -> None:
         try:
             target(*args)
-        except Exception as exc:  # a damaged trace or record must not take the feed (or the screen) down
+        except Exception as exc:  # noqa: BLE001 - a damaged trace or record must not take the feed (or the screen) down
             lost(exc)
 
     return threading.Thread(target=run, name=name, daemon=True)

@@ -193,7 +193,7 @@ def _stamp(match: re.Match[str], now: float) -> float | None:
         try:
             at = datetime(y, month, day, int(match["h"]), int(match["m"]), int(match["s"])).timestamp()
         except (ValueError, OverflowError, OSError):
-            continue
+            continue  # no such day in that year (29 Feb): the other year
         if at <= now + _DAY_S:
             return at
     return None
@@ -264,7 +264,7 @@ class Source(CollectiveSource):
                     handle.seek(start)
                     data = handle.read(size - start)
             except OSError:
-                continue
+                continue  # gone or unreadable now: its timeouts read so far stay, and it is tried again
             self._read_to[path] = start + len(data)
             found = parse_watchdog(data.decode(errors="replace"), since=job.started_at) if NEEDLE in data else {}
             with self._lock:
