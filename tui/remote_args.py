@@ -12,7 +12,7 @@ import shlex
 from typing import TYPE_CHECKING, Any
 
 # Only what building the parser needs is imported here: the remote machinery loads when a command uses it.
-from ..probes import DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, PARTIAL_EXIT, NodeSpec
+from ..probes import DEFAULT_TIMEOUT_S, PARTIAL_EXIT, RELAY_FROM, NodeSpec
 from .commands.common import count_between, positive_seconds
 
 if TYPE_CHECKING:
@@ -45,8 +45,11 @@ def add_remote_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--remote-timeout", type=positive_seconds, default=DEFAULT_TIMEOUT_S, metavar="S",
                        help=f"give up on a node after this many seconds (default: {DEFAULT_TIMEOUT_S:g})")
     group.add_argument("--remote-parallel", type=count_between(1, 1024), default=None, metavar="N",
-                       help="start at most this many node agents at once (default: 128; bundles are "
-                            f"fetched {DEFAULT_PARALLEL} nodes at a time)")
+                       help="start at most this many node agents at once (default: 128)")
+    group.add_argument("--remote-relays-from", type=count_between(0, 1 << 20), default=RELAY_FROM, metavar="N",
+                       help=f"from this many ssh hosts on, reach them through relays: about sqrt(N) of the hosts "
+                            f"each start the agents of their share over ssh (nodes must reach each other by "
+                            f"ssh, as for pdsh or mpirun); 0: never (default: {RELAY_FROM})")
 
 
 def wants_remote(args: argparse.Namespace) -> bool:
@@ -83,7 +86,8 @@ def node_spec(args: argparse.Namespace) -> NodeSpec:
                     ssh_options=ssh_options(getattr(args, "ssh_option", None) or []),
                     timeout=getattr(args, "remote_timeout", DEFAULT_TIMEOUT_S),
                     parallel=getattr(args, "remote_parallel", None),
-                    trainwatch=getattr(args, "remote_trainwatch", "trainwatch"))
+                    trainwatch=getattr(args, "remote_trainwatch", "trainwatch"),
+                    relay_from=getattr(args, "remote_relays_from", RELAY_FROM))
 
 
 def remotes_from_args(args: argparse.Namespace, job: Any) -> list[Remote]:

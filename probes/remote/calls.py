@@ -1,14 +1,9 @@
-"""One bounded call on another node and why it failed: every call has a timeout, and on
-timeout the whole process group of the ssh/srun/kubectl child is killed."""
+"""Why a call on another node (an agent's ssh, srun or kubectl) failed, in words a person can act on."""
 
 from __future__ import annotations
 
-import subprocess
-import threading
-import time
 from dataclasses import dataclass
 
-from ..process_group import kill_groups
 from .reach import Remote, SshRemote
 
 STDERR_KEEP = 4000  # bytes of a node call's stderr kept for its error message
@@ -19,58 +14,9 @@ class Result:
     """What a remote command did."""
 
     returncode: int | None  # None when killed on timeout
-    stdout: bytes = b""
     stderr: str = ""
     timed_out: bool = False
-    elapsed_s: float = 0.0
     start_error: str | None = None  # the local ssh/srun/kubectl could not start
-
-
-class Runner:
-    """Runs remote commands with a timeout and can kill every one still running (``close``)."""
-
-    def __init__(self) -> None:
-        self._live: set[subprocess.Popen] = set()
-        self._lock = threading.Lock()
-        self.closed = False
-
-    def run(self, argv: list[str], timeout: float, stdout_path: str | None = None) -> Result:
-        """Run ``argv`` in its own session; on timeout kill the group (TERM, then KILL)."""
-        started = time.monotonic()
-        out = open(stdout_path, "wb") if stdout_path else subprocess.PIPE
-        try:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.PIPE,
-                                    start_new_session=True)
-        except OSError as exc:
-            if stdout_path:
-                out.close()
-            return Result(None, start_error=f"cannot run {argv[0]}: {exc.strerror or exc}")
-        with self._lock:
-            if self.closed:
-                kill_groups([proc])
-            self._live.add(proc)
-        try:
-            stdout, stderr = proc.communicate(timeout=timeout)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            kill_groups([proc])
-            stdout, stderr = proc.communicate()
-            timed_out = True
-        finally:
-            with self._lock:
-                self._live.discard(proc)
-            if stdout_path:
-                out.close()
-        return Result(None if timed_out else proc.returncode, stdout or b"",
-                      (stderr or b"").decode(errors="replace")[-STDERR_KEEP:], timed_out,
-                      time.monotonic() - started)
-
-    def close(self) -> None:
-        with self._lock:
-            self.closed = True
-            live = list(self._live)
-        for proc in live:
-            kill_groups([proc])
 
 
 def _last_message(stderr: str) -> str:

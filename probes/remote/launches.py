@@ -1,15 +1,17 @@
 """Starting node agents: the agent's command line (how it finds the same job on its node), and
-the launches that start it: one ``srun`` step for every node of a SLURM job, one ssh per host
-(sharing a connection the bundle fetch can ride), one ``kubectl exec -i`` per pod."""
+the launches that start it: one ``srun`` step for every node of a SLURM job, one ssh per host or,
+from ``RELAY_FROM`` hosts on, a tree: one ssh per relay, each relay reaching its share of the hosts
+(relay.py); one ``kubectl exec -i`` per pod."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from .node_spec import RELAY_FROM
 from .reach import Remote, SlurmRemote, SshRemote, slurm_step_argv
 
 
@@ -43,47 +45,56 @@ class Launch:
     names: list[str]  # the nodes, in task order for a labelled launch
     remote: Remote  # for naming failures
     labelled: bool = False
+    relayed: bool = False  # a relay's: its first node relays to the others
 
 
-def plan_launches(remotes: Sequence[Remote], trainwatch: str, args: list[str]) -> list[Launch]:
-    """SLURM nodes of one job share one step; every other node gets its own agent."""
+def relay_args(relay: SshRemote, others: Sequence[SshRemote], trainwatch: str, args: list[str],
+               timeout: float) -> list[str]:
+    """``trainwatch relay`` on ``relay``: its own agent, and one over ssh on each of ``others`` (with
+    the user's ssh options)."""
+    out = ["relay", "--self", relay.name, "--remote-trainwatch", trainwatch, "--timeout", f"{timeout:g}"]
+    if others:
+        out += ["--connect-timeout", str(others[0].connect_timeout), "--ssh", others[0].ssh]
+        out += [f"--ssh-arg={option}" for option in others[0].options]
+    for node in others:
+        out += ["--node", f"{node.name}={node.destination}" if node.destination else node.name]
+    return [*out, "--", *args]
+
+
+def relay_groups(remotes: Sequence[SshRemote]) -> list[list[SshRemote]]:
+    """About sqrt(n) groups of about sqrt(n) hosts, in the order given (neighbours share a relay)."""
+    size = max(2, math.ceil(math.sqrt(len(remotes))))
+    return [list(remotes[i:i + size]) for i in range(0, len(remotes), size)]
+
+
+def plan_launches(remotes: Sequence[Remote], trainwatch: str, args: list[str], *, relay_from: int = RELAY_FROM,
+                  timeout: float = 30.0) -> list[Launch]:
+    """SLURM nodes of one job share one step; ssh hosts, from ``relay_from`` of them on (0: never),
+    are reached through relays; every other node gets its own agent."""
     launches: list[Launch] = []
     slurm: dict[tuple[str, str], list[SlurmRemote]] = {}
+    ssh = [r for r in remotes if isinstance(r, SshRemote)]
+    relayed = relay_from > 0 and len(ssh) >= relay_from
     for remote in remotes:
         if isinstance(remote, SlurmRemote):
             slurm.setdefault((remote.job_id, remote.srun), []).append(remote)
-        else:
-            stream = getattr(remote, "stream_argv", None) or remote.argv
-            launches.append(Launch(stream(trainwatch, args), [remote.name], remote))
+        elif not (relayed and isinstance(remote, SshRemote)):
+            launches.append(direct_launch(remote, trainwatch, args))
+    if relayed:
+        for group in relay_groups(ssh):
+            relay, others = group[0], group[1:]
+            argv = relay.stream_argv(trainwatch, relay_args(relay, others, trainwatch, args, timeout))
+            launches.append(Launch(argv, [n.name for n in group], relay, labelled=True, relayed=True))
     for (job_id, srun), nodes in slurm.items():
         names = [n.name for n in nodes]
         launches.append(Launch(slurm_step_argv(job_id, names, trainwatch, args, srun), names, nodes[0], labelled=True))
     return launches
 
 
-def ssh_reuse_options(remote: SshRemote, control_dir: Path, timeout: float = 5.0) -> tuple[str, ...]:
-    """Connection sharing for ``remote`` (later one-shot calls, dumps, ride the agent's connection),
-    unless the user's own ssh config or options already say anything about it."""
-    joined = " ".join(remote.options).lower()
-    if "control" in joined:
-        return ()
-    try:
-        mine = _ssh_g([remote.ssh, *remote.options, "-G", remote.destination or remote.name], timeout)
-        bare = _ssh_g([remote.ssh, "-F", "/dev/null", "-G", remote.destination or remote.name], timeout)
-    except (OSError, subprocess.SubprocessError):
-        return ()
-    keys = ("controlmaster", "controlpath", "controlpersist")
-    if mine is None or bare is None or any(mine.get(k) != bare.get(k) for k in keys):
-        return ()  # the user chose (or we cannot tell): leave it alone
-    return ("-o", "ControlMaster=auto", "-o", f"ControlPath={control_dir}/%C", "-o", "ControlPersist=no")
-
-
-def _ssh_g(argv: list[str], timeout: float) -> dict[str, str] | None:
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
-                          check=False)
-    if done.returncode != 0:
-        return None
-    return dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
+def direct_launch(remote: Remote, trainwatch: str, args: list[str]) -> Launch:
+    """One agent on one node."""
+    stream = getattr(remote, "stream_argv", None) or remote.argv
+    return Launch(stream(trainwatch, args), [remote.name], remote)
 
 
 def popen_agent(launch: Launch) -> subprocess.Popen:

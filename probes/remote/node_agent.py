@@ -4,7 +4,10 @@ Started by a viewer on another node (ssh, one ``srun`` step for all nodes, ``kub
 never outlives the viewer: it stops when its stdin closes, when its parent goes away (it is
 re-parented), on SIGTERM/SIGHUP/SIGINT, or when stdout is gone. Lines it reads on stdin are
 requests: ``{"full": [ranks], "native": [ranks]}`` (every thread of those ranks; native frames).
-Ranks it does not run are ignored, so one request can be broadcast to every node.
+Ranks it does not run are ignored, so one request can be broadcast to every node. ``{"bundle":
+ID}`` asks for this node's evidence bundle: the agent writes it (as ``trainwatch dump`` would) and
+sends it back as wire lines (``wire.bundle_lines``), so a dump of a thousand nodes rides the agents
+already running instead of a new connection per node.
 """
 
 from __future__ import annotations
@@ -14,13 +17,15 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
 from ..errors import TrainwatchError, UsageError
-from .wire import encode_line, error_line
+from .wire import bundle_lines, encode_line, error_line
 
 SRUN_PIECE = 1024
 STOP_GRACE_S = 10.0  # after a stop, a poll still running gets this long before the agent exits anyway
@@ -40,6 +45,7 @@ class Requests:
         self.full: frozenset[int] = frozenset()
         self.full_all = False  # every thread of every rank (one-shot snapshots)
         self.native: frozenset[int] = frozenset()
+        self.bundles: list[str] = []  # bundles asked for, not yet sent
         self.changed = threading.Event()
 
     def read(self, stream: BinaryIO) -> None:
@@ -47,7 +53,7 @@ class Requests:
             for raw in stream:
                 self._take(raw)
         except (OSError, ValueError):
-            pass  # stdin closed: the viewer asks nothing more; the agent polls on until its stdout breaks
+            pass  # stdin unreadable: as good as closed
         self.stop.set()  # stdin closed: the viewer is gone
 
     def _take(self, raw: bytes) -> None:
@@ -59,6 +65,8 @@ class Requests:
             self.full_all = data.get("full") == "all" or (self.full_all and "full" not in data)
             self.full = _ranks(data.get("full"), self.full)
             self.native = _ranks(data.get("native"), self.native)
+            if isinstance(data.get("bundle"), str):
+                self.bundles.append(data["bundle"])
             self.changed.set()
 
 
@@ -75,7 +83,7 @@ def watch_parent(stop: threading.Event, parent: int) -> None:
             stop.set()
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Linux: SIGTERM when the parent dies, even while a poll is running (best effort)."""
     try:
         import ctypes
@@ -86,8 +94,10 @@ def _die_with_parent() -> None:
 
 
 def run_agent(open_source: Callable[[], Any], interval: float, *, once: bool = False,
-              stdin: BinaryIO | None = None, stdout: TextIO | None = None, node: str | None = None) -> int:
+              stdin: BinaryIO | None = None, stdout: TextIO | None = None, node: str | None = None,
+              write_bundle: Callable[[Any, Any, Path], Path] | None = None) -> int:
     """Poll ``open_source()``'s source every ``interval`` s, one line each, until told to stop.
+    ``write_bundle(source, snapshot, out_dir)`` writes this node's bundle as a .tar.gz when asked.
 
     ``open_source`` finds the job; while it cannot (no job here yet, or no longer), the agent writes
     an error line per interval and tries again. Returns the exit status (0 on a normal stop).
@@ -99,7 +109,7 @@ def run_agent(open_source: Callable[[], Any], interval: float, *, once: bool = F
     requests = Requests(stop)
     parent = os.getppid()
     if not once:
-        _die_with_parent()
+        die_with_parent()
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # a viewer that vanished ends us at the next line
@@ -107,12 +117,15 @@ def run_agent(open_source: Callable[[], Any], interval: float, *, once: bool = F
         threading.Thread(target=watch_parent, args=(stop, parent), name="tw-agent-parent", daemon=True).start()
         threading.Thread(target=_exit_after_stop, args=(stop,), name="tw-agent-deadline", daemon=True).start()
     source = None
+    snap = None
     seq = 0
     if not once:  # connected: the viewer may start the next node
         stdout.write(json.dumps({"kind": "trainwatch-node", "v": 1, "node": node, "hello": True}) + "\n")
         stdout.flush()
     try:
         while not stop.is_set():
+            while requests.bundles and not stop.is_set():  # asked for a bundle: sent before the next poll
+                _send_bundle(stdout, node, requests.bundles.pop(0), source, snap, write_bundle)
             started = time.monotonic()
             seq += 1
             try:
@@ -151,6 +164,29 @@ def run_agent(open_source: Callable[[], Any], interval: float, *, once: bool = F
         if source is not None:
             source.close()
     return 0
+
+
+def _send_bundle(stdout: TextIO, node: str, bundle: str, source: Any, snap: Any,
+                 write_bundle: Callable[[Any, Any, Path], Path] | None) -> None:
+    """This node's bundle for request ``bundle``, written in a private temp dir, as wire lines."""
+    with tempfile.TemporaryDirectory(prefix="trainwatch-agent-bundle-") as tmp:
+        data, error = b"", None
+        if write_bundle is None:
+            error = "this agent cannot write bundles"
+        elif source is None or snap is None:
+            error = "no job read here yet"
+        else:
+            try:
+                data = Path(write_bundle(source, snap, Path(tmp))).read_bytes()
+            except TrainwatchError as exc:
+                error = exc.message
+            except OSError as exc:
+                error = f"the bundle could not be read back: {exc.strerror or exc}"
+        for line in bundle_lines(node, bundle, data, error):
+            if len(line) % SRUN_PIECE == 0:
+                line += " "
+            stdout.write(line + "\n")
+        stdout.flush()
 
 
 def _exit_after_stop(stop: threading.Event) -> None:

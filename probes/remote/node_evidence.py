@@ -1,33 +1,24 @@
 """What every source over several nodes does alike (``streams.StreamSource`` is the one source):
-read this node with the local probe, pause its judgement while evidence is taken, and fetch the
-other nodes' bundles."""
+read this node with the local probe and pause its judgement while evidence is taken."""
 
 from __future__ import annotations
 
 import contextlib
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
-from pathlib import Path
 from typing import Any
 
 from ..errors import TrainwatchError
 from ..judge.judgement import JudgeMemory
 from .merge import NodeView
-from .bundles import collect_remote_bundles
 
 
 class NodeEvidence:
     """What every multi-node source does alike: pause the local probe's judgement while evidence is
-    taken (other nodes judge their own progress), and fetch the other nodes' bundles one-shot."""
+    taken (other nodes judge their own progress)."""
 
     local: Any
-    remotes: Sequence[Any]
-    timeout: float
-    trainwatch: Any
-    match: Any
-    parallel: Any
-    runner: Any
     memory: JudgeMemory  # the merged view's judge across polls
 
     def _poll_local(self, native_for: frozenset[int]) -> NodeView:
@@ -49,10 +40,3 @@ class NodeEvidence:
 
     def remembered_places(self) -> Mapping[int, frozenset[str]]:
         return self.memory.familiar
-
-    def collect_bundles(self, bundle_dir: Path, timeout: float | None = None) -> list[str]:
-        """Fetch every other node's evidence bundle into ``<bundle_dir>/hosts/<node>/``."""
-        return collect_remote_bundles(self.remotes, Path(bundle_dir), timeout or self.timeout,
-                                      trainwatch=self.trainwatch, match=self.match,
-                                      parallel=self.parallel, runner=self.runner)
-

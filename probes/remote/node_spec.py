@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEFAULT_TIMEOUT_S = 30.0  # give up on a node after this long
-DEFAULT_PARALLEL = 32  # nodes whose bundles are fetched at once
+RELAY_FROM = 64  # ssh hosts from which agents are reached through relays (about sqrt(hosts) of them)
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,7 @@ class NodeSpec:
     timeout: float = DEFAULT_TIMEOUT_S
     parallel: int | None = None  # agents started at once; None: STREAM_START_PARALLEL
     trainwatch: str = "trainwatch"  # the command that runs trainwatch on the other nodes
+    relay_from: int = RELAY_FROM  # ssh hosts from which relays reach them (0: never)
 
     @property
     def named(self) -> bool:

@@ -163,10 +163,11 @@ def open_nodes(local_source: Any, spec: NodeSpec, job: Any, *, wait_s: float | N
         return StreamSource(local_source, remotes, match=match, trainwatch=spec.trainwatch, timeout=spec.timeout,
                             interval=max(1.0, window or 1.0), parallel=spec.parallel or STREAM_START_PARALLEL,
                             window=window, world_size=getattr(job, "world_size", None), extra_args=extra,
-                            once=True)
+                            once=True, relay_from=spec.relay_from)
     return StreamSource(local_source, remotes, match=match, trainwatch=spec.trainwatch,
                         timeout=spec.timeout, interval=stream_interval,
                         parallel=spec.parallel or STREAM_START_PARALLEL,
                         window=window, world_size=getattr(job, "world_size", None), extra_args=extra,
+                        relay_from=spec.relay_from,
                         # the first poll waits for the agents' first lines: a start and one window
                         wait_s=(window or 0.0) + max(wait_s, 5.0) if wait_s is not None else None)

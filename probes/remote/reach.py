@@ -1,6 +1,6 @@
 """How other nodes are reached: one ``Remote`` per node (ssh host, SLURM node, Kubernetes
-pod), each building the command line that runs a shell script or an argv there; SLURM's one step
-for many nodes, and the pods a selector names."""
+pod), each building the command line that runs trainwatch there; SLURM's one step for many
+nodes, and the pods a selector names."""
 
 from __future__ import annotations
 
@@ -17,9 +17,6 @@ class Remote(Protocol):
 
     def argv(self, trainwatch: str, args: list[str]) -> list[str]:
         """Local command line that runs ``trainwatch args...`` on the node."""
-
-    def shell_argv(self, script: str) -> list[str]:
-        """Local command line that runs a POSIX shell script on the node."""
 
 
 @dataclass(frozen=True)
@@ -40,9 +37,6 @@ class SshRemote:
         # ssh hands one string to the remote shell: trainwatch may be "env PATH=... trainwatch".
         return [*self._base(), f"{trainwatch} {shlex.join(args)}"]
 
-    def shell_argv(self, script: str) -> list[str]:
-        return [*self._base(), f"sh -c {shlex.quote(script)}"]
-
     def stream_argv(self, trainwatch: str, args: list[str]) -> list[str]:
         """A long-running command whose stdin stays connected (ssh forwards it by default)."""
         return self.argv(trainwatch, args)
@@ -62,9 +56,6 @@ class SlurmRemote:
 
     def argv(self, trainwatch: str, args: list[str]) -> list[str]:
         return [*self._base(), *shlex.split(trainwatch), *args]
-
-    def shell_argv(self, script: str) -> list[str]:
-        return [*self._base(), "sh", "-c", script]
 
 
 def slurm_step_argv(job_id: str, nodes: list[str], trainwatch: str, args: list[str], srun: str = "srun") -> list[str]:
@@ -96,9 +87,6 @@ class KubeRemote:
 
     def argv(self, trainwatch: str, args: list[str]) -> list[str]:
         return [*self._base(), *shlex.split(trainwatch), *args]
-
-    def shell_argv(self, script: str) -> list[str]:
-        return [*self._base(), "sh", "-c", script]
 
     def stream_argv(self, trainwatch: str, args: list[str]) -> list[str]:
         """``kubectl exec -i``: the agent's stdin stays open while the viewer runs (EOF stops it)."""

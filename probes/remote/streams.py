@@ -11,14 +11,15 @@ agent's process group; the agents also stop by themselves when their stdin close
 
 from __future__ import annotations
 
+import base64
 import contextlib
-import dataclasses
 import json
 import os
 import re
 import resource
 import selectors
 import shutil
+import tarfile
 import tempfile
 import threading
 import time
@@ -31,12 +32,13 @@ from ..errors import TrainwatchError
 from ..judge.judgement import JudgeMemory
 from ..process_group import kill_groups
 from ..snapshot import Snapshot, SnapshotError
-from .calls import STDERR_KEEP, Result, Runner, classify_failure
-from .launches import Launch, agent_args, plan_launches, popen_agent, ssh_reuse_options
+from .bundles import safe_dirname, unpack_bundle
+from .calls import STDERR_KEEP, Result, classify_failure
+from .launches import Launch, agent_args, direct_launch, plan_launches, popen_agent
 from .merge import NodeView, merge_nodes
 from .node_evidence import NodeEvidence
-from .node_spec import DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S
-from .reach import Remote, SshRemote
+from .node_spec import DEFAULT_TIMEOUT_S, RELAY_FROM
+from .reach import Remote
 from .wire import NodeAnswer, decode_node
 
 LABEL = re.compile(rb"^\s*(\d+): ?(.*)$", re.S)
@@ -62,6 +64,16 @@ class NodeState:
 
 
 @dataclass
+class Incoming:
+    """One node's bundle while its parts arrive."""
+
+    path: Path
+    parts: int = 0
+    done: bool = False
+    error: str | None = None
+
+
+@dataclass
 class Running:
     """A launch while its process runs."""
 
@@ -82,9 +94,9 @@ class StreamSource(NodeEvidence):
 
     def __init__(self, local_source: Any, remotes: Sequence[Remote], *, match: list[str],
                  trainwatch: str = "trainwatch", timeout: float = DEFAULT_TIMEOUT_S, interval: float = 2.0,
-                 window: float | None = None, wait_s: float | None = None, parallel: int = DEFAULT_PARALLEL,
+                 window: float | None = None, wait_s: float | None = None, parallel: int = STREAM_START_PARALLEL,
                  world_size: int | None = None, extra_args: Sequence[str] = (),
-                 spawn: Any = None, reuse_ssh: bool = True, once: bool = False) -> None:
+                 spawn: Any = None, once: bool = False, relay_from: int = RELAY_FROM) -> None:
         self.local = local_source
         self.match = list(match)
         self.trainwatch = trainwatch
@@ -97,11 +109,9 @@ class StreamSource(NodeEvidence):
         self.world_size = world_size
         self.memory = JudgeMemory()  # the merged view's own judgement across polls (since, tie-breaks)
         self.args = agent_args(self.match, window, interval, extra_args)
-        self._control_dir = Path(tempfile.mkdtemp(prefix="tw-ssh-"))
-        self.remotes = [self._with_reuse(r) if reuse_ssh and isinstance(r, SshRemote) else r for r in remotes]
-        self.launches = plan_launches(self.remotes, trainwatch, self.args)
+        self.remotes = list(remotes)
+        self.launches = plan_launches(self.remotes, trainwatch, self.args, relay_from=relay_from, timeout=timeout)
         self.nodes = {r.name: NodeState(r.name) for r in self.remotes}
-        self.runner = Runner()
         self._spawn = spawn or popen_agent
         self._lock = threading.Lock()
         self._answered = threading.Condition(self._lock)
@@ -114,6 +124,8 @@ class StreamSource(NodeEvidence):
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._closed = threading.Event()
         self._request = b""
+        self._bundle: str | None = None  # the bundle request being answered
+        self._incoming: dict[str, Incoming] = {}  # node -> its bundle so far
         self._culprits: frozenset[int] = frozenset()
         self._selected: frozenset[int] = frozenset()
         self._native: frozenset[int] = frozenset()
@@ -133,10 +145,6 @@ class StreamSource(NodeEvidence):
         if local is None:
             raise AttributeError(name)
         return getattr(local, name)
-
-    def _with_reuse(self, remote: SshRemote) -> SshRemote:
-        extra = ssh_reuse_options(remote, self._control_dir)
-        return dataclasses.replace(remote, options=remote.options + extra) if extra else remote
 
     # -- the agents ----------------------------------------------------------------------------
     def _supervise(self) -> None:
@@ -181,14 +189,18 @@ class StreamSource(NodeEvidence):
         os.write(self._wake_w, b"x")
 
     def _ended(self, index: int, run: Running, now: float) -> None:
-        """The agent's process is gone: name its nodes, and start it again after a back-off."""
+        """The agent's process is gone: name its nodes, and start it again after a back-off. A relay
+        never heard from (its own node down) gives way to one agent per node of its share."""
         del self._running[index]
         for fd in [fd for fd, (i, _) in self._by_fd.items() if i == index]:
             self._drop_fd(fd)
         code = run.proc.poll()
         result = Result(code, stderr=run.stderr.decode(errors="replace")[-STDERR_KEEP:])
         reason = classify_failure(run.launch.remote, result, self.timeout)
-        if self.once:
+        if run.launch.relayed and not run.heard:
+            self._fail(run.launch.names[:1], reason, now)
+            self._without_relay(index, run.launch, reason, now)
+        elif self.once:
             self._next_start[index] = float("inf")
             self._fail(run.launch.names, reason, now)
         else:
@@ -197,6 +209,20 @@ class StreamSource(NodeEvidence):
         for stream in (run.proc.stdin, run.proc.stdout, run.proc.stderr):
             with contextlib.suppress(OSError, AttributeError, ValueError):
                 stream.close()
+
+    def _without_relay(self, index: int, launch: Launch, reason: str, now: float) -> None:
+        """The relay's own node in a launch of its own (after a back-off), each other node of its
+        share in one of its own, started at once."""
+        by_name = {r.name: r for r in self.remotes}
+        self.launches[index] = direct_launch(launch.remote, self.trainwatch, self.args)
+        if self.once:
+            self._next_start[index] = float("inf")
+        else:
+            self._backoff(index, now)
+        for name in launch.names[1:]:
+            self.launches.append(direct_launch(by_name[name], self.trainwatch, self.args))
+            self._next_start.append(now)
+            self._restarts.append(0)
 
     def _backoff(self, index: int, now: float) -> float:
         delay = min(RESTART_MAX_S, RESTART_MIN_S * 2 ** self._restarts[index])
@@ -313,6 +339,9 @@ class StreamSource(NodeEvidence):
         data: Any = None
         try:
             data = json.loads(line)
+            if isinstance(data, dict) and "bundle" in data:
+                self._bundle_line(run, data, task_name)
+                return
             answer = None if isinstance(data, dict) and data.get("hello") else decode_node(data)
         except (ValueError, SnapshotError) as exc:
             answer = NodeAnswer(task_name, 0, error=f"answer is not a node answer: {exc}")
@@ -331,6 +360,74 @@ class StreamSource(NodeEvidence):
             elif answer is not None:
                 state.error, state.error_at = _node_error(answer), now
             self._answered.notify_all()
+
+    def _bundle_line(self, run: Running, data: dict[str, Any], task_name: str) -> None:
+        """A part of a node's bundle, or its end, for the bundle being collected."""
+        node = data.get("node")
+        name = node if node in run.launch.names else task_name
+        with self._lock:
+            incoming = self._incoming.get(name)
+            if incoming is None or incoming.done or data.get("bundle") != self._bundle:
+                return  # not asked for (an earlier request's late lines)
+            run.heard.add(name)
+            try:
+                if data.get("end"):
+                    incoming.done, incoming.error = True, data.get("error")
+                    if incoming.error is None and data.get("parts") != incoming.parts:
+                        incoming.error = f"{incoming.parts} of {data.get('parts')} parts arrived"
+                    self._answered.notify_all()
+                else:
+                    with open(incoming.path, "ab") as out:
+                        out.write(base64.b64decode(data.get("data", "")))
+                    incoming.parts += 1
+            except (OSError, ValueError) as exc:  # a full disk, a damaged part
+                incoming.done, incoming.error = True, f"bundle could not be kept: {exc}"
+                self._answered.notify_all()
+
+    def collect_bundles(self, bundle_dir: Path, timeout: float | None = None) -> list[str]:
+        """Every other node's bundle, asked of the agents already running (one request broadcast,
+        the bundles come back on their streams) into ``<bundle_dir>/hosts/<node>/``; notes for the
+        summary, naming each node that sent none and why."""
+        timeout = timeout or self.timeout
+        hosts = Path(bundle_dir) / "hosts"
+        staging = Path(tempfile.mkdtemp(prefix=".incoming-", dir=bundle_dir))
+        bundle = f"{os.getpid()}-{time.monotonic_ns()}"
+        with self._lock:
+            self._bundle = bundle
+            self._incoming = {name: Incoming(staging / f"{safe_dirname(name)}.tar.gz") for name in self.nodes}
+            for run in self._running.values():
+                self._send(run, (json.dumps({"bundle": bundle}) + "\n").encode())
+            deadline = time.monotonic() + timeout
+            while not all(i.done or self._gone(name) for name, i in self._incoming.items()):
+                left = deadline - time.monotonic()
+                if left <= 0 or self._closed.is_set():
+                    break
+                self._answered.wait(min(left, 0.5))
+            incoming, self._incoming, self._bundle = self._incoming, {}, None
+        try:
+            return [self._bundle_note(name, got, hosts / safe_dirname(name), timeout) for name, got in incoming.items()]
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _gone(self, name: str) -> bool:
+        """No agent answers for ``name`` now (none runs, or its relay says it stopped): its bundle
+        will not come."""
+        state = self.nodes[name]
+        if state.error is not None and (state.answered_at is None or (state.error_at or 0) >= state.answered_at):
+            return True
+        return not any(name in run.launch.names for run in self._running.values())
+
+    def _bundle_note(self, name: str, got: Incoming, dest: Path, timeout: float) -> str:
+        if not got.done:
+            why = self.nodes[name].error if self._gone(name) else f"timeout: not all of it in {timeout:g}s"
+            return f"{name}: no bundle: {why or 'its agent is not running'}"
+        if got.error is not None:
+            return f"{name}: no bundle: {got.error}"
+        try:
+            unpack_bundle(got.path, dest)
+        except (tarfile.TarError, OSError, EOFError) as exc:
+            return f"{name}: bundle could not be unpacked: {exc}"
+        return f"{name}: bundle in hosts/{dest.name}/"
 
     def _send(self, run: Running, data: bytes) -> None:
         stdin = getattr(run.proc, "stdin", None)
@@ -411,7 +508,6 @@ class StreamSource(NodeEvidence):
         if self._closed.is_set():
             return
         self._closed.set()
-        self.runner.close()
         with self._lock:
             runs = list(self._running.values())
             self._running.clear()
@@ -431,7 +527,6 @@ class StreamSource(NodeEvidence):
             self._selector.close()
             os.close(self._wake_r)
             os.close(self._wake_w)
-        shutil.rmtree(self._control_dir, ignore_errors=True)
         close = getattr(self.local, "close", None)
         if callable(close):
             close()

@@ -9,6 +9,7 @@ costs one frame list per distinct stack, not ranks x frames. The public Snapshot
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import json
@@ -73,6 +74,21 @@ def encode_node(snap: Snapshot, node: str, full_for: frozenset[int] = frozenset(
 def encode_line(snap: Snapshot, node: str, full_for: frozenset[int] = frozenset(), seq: int = 0) -> str:
     """One line of an agent's stream."""
     return json.dumps(encode_node(snap, node, full_for, seq), separators=(",", ":"))
+
+
+BUNDLE_PART = 48 * 1024  # bytes of bundle per line (64 KiB of base64)
+
+
+def bundle_lines(node: str, bundle: str, data: bytes, error: str | None = None) -> list[str]:
+    """A node's bundle (a .tar.gz) for request ``bundle``: its parts, then an end line saying how many
+    (or why there is none)."""
+    parts = [data[i:i + BUNDLE_PART] for i in range(0, len(data), BUNDLE_PART)] if error is None else []
+    head = {"kind": "trainwatch-node", "v": WIRE_VERSION, "node": node, "bundle": bundle}
+    lines = [json.dumps({**head, "part": n, "data": base64.b64encode(part).decode()}) for n, part in enumerate(parts)]
+    end: dict[str, Any] = {**head, "end": True, "parts": len(parts), "bytes": len(data)}
+    if error is not None:
+        end["error"] = error
+    return [*lines, json.dumps(end)]
 
 
 def error_line(node: str, message: str, code: int, seq: int = 0) -> str:

@@ -11,14 +11,17 @@ ssh), the epoll reader, decoding, the merge and the judgement.
     python tests/bench/bench_fanout.py [--nodes 1024] [--per-node 8] [--transport slurm|ssh] [--polls 5]
 
 Prints the time to the first complete verdict, the viewer's CPU per poll, bytes per node per
-poll, and decode + merge + judgement at nodes x per-node ranks, beside the same work done the
-old way (every node's full snapshot JSON). Exits 1 when a correctness check fails.
+poll, the time to bring every node's bundle back through the agents (a dump: each replayed agent
+answers the request after 2-7 s with a 256 KiB .tar.gz; two never answer and must be named), and
+decode + merge + judgement at nodes x per-node ranks, beside the same work done the old way
+(every node's full snapshot JSON). Exits 1 when a correctness check fails.
 """
 
 from __future__ import annotations
 
 import argparse
 import heapq
+import io
 import json
 import os
 import random
@@ -26,6 +29,9 @@ import resource
 import selectors
 import socket
 import sys
+import tarfile
+import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,9 +42,10 @@ from bench_merge import PER_NODE, compute_threads, rank_from, recorded_threads  
 
 from trainwatch.probes.remote.merge import NodeView, merge_nodes  # noqa: E402
 from trainwatch.probes.remote.reach import SlurmRemote, SshRemote  # noqa: E402
+from trainwatch.probes.remote.node_spec import RELAY_FROM  # noqa: E402
 from trainwatch.probes.remote.streams import STREAM_START_PARALLEL, StreamSource  # noqa: E402
 from trainwatch.probes.remote.launches import Launch  # noqa: E402
-from trainwatch.probes.remote.wire import decode_line, encode_line  # noqa: E402
+from trainwatch.probes.remote.wire import bundle_lines, decode_line, encode_line  # noqa: E402
 from trainwatch.probes.snapshot import HostInfo, Job, Snapshot, Verdict  # noqa: E402
 
 BEFORE_8192_S = 18.4  # decode + merge + judgement at 8,192 ranks before issue 16 (README)
@@ -67,47 +74,78 @@ def node_snapshots(nodes: int, per_node: int) -> list[Snapshot]:
 @dataclass
 class Timing:
     start_s: tuple[float, float]  # hello after uniform(a, b) seconds: ssh/srun fan-out and interpreter start
+    relay_s: tuple[float, float]  # a relay's agents start after uniform(a, b) seconds: ssh to it, its start
     window: float
     interval: float
     jitter: float
+    dump_s: tuple[float, float] = (2.0, 7.0)  # writing a node's bundle (bench_dump: 2.2 s, 6.7 s with native)
+    silent: frozenset[str] = frozenset()  # nodes whose agents never send their bundle
 
 
-def cluster(control: socket.socket, lines: dict[str, bytes], timing: Timing, seed: int) -> None:
-    """Receive launches (names + pipe ends) and write each node's lines on the agents' schedule."""
+def cluster(control: socket.socket, lines: dict[str, bytes], timing: Timing, seed: int, archive: bytes) -> None:
+    """Receive launches (names + pipe ends) and write each node's lines on the agents' schedule; a
+    bundle request on a launch's stdin is answered, for each of its nodes but the silent ones, with
+    ``archive`` as wire lines after the time a dump takes."""
     rng = random.Random(seed)
-    events: list[tuple[float, int, int, str, bytes, bool]] = []  # (when, order, fd, node, label, said hello)
+    # (when, order, fd, node, label, said hello, bundle lines to write once)
+    events: list[tuple[float, int, int, str, bytes, bool, bytes]] = []
     order = 0
     selector = selectors.DefaultSelector()
     selector.register(control, selectors.EVENT_READ)
     dead: set[int] = set()
+    launches: dict[int, tuple[int, list[str], bool]] = {}  # stdin fd -> (stdout fd, names, labelled)
     parent = os.getppid()
     while os.getppid() == parent:  # never outlive the benchmark
         timeout = max(0.0, events[0][0] - time.monotonic()) if events else 0.05
-        for _key, _ in selector.select(timeout=min(timeout, 0.05)):
+        for key, _ in selector.select(timeout=min(timeout, 0.05)):
+            if key.fileobj is not control:  # a request on a launch's stdin
+                out, names, labelled = launches[key.fd]
+                data = os.read(key.fd, 1 << 16)
+                if not data:
+                    selector.unregister(key.fd)
+                    continue
+                for request in data.splitlines():
+                    bundle = json.loads(request).get("bundle")
+                    for task, name in enumerate(names):
+                        if bundle is None or name in timing.silent:
+                            continue
+                        label = f"{task}: ".encode() if labelled else b""
+                        payload = b"".join(label + line.encode() + b"\n"
+                                           for line in bundle_lines(name, bundle, archive))
+                        heapq.heappush(events, (time.monotonic() + rng.uniform(*timing.dump_s), order, out, name,
+                                                label, True, payload))
+                        order += 1
+                continue
             msg, fds, _flags, _addr = socket.recv_fds(control, 1 << 20, 4)
             if not msg:
                 return
             launch = json.loads(msg)
             out, err, stdin = fds
             os.close(err)  # no complaints on stderr: healthy agents
-            os.close(stdin)  # requests are not replayed
+            launches[stdin] = (out, launch["names"], launch["labelled"])
+            selector.register(stdin, selectors.EVENT_READ)
             now = time.monotonic()
+            # a relay's agents start once it runs: their own ssh (from it) and start come after
+            relay_up = now + (rng.uniform(*timing.relay_s) if launch["relayed"] else 0.0)
             for task, name in enumerate(launch["names"]):
                 label = f"{task}: ".encode() if launch["labelled"] else b""
-                heapq.heappush(events, (now + rng.uniform(*timing.start_s), order, out, name, label, False))
+                heapq.heappush(events, (relay_up + rng.uniform(*timing.start_s), order, out, name, label, False, b""))
                 order += 1
         now = time.monotonic()
         while events and events[0][0] <= now:
-            when, _, fd, name, label, hello_said = heapq.heappop(events)
+            when, _, fd, name, label, hello_said, payload = heapq.heappop(events)
             if fd in dead:
                 continue
             try:
+                if payload:
+                    os.write(fd, payload)
+                    continue
                 os.write(fd, label + (lines[name] if hello_said else _hello(name)) + b"\n")
             except OSError:  # the viewer closed the launch
                 dead.add(fd)
                 continue
             gap = timing.interval if hello_said else timing.window
-            heapq.heappush(events, (when + gap + rng.uniform(0, timing.jitter), order, fd, name, label, True))
+            heapq.heappush(events, (when + gap + rng.uniform(0, timing.jitter), order, fd, name, label, True, b""))
             order += 1
 
 
@@ -122,7 +160,7 @@ class ReplayedAgent:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         in_r, in_w = os.pipe()
-        message = json.dumps({"names": launch.names, "labelled": launch.labelled}).encode()
+        message = json.dumps({"names": launch.names, "labelled": launch.labelled, "relayed": launch.relayed}).encode()
         socket.send_fds(control, [message], [out_w, err_w, in_r])
         for fd in (out_w, err_w, in_r):
             os.close(fd)
@@ -140,16 +178,22 @@ class ReplayedAgent:
 # --- the measurements ---------------------------------------------------------------------------------
 
 def fan_out(nodes: int, per_node: int, transport: str, window: float, interval: float, polls: int,
-            start_s: tuple[float, float], jitter: float) -> dict:
+            start_s: tuple[float, float], jitter: float, relay_s: tuple[float, float] = (0.2, 0.6),
+            relay_from: int = RELAY_FROM, bundle_kib: int = 256, silent: int = 2,
+            bundle_timeout: float = 20.0, dump_s: tuple[float, float] = (2.0, 7.0)) -> dict:
+    """``transport``: slurm (one step), ssh (relays from RELAY_FROM hosts on), ssh-direct (one ssh per host)."""
     snaps = node_snapshots(nodes, per_node)
     lines = {s.job.host: encode_line(s, s.job.host, seq=1).encode() for s in snaps}
+    quiet = frozenset(s.job.host for s in snaps[1:1 + silent])
+    archive = _archive(bundle_kib)
     parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     _raise_nofile(4 * nodes + 256)
     pid = os.fork()
     if pid == 0:  # the cluster
         parent_sock.close()
         try:
-            cluster(child_sock, lines, Timing(start_s, window, interval, jitter), seed=16)
+            cluster(child_sock, lines, Timing(start_s, relay_s, window, interval, jitter, dump_s, quiet), seed=16,
+                    archive=archive)
         finally:
             os._exit(0)
     child_sock.close()
@@ -161,8 +205,9 @@ def fan_out(nodes: int, per_node: int, transport: str, window: float, interval: 
     cpu0 = _cpu()
     started = time.monotonic()
     source = StreamSource(None, remotes, match=["--match", "node0000:29500"], interval=interval, window=window,
-                          timeout=60, world_size=world, reuse_ssh=False, parallel=STREAM_START_PARALLEL,
-                          spawn=lambda launch: ReplayedAgent(parent_sock, launch, pid))
+                          timeout=60, world_size=world, parallel=STREAM_START_PARALLEL,
+                          spawn=lambda launch: ReplayedAgent(parent_sock, launch, pid),
+                          relay_from=0 if transport == "ssh-direct" else relay_from)
     try:
         first = source.poll()
         first_s = time.monotonic() - started
@@ -182,14 +227,51 @@ def fan_out(nodes: int, per_node: int, transport: str, window: float, interval: 
         wall = time.monotonic() - wall_start
         steady_cpu = _cpu() - cpu_start
         stats = source.stats()
+        with tempfile.TemporaryDirectory(prefix="bench-bundles-") as out:
+            started = time.monotonic()
+            arrived = _when_all_arrived(source, nodes - len(quiet), started)
+            notes = source.collect_bundles(Path(out), timeout=bundle_timeout)
+            bundles_s = time.monotonic() - started
+            hosts = Path(out) / "hosts"
+            got = sorted(p.name for p in hosts.iterdir()) if hosts.is_dir() else []
+        named = {note.split(":", 1)[0] for note in notes if ": no bundle: " in note}
+        assert named == quiet, (sorted(named)[:5], sorted(quiet))
+        assert len(got) == nodes - len(quiet), (len(got), notes[:3])
     finally:
         source.close()
         parent_sock.close()
         os.waitpid(pid, 0)
     answers = stats["lines"] - lines0
     return {"nodes": nodes, "ranks": world, "transport": transport, "first_verdict_s": first_s,
+            "launches": len(source.launches),
             "first_cpu_s": first_cpu, "cpu_cores": steady_cpu / wall, "poll_cpu_s": sorted(poll_cpu)[len(poll_cpu) // 2],
-            "bytes_per_node_poll": (stats["bytes"] - bytes0) / max(1, answers), "answers": answers}
+            "bytes_per_node_poll": (stats["bytes"] - bytes0) / max(1, answers), "answers": answers,
+            "bundles_s": bundles_s, "bundles": len(got), "silent": len(quiet), "arrived_s": arrived[0] if arrived else None}
+
+
+def _when_all_arrived(source: StreamSource, expected: int, started: float) -> list[float]:
+    """Seconds until ``expected`` bundles are in (read off the source while it collects)."""
+    seen: list[float] = []
+
+    def watch() -> None:
+        while not seen and time.monotonic() - started < 120:
+            if sum(1 for got in list(source._incoming.values()) if got.done) >= expected:
+                seen.append(time.monotonic() - started)
+            time.sleep(0.02)
+
+    threading.Thread(target=watch, daemon=True).start()
+    return seen
+
+
+def _archive(kib: int) -> bytes:
+    """A node's bundle: a .tar.gz of ``kib`` KiB that does not compress (the worst case on the wire)."""
+    buffer = io.BytesIO()
+    data = random.Random(3).randbytes(kib * 1024)
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        info = tarfile.TarInfo("bundle/ranks/0/blob.bin")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
 
 
 def decode_merge(nodes: int, per_node: int) -> dict:
@@ -229,25 +311,41 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=1024)
     parser.add_argument("--per-node", type=int, default=PER_NODE)
-    parser.add_argument("--transport", choices=("slurm", "ssh", "both"), default="both")
+    parser.add_argument("--transport", choices=("slurm", "ssh", "ssh-direct", "all"), default="all",
+                        help="ssh: through relays (from RELAY_FROM hosts on); ssh-direct: one ssh per host")
     parser.add_argument("--window", type=float, default=2.0)
     parser.add_argument("--interval", type=float, default=2.0)
     parser.add_argument("--polls", type=int, default=5)
     parser.add_argument("--start", type=float, nargs=2, default=(0.5, 1.5), metavar=("MIN", "MAX"),
                         help="seconds from launch to an agent's hello (fan-out + interpreter start)")
     parser.add_argument("--jitter", type=float, default=0.3)
+    parser.add_argument("--relay-start", type=float, nargs=2, default=(0.2, 0.6), metavar=("MIN", "MAX"),
+                        help="seconds from launching a relay to it starting its agents (ssh to it, ~0.1 s start)")
+    parser.add_argument("--relay-from", type=int, default=RELAY_FROM, help="ssh hosts from which relays are used")
+    parser.add_argument("--bundle-kib", type=int, default=256, help="each node's bundle (.tar.gz), KiB")
+    parser.add_argument("--silent", type=int, default=2, help="nodes that never send their bundle")
+    parser.add_argument("--bundle-timeout", type=float, default=20.0, help="how long dump waits for bundles")
+    parser.add_argument("--dump", type=float, nargs=2, default=(2.0, 7.0), metavar=("MIN", "MAX"),
+                        help="seconds an agent takes to write its bundle")
     args = parser.parse_args(argv)
-    transports = ("slurm", "ssh") if args.transport == "both" else (args.transport,)
+    transports = ("slurm", "ssh", "ssh-direct") if args.transport == "all" else (args.transport,)
     for transport in transports:
         r = fan_out(args.nodes, args.per_node, transport, args.window, args.interval, args.polls,
-                    tuple(args.start), args.jitter)
+                    tuple(args.start), args.jitter, tuple(args.relay_start), args.relay_from, args.bundle_kib,
+                    args.silent, args.bundle_timeout, tuple(args.dump))
         goal = args.window + 2.0
-        floor = args.start[1] + args.window + args.jitter  # the slowest replayed node's first answer
-        print(f"{r['nodes']} nodes x {args.per_node} ranks over {transport}: first complete verdict after "
+        relayed = transport == "ssh" and args.nodes >= args.relay_from > 0
+        # the slowest replayed node's first answer
+        floor = (args.relay_start[1] if relayed else 0.0) + args.start[1] + args.window + args.jitter
+        print(f"{r['nodes']} nodes x {args.per_node} ranks over {transport} ({r['launches']} launches): "
+              f"first complete verdict after "
               f"{r['first_verdict_s']:.2f}s (goal window + 2 s = {goal:.1f}s: {'met' if r['first_verdict_s'] <= goal else 'missed'}; "
               f"the slowest node answers by {floor:.1f}s); "
               f"viewer CPU {100 * r['cpu_cores']:.0f}% of a core ({r['poll_cpu_s'] * 1000:.0f} ms per poll; "
-              f"goal < 50%); {r['bytes_per_node_poll'] / 1024:.1f} KiB per node per poll")
+              f"goal < 50%); {r['bytes_per_node_poll'] / 1024:.1f} KiB per node per poll; bundles of "
+              f"{args.bundle_kib} KiB from {r['bundles']} nodes: all in after "
+              f"{r['arrived_s'] or float('nan'):.1f}s, the dump done in {r['bundles_s']:.1f}s ({r['silent']} that never "
+              f"sent theirs named at the {args.bundle_timeout:g}s timeout; goal 30 s)")
     d = decode_merge(args.nodes, args.per_node)
     print(f"decode + merge + judgement at {d['ranks']} ranks: {d['now_s']:.3f}s ({d['now_cpu_s']:.3f}s CPU) "
           f"with the wire format "

@@ -17,7 +17,9 @@ PURE = {
     "bench_merge": ["--sizes", "64,128"],
     "bench_gpu": ["--ticks", "3"],
     "bench_restarts": ["--restarts", "40"],
-    "bench_fanout": ["--nodes", "12", "--polls", "2", "--window", "0.5", "--interval", "0.5", "--start", "0.05", "0.2"],
+    "bench_fanout": ["--nodes", "12", "--polls", "2", "--window", "0.5", "--interval", "0.5", "--start", "0.05", "0.2",
+                    "--relay-from", "4", "--bundle-kib", "64", "--bundle-timeout", "1.5",
+                    "--dump", "0.1", "0.3"],
 }
 # Benchmarks that start real jobs.
 JOBS = {

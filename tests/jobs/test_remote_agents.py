@@ -91,9 +91,6 @@ class ScriptRemote:
     def argv(self, trainwatch, args):
         return ["sh", "-c", self.script, "sh", *args]
 
-    def shell_argv(self, script):
-        return ["sh", "-c", script]
-
 
 def test_a_dead_agent_is_named_then_started_again(planted, tmp_path):
     job = planted("straggler", nproc=2)

@@ -23,7 +23,6 @@ from real_jobs import free_port
 from sshd import Sshd, TwoNodeJob, unavailable_reason
 from trainwatch.probes.errors import PARTIAL_EXIT
 from trainwatch.probes.remote.reach import SshRemote
-from trainwatch.probes.remote.bundles import collect_remote_bundles
 
 pytestmark = [pytest.mark.job, pytest.mark.slow,
               pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))]
@@ -57,7 +56,7 @@ def pinned_trainwatch(tmp: Path, pid: int) -> str:
         #!{sys.executable}
         import os, sys
         args = sys.argv[1:]
-        if "--match" in args:
+        if args[:1] == ["agent"] and "--match" in args:
             at = args.index("--match")
             del args[at:at + 2]
             args.insert(1, "{pid}")
@@ -68,10 +67,11 @@ def pinned_trainwatch(tmp: Path, pid: int) -> str:
     return str(wrapper)
 
 
-def snapshot_cli(world: TwoNodeJob, sshd: Sshd, hosts: str, trainwatch: str, timeout: float = 60):
+def snapshot_cli(world: TwoNodeJob, sshd: Sshd, hosts: str, trainwatch: str, timeout: float = 60,
+                 extra: tuple[str, ...] = ()):
     cmd = [*CLI, "snapshot", str(world.pids[0]), "--json", "--window", "1", "--hosts", hosts,
            "--ssh-option", sshd.ssh_option, "--remote-trainwatch", trainwatch,
-           "--remote-timeout", str(timeout)]
+           "--remote-timeout", str(timeout), *extra]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 60)
     data = json.loads(done.stdout) if done.stdout.strip().startswith("{") else None
     return done, data
@@ -99,6 +99,27 @@ def test_unreachable_node_is_named_and_the_rest_shown(world, sshd, tmp_path):
     assert {r["rank"] for r in data["ranks"] if r["state"] != "missing"} == {0, 1}
 
 
+def test_through_a_relay_the_remote_culprit_is_named_and_a_node_it_cannot_reach_too(world, sshd, tmp_path):
+    """From --remote-relays-from hosts on, node-b relays: its own agent, and ssh on to "dead"."""
+    done, data = snapshot_cli(world, sshd, "node-b,dead", pinned_trainwatch(tmp_path, world.pids[1]),
+                              extra=("--remote-relays-from", "2"))
+    assert done.returncode == PARTIAL_EXIT, done.stderr
+    assert data["verdict"]["culprits"] == [1], data["verdict"]
+    assert {r["rank"]: r["host"] for r in data["ranks"]}[1] == "node-b"
+    failed = {h["name"]: h["error"] for h in data["hosts"] if h["error"]}
+    assert list(failed) == ["dead"] and failed["dead"].startswith("agent stopped: unreachable"), failed
+    assert "from relay node-b" in failed["dead"]
+
+
+def test_a_relay_that_cannot_be_reached_gives_way_to_one_agent_per_node(world, sshd, tmp_path):
+    done, data = snapshot_cli(world, sshd, "dead,node-b", pinned_trainwatch(tmp_path, world.pids[1]),
+                              extra=("--remote-relays-from", "2"))
+    assert done.returncode == PARTIAL_EXIT, done.stderr
+    assert data["verdict"]["culprits"] == [1], data["verdict"]
+    failed = {h["name"]: h["error"] for h in data["hosts"] if h["error"]}
+    assert list(failed) == ["dead"] and failed["dead"].startswith("unreachable"), failed
+
+
 def test_node_without_trainwatch_is_named_and_its_ranks_unknown(world, sshd):
     done, data = snapshot_cli(world, sshd, "node-b", "/nonexistent/trainwatch")
     assert done.returncode == PARTIAL_EXIT, done.stderr
@@ -110,25 +131,29 @@ def test_node_without_trainwatch_is_named_and_its_ranks_unknown(world, sshd):
     assert any("node-b" in n for n in data["notes"])
 
 
-def test_bundles_stream_back_over_ssh(sshd, tmp_path):
-    fake = tmp_path / "fake-trainwatch"
-    fake.write_text('#!/bin/sh\nfor a; do out="$a"; done\nmkdir -p "$out/ranks"\n'
-                    'echo "$@" > "$out/args.txt"\nhead -c 200000 /dev/urandom > "$out/ranks/1.bin"\n')
-    fake.chmod(0o755)
-    remotes = [SshRemote("node-b", options=("-F", str(sshd.config))),
-               SshRemote("dead", options=("-F", str(sshd.config)))]
-    notes = collect_remote_bundles(remotes, tmp_path / "bundle", timeout=30, trainwatch=str(fake),
-                                   match=["--match", "127.0.0.1:1"])
-    got = tmp_path / "bundle" / "hosts" / "node-b"
-    assert (got / "ranks" / "1.bin").stat().st_size == 200000
-    assert (got / "args.txt").read_text().split()[:3] == ["dump", "--match", "127.0.0.1:1"]
-    assert any(n.startswith("dead: no bundle: unreachable") for n in notes), notes
-    assert not (tmp_path / "bundle" / "hosts" / "dead").exists()
-    assert os.listdir(tmp_path / "bundle" / "hosts") == ["node-b"]
+@pytest.mark.parametrize("relays_from", ["64", "2"], ids=["direct", "through-a-relay"])
+def test_dump_brings_each_nodes_bundle_back_through_its_agent(world, sshd, tmp_path, relays_from):
+    """`dump` asks the agents already running for their bundles: node-b's comes back on its stream
+    (directly, or through a relay on node-b), and the node no agent could reach is named."""
+    out = tmp_path / "out"
+    cmd = [*CLI, "dump", str(world.pids[0]), "--out", str(out), "--window", "1", "--no-native",
+           "--hosts", "node-b,dead", "--ssh-option", sshd.ssh_option, "--remote-relays-from", relays_from,
+           "--remote-trainwatch", pinned_trainwatch(tmp_path, world.pids[1]), "--remote-timeout", "60"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
+    assert done.returncode == PARTIAL_EXIT, done.stderr
+    bundle = Path(done.stdout.strip().splitlines()[-1])
+    assert "trainwatch: node-b: bundle in hosts/node-b/" in done.stderr, done.stderr
+    assert "trainwatch: dead: no bundle: " in done.stderr and "unreachable" in done.stderr, done.stderr
+    # node-b's own evidence: the culprit's stack, where it sleeps
+    assert "train.py" in (bundle / "hosts" / "node-b" / "ranks" / "1" / "stacks.txt").read_text()
+    assert sorted(os.listdir(bundle / "hosts")) == ["node-b"]
+    assert not list(bundle.glob(".incoming-*"))  # the parts as they came are gone
 
 
-def test_live_agents_over_ssh_name_the_remote_culprit_and_leave_nothing(world, sshd, tmp_path):
-    """What attach and watch do: one persistent agent on node-b over real ssh, sharing its connection."""
+@pytest.mark.parametrize("relay_from", [64, 1], ids=["direct", "through-a-relay"])
+def test_live_agents_over_ssh_name_the_remote_culprit_and_leave_nothing(world, sshd, tmp_path, relay_from):
+    """What attach and watch do: one persistent agent on node-b over real ssh
+    (directly, or started by a relay on node-b: the relay and its agent both go when the view closes)."""
     from trainwatch.probes.live import LocalSource
     from trainwatch.probes.remote.streams import StreamSource
 
@@ -141,9 +166,9 @@ def test_live_agents_over_ssh_name_the_remote_culprit_and_leave_nothing(world, s
     remote = SshRemote("node-b", options=("-F", str(sshd.config)))
     source = StreamSource(local, [remote], match=["--match", f"127.0.0.1:{world.port}"],
                           trainwatch=pinned_trainwatch(tmp_path, world.pids[1]), interval=1.0, window=1.0,
-                          timeout=60, world_size=2)
+                          timeout=60, world_size=2, relay_from=relay_from)
     try:
-        assert "ControlMaster=auto" in source.remotes[0].options  # the test's ssh config says nothing of it
+        assert [launch.relayed for launch in source.launches] == [relay_from == 1]
         merged = source.poll()
         for _ in range(20):
             if merged.verdict.kind == "straggler":
@@ -157,9 +182,13 @@ def test_live_agents_over_ssh_name_the_remote_culprit_and_leave_nothing(world, s
         first_agent = agents[0]
         merged = source.poll()
         assert ours() == [first_agent]
+        relays = [p.pid for p in psutil.process_iter(["cmdline"]) if "relay" in (p.info["cmdline"] or [])
+                  and "--self" in p.info["cmdline"] and str(tmp_path) in " ".join(p.info["cmdline"])]
+        assert len(relays) == (relay_from == 1)
     finally:
         source.close()
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and psutil.pid_exists(first_agent):
+    while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in [first_agent, *relays]):
         time.sleep(0.1)
-    assert not psutil.pid_exists(first_agent) or psutil.Process(first_agent).status() == psutil.STATUS_ZOMBIE
+    for pid in [first_agent, *relays]:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

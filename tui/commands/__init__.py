@@ -1,3 +1,3 @@
 """One module per ``trainwatch`` subcommand; each exposes ``register(subparsers)``."""
 
-COMMANDS = ("snapshot", "attach", "demo", "dump", "open", "run", "watch", "agent")
+COMMANDS = ("snapshot", "attach", "demo", "dump", "open", "run", "watch", "agent", "relay")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from .common import add_ras, add_stuck_after, positive_seconds
 from .snapshot import COLLECTIVE_WAIT_S, resolve_pid
@@ -29,6 +30,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
+def _bundle(source, snapshot, out_dir: Path) -> Path:  # noqa: ANN001 - a LocalSource and its Snapshot
+    """This node's bundle, as ``trainwatch dump`` writes it, in one .tar.gz for the viewer."""
+    from ...probes import write_bundle
+
+    return write_bundle(snapshot.job.pid, snapshot, out_dir, tar=True, familiar=source.remembered_places())
+
+
 def run(args: argparse.Namespace) -> int:
     from ...probes import LocalSource, run_agent
 
@@ -36,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         return LocalSource(resolve_pid(args), window=args.window, samples=args.samples, stuck_after=args.stuck_after,
                            collective_wait=COLLECTIVE_WAIT_S if args.once else 0.0)
 
-    code = run_agent(open_source, args.interval, once=args.once)
+    code = run_agent(open_source, args.interval, once=args.once, write_bundle=_bundle)
     if args.once:
         return code
     # The stdin reader may still block in read(): leave now rather than wait at interpreter shutdown.
