@@ -96,6 +96,18 @@ def test_every_rank_field_survives_the_wire():
     got = decode_line(encode_line(snap, "n1")).snapshot.rank(3)
     assert got == full
 
+    # Merging reads every rank back as evidence and judges it into a rank again (built without
+    # __init__, for speed): the same records as __init__ builds, every field there.
+    from trainwatch.probes.observed import ObservedRank, observed_rank
+
+    evidence = observed_rank(full)
+    by_init = ObservedRank(seen=full.state, **{f.name: getattr(full, f.name) for f in dataclasses.fields(ObservedRank)
+                                               if f.name in {g.name for g in dataclasses.fields(Rank)}})
+    assert evidence == by_init and hash(evidence) == hash(by_init)
+    assert all(hasattr(evidence, f.name) for f in dataclasses.fields(ObservedRank))
+    assert evidence.as_rank(full.state, full.stuck_for_s) == full
+    assert dataclasses.replace(evidence, host="n3").host == "n3"
+
 
 def test_log_tails_travel_for_the_culprits_and_the_ranks_asked_for_only():
     """A tail is up to 30 lines: every rank's on every poll would swamp a thousand nodes' wire."""
