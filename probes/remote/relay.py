@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -59,7 +60,10 @@ class Relay:
                    for child in self.children]
         for thread in threads:
             thread.start()
-        self._forward(requests)  # until the viewer closes our stdin
+        try:
+            self._forward(requests)  # until the viewer closes our stdin
+        except KeyboardInterrupt:
+            pass  # SIGTERM, SIGHUP or SIGINT (run_relay): stop as on EOF
         self.stop.set()
         self._close_children()
         for thread in threads:
@@ -149,11 +153,17 @@ def _tail(stream: BinaryIO, keep: bytearray) -> None:
             del keep[:-STDERR_KEEP]
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # unwinds the stdin loop: the relay then stops its agents
+
+
 def run_relay(children: Sequence[Child], timeout: float) -> int:
     """The ``trainwatch relay`` command: relay until stdin closes (or the parent goes away)."""
     from .node_agent import die_with_parent
 
     die_with_parent()
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, _interrupt)
     relay = Relay(children, sys.stdout.buffer, timeout)
     code = relay.run(sys.stdin.buffer)
     sys.stdout.flush()

@@ -186,6 +186,8 @@ class StreamSource(NodeEvidence):
             self._selector.register(fd, selectors.EVENT_READ, None)
         if self._request:
             self._send(run, self._request)
+        if self._bundle is not None:  # started while bundles are collected: its nodes' are wanted too
+            self._send(run, _bundle_request(self._bundle))
         os.write(self._wake_w, b"x")
 
     def _ended(self, index: int, run: Running, now: float) -> None:
@@ -396,7 +398,7 @@ class StreamSource(NodeEvidence):
             self._bundle = bundle
             self._incoming = {name: Incoming(staging / f"{safe_dirname(name)}.tar.gz") for name in self.nodes}
             for run in self._running.values():
-                self._send(run, (json.dumps({"bundle": bundle}) + "\n").encode())
+                self._send(run, _bundle_request(bundle))
             deadline = time.monotonic() + timeout
             while not all(i.done or self._gone(name) for name, i in self._incoming.items()):
                 left = deadline - time.monotonic()
@@ -530,6 +532,10 @@ class StreamSource(NodeEvidence):
         close = getattr(self.local, "close", None)
         if callable(close):
             close()
+
+
+def _bundle_request(bundle: str) -> bytes:
+    return (json.dumps({"bundle": bundle}) + "\n").encode()
 
 
 def _node_error(answer: NodeAnswer) -> str:

@@ -99,3 +99,32 @@ def test_from_relay_from_hosts_on_about_sqrt_n_relays_reach_them():
     assert not any(launch.relayed for launch in plan_launches(hosts[:63], "tw", ["agent"], relay_from=64))
     assert not any(launch.relayed for launch in plan_launches(hosts, "tw", ["agent"], relay_from=0))
     assert [len(g) for g in relay_groups(hosts[:5])] == [3, 2]
+
+
+def test_a_relay_told_to_stop_stops_its_agents_too(tmp_path):
+    """SIGTERM (the viewer's ssh going away) ends the relay and, through their stdin and their
+    process groups, the agents it started."""
+    import signal
+    import subprocess
+
+    import psutil
+
+    agent = tmp_path / "tw"
+    agent.write_text(f"#!{sys.executable}\n" + ECHO.replace("sys.argv[1]", "'n0'"))
+    agent.chmod(0o755)
+    relay = subprocess.Popen([sys.executable, "-m", "trainwatch.tui.cli", "relay", "--self", "n0",
+                              "--remote-trainwatch", str(agent), "--", "agent", "--match", "a:1"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        first = relay.stdout.readline().decode()
+        assert first.startswith("0: ") and '"hello": true' in first
+        agents = [p for p in psutil.Process(relay.pid).children(recursive=True)]
+        assert agents
+        relay.send_signal(signal.SIGTERM)
+        assert relay.wait(timeout=10) == 0
+        psutil.wait_procs(agents, timeout=10)
+        assert not [p for p in agents if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    finally:
+        if relay.poll() is None:
+            os.killpg(relay.pid, signal.SIGKILL)
+            relay.wait()
