@@ -25,9 +25,8 @@ from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
 from ..errors import TrainwatchError, UsageError
-from .wire import bundle_lines, encode_line, error_line
+from .wire import bundle_lines, encode_line, error_line, whole
 
-SRUN_PIECE = 1024
 STOP_GRACE_S = 10.0  # after a stop, a poll still running gets this long before the agent exits anyway
 PARENT_CHECK_S = 0.5
 
@@ -146,9 +145,7 @@ def run_agent(open_source: Callable[[], Any], interval: float, *, once: bool = F
                     source = None
             if stop.is_set():
                 break
-            if len(line) % SRUN_PIECE == 0:  # srun cuts output into 1,024-byte pieces: never end on a cut
-                line += " "
-            stdout.write(line + "\n")
+            stdout.write(whole(line) + "\n")
             stdout.flush()
             if once:
                 return 0
@@ -183,9 +180,7 @@ def _send_bundle(stdout: TextIO, node: str, bundle: str, source: Any, snap: Any,
             except OSError as exc:
                 error = f"the bundle could not be read back: {exc.strerror or exc}"
         for line in bundle_lines(node, bundle, data, error):
-            if len(line) % SRUN_PIECE == 0:
-                line += " "
-            stdout.write(line + "\n")
+            stdout.write(whole(line) + "\n")
         stdout.flush()
 
 

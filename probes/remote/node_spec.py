@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEFAULT_TIMEOUT_S = 30.0  # give up on a node after this long
+RESTART_MIN_S, RESTART_MAX_S = 2.0, 30.0  # an agent that stopped starts again after this back-off, doubling
 RELAY_FROM = 64  # ssh hosts from which agents are reached through relays (about sqrt(hosts) of them)
 
 

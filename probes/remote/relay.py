@@ -25,10 +25,9 @@ from typing import BinaryIO
 from ..process_group import kill_groups
 from .calls import STDERR_KEEP, Result, classify_failure
 from .reach import Remote
-from .wire import error_line
+from .node_spec import RESTART_MAX_S, RESTART_MIN_S
+from .wire import error_line, whole
 
-RESTART_MIN_S, RESTART_MAX_S = 2.0, 30.0
-SRUN_PIECE = 1024  # the viewer reads a relay as srun: a line is never a whole number of srun's pieces
 STOP_GRACE_S = 3.0
 
 
@@ -93,7 +92,7 @@ class Relay:
             delay = min(RESTART_MAX_S, RESTART_MIN_S * 2 ** restarts)
             restarts += 1
             said = f"agent stopped: {reason} (from relay {self.children[0].name}; again in {delay:.0f}s)"
-            self._write(child.task, error_line(child.name, said, result.returncode or 1).encode())
+            self._write(child.task, whole(error_line(child.name, said, result.returncode or 1)).encode())
             self.stop.wait(delay)
 
     def _run_once(self, child: Child) -> Result:
@@ -120,8 +119,7 @@ class Relay:
         return Result(code, stderr=child.stderr.decode(errors="replace"))
 
     def _write(self, task: int, line: bytes) -> None:
-        if (len(line) + len(f"{task}: ")) % SRUN_PIECE == 0:
-            line += b" "
+        """One line on ``task``'s label (an agent's lines are whole already: see ``wire.whole``)."""
         with self._lock:
             try:
                 self.out.write(f"{task}: ".encode() + line + b"\n")

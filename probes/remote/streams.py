@@ -37,15 +37,12 @@ from .calls import STDERR_KEEP, Result, classify_failure
 from .launches import Launch, agent_args, direct_launch, plan_launches, popen_agent
 from .merge import NodeView, merge_nodes
 from .node_evidence import NodeEvidence
-from .node_spec import DEFAULT_TIMEOUT_S, RELAY_FROM
+from .node_spec import DEFAULT_TIMEOUT_S, RELAY_FROM, RESTART_MAX_S, RESTART_MIN_S
 from .reach import Remote
-from .wire import NodeAnswer, decode_node
+from .wire import SRUN_PIECE, NodeAnswer, decode_node
 
 LABEL = re.compile(rb"^\s*(\d+): ?(.*)$", re.S)
-# srun forwards a task's output in pieces of at most this many bytes, each labelled as a line of its own.
-SRUN_PIECE = 1024
 SRUN_TASK = re.compile(r"task (\d+): (.+)$")
-RESTART_MIN_S, RESTART_MAX_S = 2.0, 30.0
 STREAM_START_PARALLEL = 128  # agents connecting at once (a start is short; the agent then stays)
 REUSE_S = 300.0  # an answer older than this is no longer shown
 

@@ -77,6 +77,13 @@ def encode_line(snap: Snapshot, node: str, full_for: frozenset[int] = frozenset(
 
 
 BUNDLE_PART = 48 * 1024  # bytes of bundle per line (64 KiB of base64)
+SRUN_PIECE = 1024  # srun forwards a task's output in pieces of this many bytes, each labelled
+
+
+def whole(line: str) -> str:
+    """``line``, never a whole number of srun's pieces long: the viewer joins a piece of exactly
+    that length with the task's next one (srun cut it), and a relay's lines are read the same way."""
+    return line + " " if len(line) % SRUN_PIECE == 0 else line
 
 
 def bundle_lines(node: str, bundle: str, data: bytes, error: str | None = None) -> list[str]:

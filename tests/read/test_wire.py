@@ -116,3 +116,12 @@ def test_log_tails_travel_for_the_culprits_and_the_ranks_asked_for_only():
     snap = Snapshot(job=Job(launcher="torchrun", pid=1, host="n2"), ranks=ranks, verdict=Verdict("straggler", (2,)))
     got = decode_line(encode_line(snap, "n2", full_for=frozenset({0}))).snapshot
     assert [got.rank(n).log_tail for n in range(3)] == [tail, None, tail]
+
+
+def test_no_line_is_a_whole_number_of_sruns_pieces():
+    """A piece of exactly srun's size is joined with the next (srun cut it): a line that long is
+    given one more byte, so it is never held back waiting for a piece that does not come."""
+    from trainwatch.probes.remote.wire import SRUN_PIECE, whole
+
+    assert whole("x" * SRUN_PIECE) == "x" * SRUN_PIECE + " " and whole("x" * 2 * SRUN_PIECE).endswith(" ")
+    assert whole("x" * (SRUN_PIECE - 1)) == "x" * (SRUN_PIECE - 1)
