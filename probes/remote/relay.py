@@ -6,8 +6,9 @@ others, then writes every line its agents write to its stdout labelled with the 
 number (``3: {...}``, as ``srun --label`` does), so the viewer reads a relay as it reads one srun
 step. What the viewer writes on the relay's stdin (requests) goes to every agent. An agent that
 stops is named in a labelled error line of the wire (why, from its ssh's exit status and stderr)
-and started again after a back-off. The relay stops, and stops its agents (their stdin closes),
-when its own stdin closes or its parent goes away.
+and started again after a back-off. The relay stops, and stops its agents (their stdin closes,
+their process groups end), when its own stdin closes, its parent goes away, or on SIGTERM, SIGHUP
+or SIGINT.
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ class Relay:
         try:
             for line in requests:
                 with self._lock:
-                    self._request = line
+                    if b'"bundle"' not in line:  # what to ask an agent that starts again; a bundle is asked once
+                        self._request = line
                     running = [c.proc for c in self.children if c.proc is not None]
                 for proc in running:
                     _send(proc, line)
