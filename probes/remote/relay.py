@@ -14,6 +14,7 @@ or SIGINT.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -74,7 +75,7 @@ class Relay:
         try:
             for line in requests:
                 with self._lock:
-                    if b'"bundle"' not in line:  # what to ask an agent that starts again; a bundle is asked once
+                    if not _asks_for_bundle(line):  # what to ask an agent that starts again; a bundle is asked once
                         self._request = line
                     running = [c.proc for c in self.children if c.proc is not None]
                 for proc in running:
@@ -136,6 +137,14 @@ class Relay:
             with contextlib.suppress(OSError, ValueError):
                 proc.stdin.close()  # an agent stops when its stdin closes
         kill_groups(procs, grace=STOP_GRACE_S)
+
+
+def _asks_for_bundle(line: bytes) -> bool:
+    try:
+        request = json.loads(line)
+    except ValueError:
+        return False  # not a request: the agent ignores it too
+    return isinstance(request, dict) and "bundle" in request
 
 
 def _send(proc: subprocess.Popen, line: bytes) -> None:

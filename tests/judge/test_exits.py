@@ -219,3 +219,15 @@ def test_the_ledger_remembers_only_the_latest_restarted_pids(monkeypatch):
         ledger.forget(pid)
     ledger.adopt([CrashRecord(rank=0, pid=pid, exit=ExitInfo(code=1)) for pid in (15, 19)])
     assert list(ledger._exits) == [15]  # 19 was restarted lately: not shown again; 15's PID may be reused
+
+
+def test_a_fault_logged_just_after_another_ranks_is_still_seen(tmp_path):
+    from trainwatch.probes.read.logs import kernlog
+
+    kmsg = tmp_path / "kmsg-later"
+    kmsg.write_text("6,1,1,-;python[5001]: segfault at 0 ip 0 sp 0 error 4 in libc.so\n")
+    assert kernlog.kernel_fault(5001, str(kmsg))[0] == "SIGSEGV"
+    assert kernlog.kernel_fault(5002, str(kmsg)) is None
+    with kmsg.open("a") as log:  # the next rank faults a moment later
+        log.write("6,2,2,-;traps: python[5002] trap divide error ip:0 sp:0 error:0 in x.so\n")
+    assert kernlog.kernel_fault(5002, str(kmsg))[0] == "SIGFPE"

@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from .common import add_ras, add_stuck_after, positive_seconds
 from .snapshot import COLLECTIVE_WAIT_S, resolve_pid
@@ -30,8 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def _bundle(source, snapshot, out_dir: Path) -> Path:  # noqa: ANN001 - a LocalSource and its Snapshot
-    """This node's bundle, as ``trainwatch dump`` writes it, in one .tar.gz for the viewer."""
+def _bundle(source: Any, snapshot: Any, out_dir: Path) -> Path:
+    """This node's bundle, as ``trainwatch dump`` writes it, in one .tar.gz for the viewer
+    (``source``: the agent's LocalSource; ``snapshot``: its last poll)."""
     from ...probes import write_bundle
 
     return write_bundle(snapshot.job.pid, snapshot, out_dir, tar=True, familiar=source.remembered_places())

@@ -8,9 +8,7 @@ set (``nvmlEventTypeXidCriticalError``), polled with a short timeout while attac
 from __future__ import annotations
 
 import errno
-import os
 import re
-import stat
 import subprocess
 import time
 from collections.abc import Sequence
@@ -18,6 +16,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from ..logs.kmsg import KmsgRecords
 from .nvml_errors import nvml_errors
 
 XID_EVENT_MASK = 0x8  # nvmlEventTypeXidCriticalError
@@ -138,9 +137,8 @@ class KmsgReader:
 
     def __init__(self, path: str = "/dev/kmsg", max_records: int = 20000) -> None:
         self.path = path
-        self.max_records = max_records
         self.error: str | None = None
-        self._fd: int | None = None
+        self._records = KmsgRecords(path, max_records)
         self._opened = False
         self._boot = boot_time()
         self.live = False  # reading the live kernel log device, which carries every Xid
@@ -149,38 +147,17 @@ class KmsgReader:
         """Xid events logged since the previous call (the whole ring buffer the first time)."""
         if not self._opened:
             self._opened = True
-            try:
-                self._fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
-                self.live = stat.S_ISCHR(os.fstat(self._fd).st_mode)
-            except OSError as exc:
-                if exc.errno == errno.ENOENT and self.path == "/dev/kmsg":
-                    return self._dmesg_once(exc)
-                self.error = _unreadable(self.path, exc)
+            failure = self._records.open()
+            if failure is not None:
+                if failure.errno == errno.ENOENT and self.path == "/dev/kmsg":
+                    return self._dmesg_once(failure)
+                self.error = _unreadable(self.path, failure)
                 return []
-        if self._fd is None:
-            return []
-        events: list[XidEvent] = []
-        pending = ""
-        for _ in range(self.max_records):
-            try:
-                chunk = os.read(self._fd, 8192)
-            except BlockingIOError:
-                break  # no more records now
-            except BrokenPipeError:
-                continue  # the record was overwritten before we read it
-            except OSError as exc:
-                self.error = _unreadable(self.path, exc)
-                self.live = False
-                self.close()
-                break
-            if not chunk:
-                break  # a regular file (tests) at its end
-            lines = (pending + chunk.decode("utf-8", "replace")).split("\n")
-            pending = lines.pop()
-            events.extend(self._parse(lines))
-        if pending:
-            events.extend(self._parse([pending]))
-        return events
+            self.live = self._records.live
+        lines = self._records.new_lines()
+        if self._records.failure is not None and self.error is None:
+            self.error, self.live = _unreadable(self.path, self._records.failure), False
+        return self._parse(lines)
 
     def _parse(self, lines: Sequence[str]) -> list[XidEvent]:
         found = []
@@ -209,12 +186,7 @@ class KmsgReader:
         return [e for e in (parse_dmesg_line(ln, self._boot) for ln in text.splitlines()) if e]
 
     def close(self) -> None:
-        if self._fd is not None:
-            try:
-                os.close(self._fd)
-            except OSError:
-                pass  # closing: nothing read is lost
-            self._fd = None
+        self._records.close()
 
 
 def _unreadable(path: str, exc: OSError) -> str:
