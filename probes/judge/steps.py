@@ -22,7 +22,6 @@ same kind of count, so ranks stay comparable and the period stays right per unit
 
 from __future__ import annotations
 
-import statistics
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from dataclasses import dataclass
 from ..frames import LOOP_NAMES, is_hf_loop, is_user
 from ..observed import FrameInts, ThreadCounters
 from ..snapshot import Frame, Rank, who
+from ..median import median
 
 SLOW_FACTOR = 3.0
 
@@ -130,7 +130,7 @@ class StepClock:
         series = self._series.get(pid)
         if series is None or len(series.intervals) < MIN_INTERVALS:
             return None
-        return statistics.median(series.intervals)
+        return median(series.intervals)
 
     def last_change(self, pid: int) -> float | None:
         series = self._series.get(pid)

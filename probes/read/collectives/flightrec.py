@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import io
 import json
-import pickle
 from dataclasses import dataclass
 
 from ...snapshot import CollectiveCall, CollectiveState, RankCollective, age_text
@@ -33,13 +32,6 @@ from ...snapshot import CollectiveCall, CollectiveState, RankCollective, age_tex
 
 class TraceError(ValueError):
     """Bytes that are not a Flight Recorder trace."""
-
-
-class _PlainUnpickler(pickle.Unpickler):
-    """Flight Recorder pickles hold only dicts, lists, tuples, strings and numbers: refuse the rest."""
-
-    def find_class(self, module: str, name: str):  # noqa: D102
-        raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a trace")
 
 
 # Sources that fetch a trace on demand (hook socket, debug-info pipe, debug server), as opposed to
@@ -69,12 +61,20 @@ def fresher(old: FoundTrace | None, new: FoundTrace) -> FoundTrace:
 
 def load_trace(data: bytes) -> dict:
     """Parse a trace from its JSON or pickle bytes. Raises :class:`TraceError`."""
+    import pickle  # here: most traces are JSON, and pickle is 2 ms of every command's start-up
+
+    class PlainUnpickler(pickle.Unpickler):
+        """Flight Recorder pickles hold only dicts, lists, tuples, strings and numbers: refuse the rest."""
+
+        def find_class(self, module: str, name: str):  # noqa: D102
+            raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a trace")
+
     stripped = data.lstrip()
     try:
         if stripped.startswith(b"{"):
             trace = json.loads(data)
         else:
-            trace = _PlainUnpickler(io.BytesIO(data)).load()
+            trace = PlainUnpickler(io.BytesIO(data)).load()
     except (ValueError, pickle.UnpicklingError, EOFError, TypeError, IndexError, KeyError) as exc:
         raise TraceError(f"not a Flight Recorder trace: {exc}") from None
     if not isinstance(trace, dict) or not isinstance(trace.get("entries", []), list):

@@ -7,6 +7,7 @@ is marked lost and not called again: calls into a lost GPU can block for seconds
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -65,7 +66,7 @@ def init_error_text(exc: BaseException, nvml: ModuleType | None) -> str:
     """One sentence saying why NVML cannot be used."""
     name = type(exc).__name__
     reasons = {
-        "NVMLError_LibraryNotFound": "libnvidia-ml.so.1 not found (no NVIDIA driver on this host)",
+        "NVMLError_LibraryNotFound": NO_DRIVER,
         "NVMLError_DriverNotLoaded": "the NVIDIA kernel driver is not loaded",
         "NVMLError_LibRmVersionMismatch": (
             "NVIDIA driver/library version mismatch (driver upgraded without reboot or "
@@ -78,6 +79,16 @@ def init_error_text(exc: BaseException, nvml: ModuleType | None) -> str:
         return "NVML unavailable: the nvidia-ml-py (pynvml) package is not installed"
     why = reasons.get(name) or str(exc) or name
     return f"NVML unavailable: {why}"
+
+
+NO_DRIVER = "libnvidia-ml.so.1 not found (no NVIDIA driver on this host)"
+DRIVER_PATHS = ("/proc/driver/nvidia", "/dev/nvidiactl")  # the loaded kernel module; its device in a container
+
+
+def driver_present() -> bool:
+    """Whether this host (or container) shows an NVIDIA driver. Without one NVML cannot start, and
+    importing pynvml and loading its library to find that out costs every command 10 ms."""
+    return any(os.path.exists(path) for path in DRIVER_PATHS)
 
 
 class NvmlSession:
@@ -104,6 +115,9 @@ class NvmlSession:
         if self._started:
             return self.error is None
         self._started = True
+        if self._nvml is None and not driver_present():
+            self.error = f"NVML unavailable: {NO_DRIVER}"
+            return False
         try:
             if self._nvml is None:
                 import pynvml

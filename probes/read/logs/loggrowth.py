@@ -16,9 +16,9 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from statistics import median
 
 from .logtail import read_tail
+from ...median import median
 
 INTERVALS_KEPT = 16
 MIN_INTERVALS = 3  # intervals between writes seen before the file's rhythm is reported

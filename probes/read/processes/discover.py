@@ -155,8 +155,7 @@ def _is_training(proc: psutil.Process) -> bool:
     """A Python process above trainwatch is a job only if it is a rank or has torch loaded."""
     if "RANK" in (job_env(proc) or {}):
         return True
-    maps = procfs.read_text(f"/proc/{proc.pid}/maps") or ""
-    return "libtorch" in maps or "/torch/_C" in maps
+    return procfs.maps_mention(proc.pid, b"libtorch", b"/torch/_C")
 
 
 def find_job_matching(master: str | None = None, job_id: str | None = None) -> JobProcesses:
@@ -411,10 +410,7 @@ def _numbered_by_start(ranks: list[RankProcess], known: list[RankProcess], singl
 
 def children_map() -> dict[int, list[int]]:
     """parent PID -> child PIDs, from one pass over /proc (psutil's children() rescans it per call)."""
-    tree: dict[int, list[int]] = {}
-    for proc in psutil.process_iter(["ppid"]):
-        tree.setdefault(proc.info["ppid"] or 0, []).append(proc.pid)
-    return tree
+    return procfs.parent_map()
 
 
 def descendants(tree: dict[int, list[int]], pid: int) -> tuple[int, ...]:
@@ -493,14 +489,18 @@ def _rank_process(proc: psutil.Process, env: dict[str, str], default_rank: int |
 
 def _import_armed_dir(ranks: list[RankProcess]) -> str | None:
     """A job armed by `import trainwatch.probes.hook` shows no TRAINWATCH_RUN_DIR in /proc."""
+    looked: set[tuple[int, int]] = set()  # ranks share a user and a parent: one look each
     for rank in ranks:
         try:
             proc = psutil.Process(rank.pid)
-            path = implicit_run_dir(proc.uids().real, proc.ppid())
+            owner = (proc.uids().real, proc.ppid())
         except psutil.Error:
             continue  # exited: another rank names the run directory
-        if path.is_dir():
-            return str(path)
+        if owner not in looked:
+            looked.add(owner)
+            path = implicit_run_dir(*owner)
+            if path.is_dir():
+                return str(path)
     return None
 
 

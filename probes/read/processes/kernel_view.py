@@ -12,7 +12,6 @@ from ``/proc/PID/mem`` (the same access ``py-spy --nonblocking`` needs), never b
 from __future__ import annotations
 
 import os
-import platform
 import time
 
 from ...snapshot import FILE_SYSCALLS, KernelState
@@ -36,7 +35,7 @@ _AARCH64 = {22: "epoll_pwait", 25: "fcntl", 32: "flock", 34: "mkdirat", 35: "unl
             83: "fdatasync", 98: "futex", 101: "nanosleep", 115: "clock_nanosleep", 202: "accept", 203: "connect",
             206: "sendto", 207: "recvfrom", 211: "sendmsg", 212: "recvmsg", 242: "accept4", 260: "wait4",
             276: "renameat2", 291: "statx", 426: "io_uring_enter", 437: "openat2", 441: "epoll_pwait2"}
-SYSCALLS = _AARCH64 if platform.machine() in ("aarch64", "arm64") else _X86_64
+SYSCALLS = _AARCH64 if os.uname().machine in ("aarch64", "arm64") else _X86_64
 
 # Which argument names the file: a path (index) or an fd (index); *at calls take (dirfd, path).
 PATH_ARG = {"open": 0, "stat": 0, "lstat": 0, "access": 0, "truncate": 0, "mkdir": 0, "rmdir": 0, "creat": 0,

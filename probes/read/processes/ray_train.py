@@ -107,8 +107,7 @@ def _is_raylet(proc: psutil.Process) -> bool:
 
 def _loads_ray(proc: psutil.Process) -> bool:
     """A Python process that has Ray's core library loaded (a driver, or a worker)."""
-    maps = procfs.read_text(f"/proc/{proc.pid}/maps") or ""
-    return "_raylet.so" in maps
+    return procfs.maps_mention(proc.pid, b"_raylet.so")
 
 
 def find(start: psutil.Process) -> RayTrainJob | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import selectors
 import shutil
 import signal
 import subprocess
@@ -64,30 +65,125 @@ def dump_stacks(pid: int, native: bool = False, timeout: float = DEFAULT_TIMEOUT
     ``nonblocking``: read the process's memory without pausing it (``--nonblocking``: no ptrace
     stop, so no interrupted syscall; reads ``/proc/PID/mem``, which works where ptrace is denied
     or already taken by a debugger); native frames need the pause and are not asked for."""
-    cmd = [find_pyspy(), "dump", "--json", "--pid", str(pid)]
-    if nonblocking:
-        cmd.append("--nonblocking")
-    elif native:
-        cmd.append("--native")
-    if locals:
-        cmd.append("--locals")
-    was_stopped = procfs.state_letter(pid) in ("T", "t")
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _resume_if_we_stopped(pid, was_stopped)
-        raise PySpyTimeout(f"py-spy did not answer within {timeout:.0f}s for PID {pid}") from None
-    finally:
-        _resume_if_we_stopped(pid, was_stopped)
-    if proc.returncode != 0:  # with locals, stdout may hold the job's values: explain from stderr only
-        raise _explain_failure(pid, proc.stderr if locals else (proc.stderr or proc.stdout))
-    try:
-        data = json.loads(proc.stdout)
-        stacks = parse_dump(data, pid)
-        return (stacks, parse_locals(data, pid)) if locals else stacks
-    except (json.JSONDecodeError, TypeError, KeyError, AttributeError) as exc:
-        detail = type(exc).__name__ if locals else exc  # never echo a local's value
-        raise TrainwatchError(f"py-spy printed something unreadable for PID {pid}: {detail}") from None
+    run = PySpyRun(pid, native=native, timeout=timeout, locals=locals, nonblocking=nonblocking)
+    while not run.ended:
+        wait_any([run])
+    stacks, ints = run.result()
+    return (stacks, ints) if locals else stacks
+
+
+class PySpyRun:
+    """One ``py-spy dump --json`` under way: started here, its pipes read by :func:`wait_any`
+    (many runs from one thread: no thread per rank), then read by :meth:`result`."""
+
+    def __init__(self, pid: int, native: bool = False, timeout: float = DEFAULT_TIMEOUT, locals: bool = False,
+                 nonblocking: bool = False) -> None:
+        cmd = [find_pyspy(), "dump", "--json", "--pid", str(pid)]
+        if nonblocking:
+            cmd.append("--nonblocking")
+        elif native:
+            cmd.append("--native")
+        if locals:
+            cmd.append("--locals")
+        self.pid, self.locals, self.timeout = pid, locals, timeout
+        self.was_stopped = procfs.state_letter(pid) in ("T", "t")
+        self.started = time.time()
+        self.deadline = time.monotonic() + timeout
+        self.ended: float | None = None  # unix time it ended (or was given up on)
+        self.timed_out = False
+        self._returncode: int | None = None
+        try:
+            self._proc: subprocess.Popen[bytes] | None = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        except OSError as exc:  # no processes or memory left to start it: this rank goes unread
+            self._proc, self._failed = None, f"py-spy could not be started for PID {pid}: {exc}"
+            self.ended = time.time()
+            return
+        self._failed = ""
+        self._chunks: dict[int, list[bytes]] = {self._proc.stdout.fileno(): [], self._proc.stderr.fileno(): []}
+        self._open = {self._proc.stdout.fileno(): self._proc.stdout, self._proc.stderr.fileno(): self._proc.stderr}
+
+    def pipes(self) -> list:
+        """The pipes still open (py-spy has more to say)."""
+        return list(self._open.values())
+
+    def read(self, fd: int) -> bool:
+        """Take what py-spy wrote to pipe ``fd``; False at its end (then :meth:`close` it)."""
+        chunk = os.read(fd, 65536)
+        self._chunks[fd].append(chunk)
+        return bool(chunk)
+
+    def close(self, fd: int) -> None:
+        """Pipe ``fd`` is at its end; when both are, py-spy is exiting: reap it."""
+        self._open.pop(fd).close()
+        if not self._open and self._proc is not None:
+            try:
+                self._returncode = self._proc.wait(timeout=max(0.1, self.deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.give_up()
+                return
+            self._finish()
+
+    def give_up(self) -> None:
+        """Its time is up: stop py-spy, and resume the target if py-spy left it stopped."""
+        if self._proc is None or self.ended:
+            return
+        self._proc.kill()
+        self._proc.wait()
+        for pipe in self._open.values():
+            pipe.close()
+        self._open.clear()
+        self.timed_out = True
+        self._finish()
+
+    def _finish(self) -> None:
+        self.ended = time.time()
+        _resume_if_we_stopped(self.pid, self.was_stopped)
+
+    def result(self) -> tuple[list[ThreadStack], FrameInts | None]:
+        """The stacks (and with ``locals`` the step-like ints); raises TrainwatchError subclasses."""
+        if self._failed:
+            raise TrainwatchError(self._failed)
+        if self.timed_out:
+            raise PySpyTimeout(f"py-spy did not answer within {self.timeout:.0f}s for PID {self.pid}")
+        stdout, stderr = self._text
+        if self._returncode != 0:  # with locals, stdout may hold the job's values: explain from stderr only
+            raise _explain_failure(self.pid, stderr if self.locals else (stderr or stdout))
+        try:
+            data = json.loads(stdout)
+            stacks = parse_dump(data, self.pid)
+            return stacks, (parse_locals(data, self.pid) if self.locals else None)
+        except (json.JSONDecodeError, TypeError, KeyError, AttributeError) as exc:
+            detail = type(exc).__name__ if self.locals else exc  # never echo a local's value
+            raise TrainwatchError(f"py-spy printed something unreadable for PID {self.pid}: {detail}") from None
+
+    @property
+    def _text(self) -> tuple[str, str]:
+        return tuple(b"".join(chunks).decode("utf-8", "replace") for chunks in self._chunks.values())  # type: ignore[return-value]
+
+
+def wait_any(runs: list[PySpyRun]) -> list[PySpyRun]:
+    """Read the runs' pipes until at least one run has ended (py-spy exited, or its time ran out and
+    it was stopped); those that ended."""
+    ended = [run for run in runs if run.ended]
+    with selectors.DefaultSelector() as selector:
+        for run in runs:
+            for pipe in run.pipes():
+                selector.register(pipe, selectors.EVENT_READ, run)
+        while not ended:
+            soonest = min(run.deadline for run in runs)
+            for key, _ in selector.select(max(0.0, soonest - time.monotonic())):
+                if not key.data.read(key.fd):
+                    selector.unregister(key.fileobj)
+                    key.data.close(key.fd)
+            now = time.monotonic()
+            for run in runs:
+                if not run.ended and now >= run.deadline:
+                    for pipe in run.pipes():
+                        selector.unregister(pipe)
+                    run.give_up()
+            ended = [run for run in runs if run.ended]
+    return ended
 
 
 def _resume_if_we_stopped(pid: int, was_stopped: bool) -> None:

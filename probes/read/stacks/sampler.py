@@ -2,17 +2,57 @@
 
 from __future__ import annotations
 
-import time
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from ...errors import AccessDenied, TrainwatchError
 from ...observed import StackSample, ThreadCounters
 from ..processes import procfs
 from ..processes.kernel_view import current_syscall
-from .pyspy import DEFAULT_TIMEOUT, PySpyTimeout, RankGone, dump_stacks, tracer_of
+from .pyspy import DEFAULT_TIMEOUT, PySpyRun, PySpyTimeout, RankGone, tracer_of, wait_any
 from ...snapshot import FILE_SYSCALLS, ThreadStack
 
 MAX_PARALLEL = 32
+
+
+@dataclass
+class _RankRead:
+    """One rank's sample in the making: its counters before, why it may not be paused, the py-spy run."""
+
+    pid: int
+    before: ThreadCounters
+    tid: int | None
+    native: bool
+    locals: bool
+    timeout: float
+    why: str | None  # read without pausing, and why
+    run: PySpyRun | None = None
+
+    def start(self) -> None:
+        if self.why is not None:  # a pause would hurt or cannot work: never attempted
+            self.run = PySpyRun(self.pid, timeout=self.timeout, nonblocking=True)
+        else:
+            self.run = PySpyRun(self.pid, native=self.native, timeout=self.timeout, locals=self.locals)
+
+    def end(self) -> StackSample | None:
+        """The sample, from the ended run; None when it is started again without pausing."""
+        assert self.run is not None and self.run.ended is not None
+        try:
+            try:
+                stacks, ints = self.run.result()
+            except (AccessDenied, PySpyTimeout) as exc:
+                if self.why is not None or procfs.state_letter(self.pid) in (None, "Z", "X"):
+                    raise
+                self.why = f"a pausing attach failed: {exc.message}"  # once more, without pausing
+                self.start()
+                return None
+        except RankGone as exc:
+            return StackSample(self.pid, None, self.before, None, error=exc, gone=True)
+        except TrainwatchError as exc:
+            return StackSample(self.pid, None, self.before, procfs.thread_counters(self.pid, self.tid), error=exc)
+        at = (self.run.started + self.run.ended) / 2
+        return StackSample(self.pid, tuple(stacks), self.before, procfs.thread_counters(self.pid, self.tid),
+                           ints=ints if self.locals and not self.why else None, at=at,
+                           read=f"read without pausing ({self.why})" if self.why else None)
 
 
 def sample_one(pid: int, native: bool, previous: tuple[ThreadStack, ...] | None,
@@ -22,34 +62,23 @@ def sample_one(pid: int, native: bool, previous: tuple[ThreadStack, ...] | None,
     reads. ``before``: the counters if the caller has just read them; ``tid``: the thread whose
     counters tell (the one that trains; default the main thread). ``locals``: dump with
     ``--locals`` (never skipped; not with ``native``) and keep the step-like integers."""
+    return sample_all([(pid, native, previous, skip, before, tid)], timeout=timeout,
+                      locals_for=frozenset({pid}) if locals else frozenset())[pid]
+
+
+def _begin(request: tuple, timeout: float, locals: bool) -> StackSample | _RankRead:
+    """A request's sample when no py-spy is needed (gone, or unchanged), else its read, started."""
+    pid, native, previous, skip, before, *rest = request
+    tid = rest[0] if rest else None
     before = before or procfs.thread_counters(pid, tid)
     if before is None:
         return StackSample(pid, None, None, None, gone=True)
     locals = locals and not native
     if skip and previous is not None and not native and not locals:
         return StackSample(pid, previous, before, before, reused=True)
-    ints, started = None, time.time()
-    why = no_pause_reason(pid)
-    try:
-        try:
-            if why is not None:  # a pause would hurt or cannot work: never attempted
-                stacks = dump_stacks(pid, timeout=timeout, nonblocking=True)
-            elif locals:
-                stacks, ints = dump_stacks(pid, timeout=timeout, locals=True)
-            else:
-                stacks = dump_stacks(pid, native=native, timeout=timeout)
-        except (AccessDenied, PySpyTimeout) as exc:
-            if why is not None or procfs.state_letter(pid) in (None, "Z", "X"):
-                raise
-            why = f"a pausing attach failed: {exc.message}"  # once more, without pausing
-            stacks = dump_stacks(pid, timeout=timeout, nonblocking=True)
-    except RankGone as exc:
-        return StackSample(pid, None, before, None, error=exc, gone=True)
-    except TrainwatchError as exc:
-        return StackSample(pid, None, before, procfs.thread_counters(pid, tid), error=exc)
-    at = (started + time.time()) / 2
-    return StackSample(pid, tuple(stacks), before, procfs.thread_counters(pid, tid), ints=ints, at=at,
-                       read=f"read without pausing ({why})" if why else None)
+    read = _RankRead(pid, before, tid, native, locals, timeout, no_pause_reason(pid))
+    read.start()
+    return read
 
 
 # Process states where a ptrace stop would hurt or cannot be had: D (an uninterruptible wait: on a
@@ -83,11 +112,26 @@ Request = tuple
 
 def sample_all(requests: list[Request], timeout: float = DEFAULT_TIMEOUT,
                parallel: int = MAX_PARALLEL, locals_for: frozenset[int] = frozenset()) -> dict[int, StackSample]:
-    """requests: (pid, native, previous stacks, skip the py-spy call, counters just read) per rank;
-    ``locals_for``: PIDs to dump with ``--locals`` in the same pass."""
-    if not requests:
-        return {}
-    with ThreadPoolExecutor(max_workers=min(parallel, len(requests)), thread_name_prefix="tw-spy") as pool:
-        futures = {req[0]: pool.submit(sample_one, *req, timeout=timeout, locals=req[0] in locals_for)
-                   for req in requests}
-        return {pid: future.result() for pid, future in futures.items()}
+    """requests: (pid, native, previous stacks, skip the py-spy call, counters just read[, tid]) per
+    rank; ``locals_for``: PIDs to dump with ``--locals`` in the same pass. Up to ``parallel`` py-spy
+    run at once, all started and read from this thread: a thread per rank cost more in start-up
+    and hand-offs than the reads themselves, with py-spy holding every core."""
+    samples: dict[int, StackSample] = {}
+    queue = list(requests)
+    running: dict[PySpyRun, _RankRead] = {}
+    while queue or running:
+        while queue and len(running) < parallel:
+            request = queue.pop(0)
+            begun = _begin(request, timeout, locals=request[0] in locals_for)
+            if isinstance(begun, StackSample):
+                samples[begun.pid] = begun
+            else:
+                running[begun.run] = begun
+        for run in wait_any(list(running)) if running else ():
+            read = running.pop(run)
+            sample = read.end()
+            if sample is None:  # started again without pausing
+                running[read.run] = read
+            else:
+                samples[read.pid] = sample
+    return {req[0]: samples[req[0]] for req in requests}
