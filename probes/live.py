@@ -53,7 +53,9 @@ class LocalSource(OneNodeSource):
         self._evidence = LocalEvidence(self._sampler, exits, self._gpu)
         self._catcher = CrashThread(self.job.root_pid, self.job.run_dir) if catch_crashes else None
         self._collective_wait = collective_wait
-        self._feed = CollectiveFeed(lambda: self.job)  # reads while the first window is sampled
+        # reads while the first window is sampled, from when its py-spy runs have started: its
+        # threads would otherwise hold up the start of every run
+        self._feed = CollectiveFeed(lambda: self.job, start=False)
         self._workers: dict[tuple[int, tuple], str | None] = {}  # (pid, stack) -> stuck DataLoader worker
         self._polls = 0
         self._problem = False  # the last verdict was a problem: the sampler reads more then
@@ -101,8 +103,9 @@ class LocalSource(OneNodeSource):
                 if i:  # on a schedule from the first round: sampling time (native dumps too) comes out of the pause
                     time.sleep(max(0.0, first_done + i * pause - time.monotonic()))
                 samples = self._sampler.round(job, self._polls, native_for, resolve=i >= rounds - 2,
-                                              problem=self._problem)
+                                              problem=self._problem, started=self._feed.refresh)
                 first_done = first_done or time.monotonic()
+            self._feed.refresh()  # (a no-op once started: if nothing was sampled, it starts here)
             self._polls += 1
             if self._catcher is not None:  # its findings (signal, faulthandler frame, fatal message) win over ours
                 self._evidence.exits.adopt(self._catcher.records())

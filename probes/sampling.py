@@ -60,11 +60,13 @@ class Sampler:
             self._logs.forget(path)
 
     def round(self, job: JobProcesses, poll: int, native_for: frozenset[int],
-              resolve: bool = True, problem: bool = False) -> dict[int, StackSample]:
+              resolve: bool = True, problem: bool = False,
+              started: Callable[[], None] | None = None) -> dict[int, StackSample]:
         """One sampling round in poll number ``poll``. ``resolve``: take native samples where needed
         (the last two rounds of a poll: the first of them finds an unchanged stack, its dumps
         overlap the pause before the last, which then reuses them from the cache). ``problem``:
-        the last verdict was a problem (step-like locals are read every poll then)."""
+        the last verdict was a problem (step-like locals are read every poll then). ``started``:
+        called once every py-spy run of the round has started (work that can overlap them)."""
         try:
             find_pyspy()
             self.pyspy_missing = None
@@ -80,7 +82,7 @@ class Sampler:
             counters = procfs.thread_counters(proc.pid, tid)
             skip = poll % FULL_REFRESH_EVERY and not self.watch.needs_dump(proc.pid, counters)
             requests.append((proc.pid, native, self.stacks.get(proc.pid), bool(skip), counters, tid))
-        samples = sample_all(requests, locals_for=self._steps_due(requests, poll, problem))
+        samples = sample_all(requests, locals_for=self._steps_due(requests, poll, problem), started=started)
         now = time.time()
         self._read_steps(samples, now)
         take = lambda pids: sample_all([(pid, True, None, False, None) for pid in pids],  # noqa: E731

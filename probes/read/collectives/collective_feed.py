@@ -41,11 +41,11 @@ class FeedEvidence:
 class CollectiveFeed:
     """Every collective-state source of one job. ``job`` is the job or a function returning the
     current one (ranks restart under new PIDs). Thread-safe; every method returns at once except
-    :meth:`wait`."""
+    :meth:`wait`. ``start``: begin the first round now (else at the first :meth:`refresh`)."""
 
     def __init__(self, job: JobProcesses | Callable[[], JobProcesses], *, options: FeedOptions = FeedOptions(),
                  min_interval: float = MIN_INTERVAL_S,
-                 sources: list[type[CollectiveSource]] | None = None) -> None:
+                 sources: list[type[CollectiveSource]] | None = None, start: bool = True) -> None:
         self._job = job if callable(job) else (lambda: job)
         self._min_interval = min_interval
         envs = RankEnvs()  # one read of each rank's environment for every source
@@ -56,7 +56,8 @@ class CollectiveFeed:
         self._round: threading.Thread | None = None
         self._round_started = float("-inf")
         self._lost: dict[str, str] = {}  # source field -> the last error that cost its reading (shown as a note)
-        self.refresh()
+        if start:  # else the first round waits for refresh()
+            self.refresh()
 
     def refresh(self, stuck: bool | None = None) -> None:
         """Start a round in the background unless one runs or one started under ``min_interval``

@@ -172,8 +172,15 @@ def job_versions(pid: int, frame_files: list[str] | None = None) -> dict[str, st
 def loaded_nccl(pid: int) -> tuple[bool, str | None]:
     """Whether the process has libnccl mapped, and its version where the file name or the wheel
     beside it says (``libnccl.so.2.21.5``; ``nvidia_nccl_cu12-2.21.5.dist-info``)."""
-    paths = _maps_paths(pid)
-    mapped = [p for p in paths if "/libnccl" in p]
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as handle:
+            maps = handle.read()
+    except OSError:
+        return False, None
+    if b"/libnccl" not in maps:  # most lines of a rank's map are torch's: look only at NCCL's
+        return False, None
+    lines = (line.split(None, 5) for line in maps.splitlines() if b"/libnccl" in line)
+    mapped = sorted({fields[5].decode(errors="replace") for fields in lines if len(fields) == 6})
     return bool(mapped), (_nccl_version(mapped, None) if mapped else None)
 
 

@@ -34,8 +34,20 @@ class PySpyTimeout(TrainwatchError):
     """py-spy did not answer in time (a pausing attach on a process that will not stop, say)."""
 
 
+_FOUND: dict[tuple[str | None, str | None], str] = {}  # (TRAINWATCH_PYSPY, PATH) -> the binary
+
+
 def find_pyspy() -> str:
-    """$TRAINWATCH_PYSPY, py-spy on PATH, or next to this interpreter (a venv without activation)."""
+    """$TRAINWATCH_PYSPY, py-spy on PATH, or next to this interpreter (a venv without activation).
+    Looked up once per setting (a search of PATH per rank cost more than reading the rank): a
+    binary removed since fails to start, and that rank says so."""
+    key = (os.environ.get("TRAINWATCH_PYSPY"), os.environ.get("PATH"))
+    if key not in _FOUND:
+        _FOUND[key] = _search_pyspy()
+    return _FOUND[key]
+
+
+def _search_pyspy() -> str:
     override = os.environ.get("TRAINWATCH_PYSPY")
     if override:
         if not os.access(override, os.X_OK):

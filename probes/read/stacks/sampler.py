@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ...errors import AccessDenied, TrainwatchError
@@ -111,11 +112,13 @@ Request = tuple
 
 
 def sample_all(requests: list[Request], timeout: float = DEFAULT_TIMEOUT,
-               parallel: int = MAX_PARALLEL, locals_for: frozenset[int] = frozenset()) -> dict[int, StackSample]:
+               parallel: int = MAX_PARALLEL, locals_for: frozenset[int] = frozenset(),
+               started: Callable[[], None] | None = None) -> dict[int, StackSample]:
     """requests: (pid, native, previous stacks, skip the py-spy call, counters just read[, tid]) per
     rank; ``locals_for``: PIDs to dump with ``--locals`` in the same pass. Up to ``parallel`` py-spy
     run at once, all started and read from this thread: a thread per rank cost more in start-up
-    and hand-offs than the reads themselves, with py-spy holding every core."""
+    and hand-offs than the reads themselves, with py-spy holding every core. ``started``: called
+    once, when every run has started (or the last is queued behind ``parallel``)."""
     samples: dict[int, StackSample] = {}
     queue = list(requests)
     running: dict[PySpyRun, _RankRead] = {}
@@ -127,6 +130,9 @@ def sample_all(requests: list[Request], timeout: float = DEFAULT_TIMEOUT,
                 samples[begun.pid] = begun
             else:
                 running[begun.run] = begun
+        if started is not None and (not queue or len(running) >= parallel):
+            started()
+            started = None
         for run in wait_any(list(running)) if running else ():
             read = running.pop(run)
             sample = read.end()
