@@ -9,11 +9,18 @@ import os
 import subprocess
 import sys
 
+from trainwatch.probes.read.gpus.gpu_nvml import driver_present
+
 # Loaded by a local `snapshot` before this work, none of it used by one: ~170 ms of start-up in all.
 NOT_FOR_A_SNAPSHOT = ("trainwatch.probes.evidence.bundle", "trainwatch.probes.evidence.watcher",
                       "trainwatch.probes.remote.nodes", "trainwatch.probes.remote.streams",
                       "trainwatch.tui.commands.watch", "trainwatch.tui.commands.attach", "textual",
                       "urllib.request", "importlib.metadata")
+# Loaded for one function or one rare case (issue 26): statistics' fractions and decimal for a median,
+# pickle for the rare pickled trace, platform for the machine's name, the IDNA codec for an ASCII
+# host name; without an NVIDIA driver, NVML's bindings and ctypes.
+NOR_THESE = ("statistics", "fractions", "decimal", "pickle", "platform", "encodings.idna")
+WITHOUT_A_DRIVER = ("pynvml", "ctypes")
 
 PROBE = """
 import json, sys
@@ -46,6 +53,8 @@ def test_a_snapshot_of_a_rank_loads_only_what_a_snapshot_uses():
     assert [r["pid"] for r in json.loads(out)["ranks"]] == [rank.pid], out
     assert "trainwatch.probes.live" in modules
     assert not modules & set(NOT_FOR_A_SNAPSHOT), sorted(modules & set(NOT_FOR_A_SNAPSHOT))
+    unused = {*NOR_THESE, *(() if driver_present() else WITHOUT_A_DRIVER)}
+    assert not modules & unused, sorted(modules & unused)
 
 
 def test_help_still_lists_every_command():
