@@ -41,6 +41,8 @@ class ThreadCounters:
 
 @dataclass(frozen=True)
 class StackSample:
+    """One py-spy dump of a rank between two reads of its counters (or why there is none)."""
+
     pid: int
     threads: tuple[ThreadStack, ...] | None  # None: could not sample
     before: ThreadCounters | None
@@ -133,6 +135,8 @@ class CountGroup(NamedTuple):
 
 @dataclass(frozen=True)
 class RasComm:
+    """One communicator in an NCCL RAS report."""
+
     hash: str  # hex without 0x, as NCCL logs it
     size: int | None = None  # ranks in the communicator
     ranks: tuple[RasReportRank, ...] = ()  # JSON: every rank; text: the ranks it names
@@ -143,6 +147,8 @@ class RasComm:
 
 @dataclass(frozen=True)
 class RasProcess:
+    """A process NCCL RAS reports dead or unreachable: its PID, host and GPUs."""
+
     pid: int | None
     host: str
     gpus: str = ""
@@ -150,6 +156,8 @@ class RasProcess:
 
 @dataclass(frozen=True)
 class RasReport:
+    """One NCCL RAS reply, parsed: its communicators and what it said of them."""
+
     format: str  # "json" or "text"
     nccl_version: str | None = None
     comms: tuple[RasComm, ...] = ()

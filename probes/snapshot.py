@@ -45,6 +45,8 @@ RAY_TRAIN = "ray train"  # Job.launcher of a Ray Train run (its ranks are Ray ac
 
 @dataclass(frozen=True)
 class Frame:
+    """One frame of a thread's stack: Python, or native (a shared object's symbol)."""
+
     function: str
     file: str
     line: int | None = None
@@ -58,6 +60,8 @@ class Frame:
 
 @dataclass(frozen=True)
 class ThreadStack:
+    """One thread of a rank, its frames innermost first."""
+
     name: str
     tid: int | None = None
     frames: tuple[Frame, ...] = ()
@@ -68,6 +72,8 @@ class ThreadStack:
 
 @dataclass(frozen=True)
 class ExitInfo:
+    """How a rank's process ended: its status or signal, and what it said on the way out."""
+
     code: int | None = None  # exit status of a normal exit
     signal: str | None = None  # e.g. "SIGSEGV" when killed by a signal
     at: float | None = None  # unix time the exit was seen
@@ -106,6 +112,8 @@ class KernelState:
 
 @dataclass(frozen=True)
 class RankGpu:
+    """The GPU a rank runs on, and what NVML says of it and of the rank's use of it."""
+
     index: int | None = None  # physical device the rank runs on
     visible: tuple[int, ...] = ()  # devices it may use (CUDA_VISIBLE_DEVICES)
     util_pct: float | None = None  # device utilization
@@ -124,6 +132,8 @@ class RankGpu:
 
 @dataclass(frozen=True)
 class GpuProcess:
+    """A process NVML lists on a GPU, with the memory it holds there."""
+
     pid: int  # host PID as NVML reports it
     local_pid: int | None = None  # the PID in trainwatch's namespace, when mapped
     rank: int | None = None  # None: unmapped
@@ -133,6 +143,8 @@ class GpuProcess:
 
 @dataclass(frozen=True)
 class GpuDevice:
+    """One GPU of a host as NVML reports it; unsupported readings are None."""
+
     index: int
     name: str | None = None
     uuid: str | None = None
@@ -157,6 +169,8 @@ class GpuDevice:
 
 @dataclass(frozen=True)
 class HostInfo:
+    """One host of the job: its name, driver and GPUs, or why it could not be read."""
+
     name: str
     gpus: tuple[GpuDevice, ...] = ()
     driver_version: str | None = None
@@ -179,6 +193,8 @@ class LogActivity:
 
 @dataclass(frozen=True)
 class Rank:
+    """One rank as judged: where it is, whether it is stuck, and the evidence that says so."""
+
     rank: int | None
     pid: int | None = None  # None when missing
     host: str = ""
@@ -218,6 +234,8 @@ class Rank:
 
 @dataclass(frozen=True)
 class Group:
+    """Ranks in the same place doing the same thing (the rows the views fold together)."""
+
     ranks: tuple[int, ...]
     phase: GroupPhase
     op: str | None = None
@@ -228,6 +246,8 @@ class Group:
 
 @dataclass(frozen=True)
 class Verdict:
+    """The one answer for the whole job: what kind of trouble, which ranks, and why."""
+
     kind: VerdictKind = "unknown"
     culprits: tuple[int, ...] = ()
     summary: str = ""
@@ -268,6 +288,8 @@ class RankCollective:
 
 @dataclass(frozen=True)
 class OpCount:
+    """How many collectives of one kind a communicator has run (NCCL RAS)."""
+
     op: str  # NCCL's name: AllReduce, AllGather, ... ("collective" from NCCL < 2.26: one count for all)
     count: int  # collectives of that type the rank has launched
 
@@ -313,6 +335,8 @@ class RasState:
 
 @dataclass(frozen=True)
 class CollectiveState:
+    """Where each rank is in its collectives, from Flight Recorder, RAS or the hook."""
+
     source: str  # where the traces came from: "hook", "flight-recorder-file", "pipe", "ras", ...
     ranks: tuple[RankCollective, ...] = ()
     divergence: str | None = None  # first point where ranks disagree, in words (judge/collectives.py)
@@ -322,6 +346,8 @@ class CollectiveState:
 
 @dataclass(frozen=True)
 class Job:
+    """The job as discovered: its launcher, size, rendezvous and run directory."""
+
     launcher: str  # torchrun, accelerate, deepspeed, mp.spawn, python, ...
     pid: int
     host: str
@@ -339,6 +365,8 @@ class Job:
 
 @dataclass(frozen=True)
 class Snapshot:
+    """Everything known of the job at one moment, judged: the typed, immutable boundary every view reads."""
+
     job: Job
     ranks: tuple[Rank, ...] = ()
     groups: tuple[Group, ...] = ()

@@ -40,6 +40,8 @@ PARALLEL = 4
 
 @dataclass(frozen=True)
 class NativeResult:
+    """What a rank's native stack says it waits in, and since when it was taken."""
+
     signature: tuple
     threads: tuple[ThreadStack, ...]
     classification: Classification

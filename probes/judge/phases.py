@@ -52,6 +52,8 @@ SourceLine = Callable[[Frame], str]
 
 @dataclass(frozen=True)
 class Classification:
+    """What a rank's stack says: its phase, collective, place and user frame."""
+
     phase: Phase
     op: str | None
     where: str | None

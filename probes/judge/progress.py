@@ -134,6 +134,8 @@ class StackWatch:
 
 @dataclass
 class _Track:
+    """One rank's last look and when it last showed progress."""
+
     progress_at: float  # last time progress was seen (or first seen)
     first_seen: float
     gaps: list[float] = field(default_factory=list)  # recent quiet stretches that ended in progress

@@ -76,6 +76,8 @@ def _hf_step(local: dict[str, int]) -> int | None:
 # -- rhythm ----------------------------------------------------------------------------------------
 @dataclass
 class _Series:
+    """One rank's step values over time and the intervals between changes."""
+
     step: int
     changed_at: float | None  # when the step was last seen to change (None: not yet)
     seen_at: float

@@ -36,6 +36,8 @@ NAMESPACE_NOTE = (
 
 @dataclass(frozen=True)
 class GpuReading:
+    """One tick of the GPU probe: the host's GPUs and each rank's."""
+
     host: HostInfo
     per_pid: dict[int, RankGpu]  # rank main pid -> its GPU
     warnings: tuple[str, ...] = ()
@@ -44,6 +46,8 @@ class GpuReading:
 
 @dataclass(frozen=True)
 class _Owner:
+    """The rank a GPU process belongs to (itself, or a child of it)."""
+
     rank: int | None
     rank_pid: int
     child: bool

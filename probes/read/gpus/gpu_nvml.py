@@ -47,6 +47,8 @@ class _Lost(Exception):
 
 @dataclass
 class _DeviceState:
+    """One device's NVML handle and what is known not to work on it."""
+
     handle: Any = None
     lost: bool = False
     static: dict[str, Any] = field(default_factory=dict)  # name, uuid, bus id, cc

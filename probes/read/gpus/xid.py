@@ -47,6 +47,8 @@ _DMESG_RE = re.compile(r"^\[\s*(\d+\.\d+)\]\s*(.*)$")
 
 @dataclass(frozen=True)
 class XidEvent:
+    """One Xid error, from the kernel log or NVML's event set."""
+
     code: int
     bus: str | None = None  # "0000:3b:00", normalised lower-case domain:bus:device
     gpu_index: int | None = None

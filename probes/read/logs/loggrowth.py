@@ -52,6 +52,8 @@ class LogGrowth:
 
 @dataclass
 class _History:
+    """One log file as last seen (its identity and size) and the gaps between its recent growths."""
+
     ino: int
     size: int
     mtime: float

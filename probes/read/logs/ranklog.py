@@ -90,6 +90,8 @@ def rank_lines(lines: Iterable[str], rank: int | None, local_rank: int | None, o
 
 @dataclass(frozen=True)
 class _Block:
+    """One traceback in a log: its lines, the exception it ends in and the frame that raised it."""
+
     start: int
     end: int  # exclusive: traceback, exception line, and its continuation
     exception: str

@@ -21,6 +21,8 @@ UNLIMITED = 1 << 60  # v1 writes "no limit" as a number near 2**63
 
 @dataclass(frozen=True)
 class MemoryCgroup:
+    """A memory cgroup (v1 or v2) and the OOM kills it counts."""
+
     path: str
     version: int  # 1 or 2
 
