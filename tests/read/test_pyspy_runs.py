@@ -66,3 +66,16 @@ def test_a_megabyte_of_output_from_several_at_once_is_read_whole(tmp_path, monke
         assert sample.error is None, sample.error
         assert len(sample.threads) == 1 and len(sample.threads[0].frames) == 20000
         assert sample.threads[0].frames[-1].function == "f19999"
+
+
+def test_started_is_called_once_every_run_is_under_way(tmp_path, monkeypatch, sleepers):
+    marker = f"sleep 0.{time.time_ns() % 10**6:06d}"  # each stand-in sleeps under a second, then fails
+    stand_in(tmp_path, monkeypatch, f"{marker}\nexit 3\n")
+    seen: list[list[str]] = []
+
+    def started() -> None:
+        seen.append(subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split())
+
+    samples = sample_all([(pid, False, None, False, None) for pid in sleepers], timeout=5.0, started=started)
+    assert len(seen) == 1 and len(seen[0]) == len(sleepers), seen  # called once, with all three running
+    assert all(samples[pid].error is not None for pid in sleepers)
