@@ -19,7 +19,6 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import psutil
 
 from ..errors import TrainwatchError
 from ..judge import exits
@@ -28,6 +27,7 @@ from ..read.logs import launcher_log
 from ..read.processes import exits as ended
 from ..read.processes.discover import LAUNCHERS, find_job
 from ..read.processes.exits import CrashRecord
+from ..read.processes.proc import Proc, ProcessError
 from ..read.processes.process import RankProcess
 from ..read.logs.ranklog import RankLogs
 
@@ -86,7 +86,7 @@ class CrashCatcher:
         now = time.time()
         for pid, proc in list(self._tracked.items()):
             status = procfs.zombie_exit(pid)
-            alive = status is None and psutil.pid_exists(pid) and procfs.state_letter(pid) not in (None, "Z")
+            alive = status is None and procfs.state_letter(pid) not in (None, "Z")
             if alive:
                 self._last_alive[pid] = now
                 self._copy_error_file(proc)
@@ -117,21 +117,21 @@ class CrashCatcher:
         return self.exit_events.wait_any(tracked, timeout) is not None
 
     def job_alive(self) -> bool:
-        return psutil.pid_exists(self.root_pid) and procfs.state_letter(self.root_pid) not in (None, "Z")
+        return procfs.state_letter(self.root_pid) not in (None, "Z")
 
     def _discover(self) -> None:
         family = procfs.descendant_pids(self.root_pid)  # a few small reads, not a /proc scan
         if family is None:
             try:
-                family = frozenset(p.pid for p in psutil.Process(self.root_pid).children(recursive=True))
-            except psutil.Error:
+                family = frozenset(p.pid for p in Proc(self.root_pid).children(recursive=True))
+            except ProcessError:
                 return  # the root is gone: job_alive() says so and the catcher's last tick follows
         if family == self._family:
             return
         self._family = family
         try:
             job = find_job(self.root_pid)
-        except (TrainwatchError, psutil.Error):
+        except (TrainwatchError, ProcessError):
             return  # not started yet, or gone: try again when the family changes
         self._job_root = job.root_pid
         if self.run_dir is None and job.run_dir:

@@ -18,8 +18,9 @@ NOT_FOR_A_SNAPSHOT = ("trainwatch.probes.evidence.bundle", "trainwatch.probes.ev
                       "urllib.request", "importlib.metadata")
 # Loaded for one function or one rare case (issue 26): statistics' fractions and decimal for a median,
 # pickle for the rare pickled trace, platform for the machine's name, the IDNA codec for an ASCII
-# host name; without an NVIDIA driver, NVML's bindings and ctypes.
-NOR_THESE = ("statistics", "fractions", "decimal", "pickle", "platform", "encodings.idna")
+# host name, psutil for a few reads of /proc; without an NVIDIA driver, NVML's bindings and ctypes.
+NOR_THESE = ("statistics", "fractions", "decimal", "pickle", "platform", "encodings.idna",
+             "psutil")  # discovery reads /proc itself (read/processes/proc.py); RAS's addresses load it
 WITHOUT_A_DRIVER = ("pynvml", "ctypes")
 
 PROBE = """

@@ -32,7 +32,6 @@ import time
 from dataclasses import dataclass
 from typing import Iterable
 
-import psutil
 
 from . import ras_report
 from .ras_report import PartialReport, RasReport, ReportError
@@ -158,6 +157,8 @@ def query(host: str, port: int, *, timeout: float = CONNECT_TIMEOUT_S, ras_timeo
 
 def local_names() -> dict[str, str]:
     """This node's addresses -> its host name: RAS names nodes by IP."""
+    import psutil  # only here: RAS replies are rare, and psutil is 8 ms of every command's start
+
     try:
         addresses = psutil.net_if_addrs()
     except (OSError, psutil.Error):

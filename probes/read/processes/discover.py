@@ -7,10 +7,9 @@ import socket
 from dataclasses import replace
 from pathlib import Path
 
-import psutil
-
 from ...errors import AccessDenied, NoSuchProcess, NotAJob
 from . import procfs
+from .proc import Proc, ProcessDenied, ProcessError, ProcessGone, all_processes
 from . import ray_train
 from .process import JOB_ENV, JobProcesses, RankProcess
 from ...snapshot import RAY_TRAIN, who
@@ -63,27 +62,27 @@ def launcher_layout(cmdline: tuple[str, ...] | list[str]) -> dict[str, int]:
     return found
 
 
-def is_python(proc: psutil.Process) -> bool:
+def is_python(proc: Proc) -> bool:
     try:
         return "python" in os.path.basename(proc.exe() or proc.name()).lower()
-    except psutil.Error:
+    except ProcessError:
         return "python" in _safe(proc.name, "").lower()
 
 
 def _safe(call, default):
     try:
         return call()
-    except (psutil.Error, OSError):
+    except (ProcessError, OSError):
         return default
 
 
-def job_env(proc: psutil.Process) -> dict[str, str] | None:
+def job_env(proc: Proc) -> dict[str, str] | None:
     """The job-identifying subset of the environment; None when it cannot be read."""
     try:
         env = proc.environ()
-    except psutil.AccessDenied:
+    except ProcessDenied:
         return None
-    except (psutil.NoSuchProcess, psutil.ZombieProcess, OSError):
+    except (ProcessGone, OSError):
         return {}
     return {k: env[k] for k in JOB_ENV if k in env}
 
@@ -92,28 +91,27 @@ def _identity(env: dict[str, str]) -> tuple:
     return (env.get("RANK"), env.get("MASTER_ADDR"), env.get("MASTER_PORT"), env.get("TORCHELASTIC_RUN_ID"))
 
 
-def _is_spawn_child(proc: psutil.Process) -> bool:
+def _is_spawn_child(proc: Proc) -> bool:
     cmd = _safe(proc.cmdline, [])
     return "--multiprocessing-fork" in cmd or any("multiprocessing.spawn" in a for a in cmd)
 
 
-def _check_access(proc: psutil.Process) -> None:
+def _check_access(proc: Proc) -> None:
     try:
         proc.environ()
-    except psutil.AccessDenied:
+    except ProcessDenied:
         raise AccessDenied(f"permission denied reading PID {proc.pid}'s environment", ptrace_remedy(proc.pid)) from None
-    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+    except ProcessGone:
         pass  # gone: the caller's next read says so
 
 
 def find_job(pid: int) -> JobProcesses:
     """Walk up and down the process tree from ``pid`` to the job and its ranks."""
     try:
-        start = psutil.Process(pid)
-        start.status()
-    except psutil.NoSuchProcess:
+        start = Proc(pid)
+    except ProcessGone:
         raise NoSuchProcess(f"no process with PID {pid}", "check the PID with `ps -ef | grep python`") from None
-    except psutil.AccessDenied:
+    except ProcessDenied:
         raise AccessDenied(f"permission denied reading PID {pid}") from None
     _refuse_self(start)
     _check_access(start)
@@ -137,7 +135,7 @@ def find_job(pid: int) -> JobProcesses:
     return describe_job(root, launcher)
 
 
-def _refuse_self(proc: psutil.Process) -> None:
+def _refuse_self(proc: Proc) -> None:
     """trainwatch never takes itself, or the py-spy it runs, as the job."""
     me = os.getpid()
     parent = _safe(proc.ppid, None)
@@ -147,11 +145,11 @@ def _refuse_self(proc: psutil.Process) -> None:
                       "pass the PID of the job: its launcher (torchrun, ...), a rank, or the shell that started it")
 
 
-def _is_own_ancestor(proc: psutil.Process) -> bool:
-    return proc.pid in {p.pid for p in _safe(psutil.Process(os.getpid()).parents, [])}
+def _is_own_ancestor(proc: Proc) -> bool:
+    return proc.pid in {p.pid for p in _safe(Proc(os.getpid()).parents, [])}
 
 
-def _is_training(proc: psutil.Process) -> bool:
+def _is_training(proc: Proc) -> bool:
     """A Python process above trainwatch is a job only if it is a rank or has torch loaded."""
     if "RANK" in (job_env(proc) or {}):
         return True
@@ -160,7 +158,7 @@ def _is_training(proc: psutil.Process) -> bool:
 
 def find_job_matching(master: str | None = None, job_id: str | None = None) -> JobProcesses:
     """The local job whose ranks have MASTER_ADDR:MASTER_PORT == ``master`` or this job id."""
-    for proc in psutil.process_iter():
+    for proc in all_processes():
         env = job_env(proc)
         if not env or "RANK" not in env:
             continue
@@ -176,7 +174,7 @@ def find_job_matching(master: str | None = None, job_id: str | None = None) -> J
     raise NotAJob(f"no job with {'master ' if master else 'id '}{wanted} on {socket.gethostname()}")
 
 
-def _find_root(start: psutil.Process) -> tuple[psutil.Process | None, str]:
+def _find_root(start: Proc) -> tuple[Proc | None, str]:
     chain = [start] + _safe(start.parents, [])
     launchers = [(p, launcher_kind(_safe(p.cmdline, []))) for p in chain]
     # The outermost launcher in the chain (deepspeed's runner above its per-node launch, say).
@@ -207,12 +205,12 @@ def _find_root(start: psutil.Process) -> tuple[psutil.Process | None, str]:
     return _find_below(start)
 
 
-def _outer_name(proc: psutil.Process) -> str:
+def _outer_name(proc: Proc) -> str:
     parent = _safe(proc.parent, None)
     return os.path.basename(_safe(parent.cmdline, ["?"])[0]) if parent else "python"
 
 
-def _find_below(start: psutil.Process, jobs_only: bool = False) -> tuple[psutil.Process | None, str]:
+def _find_below(start: Proc, jobs_only: bool = False) -> tuple[Proc | None, str]:
     """From a shell, `timeout`, srun or tmux pane: the first launcher or Python process beneath.
     With ``jobs_only``, only a launcher or a process with RANK counts (below a Python wrapper)."""
     me = os.getpid()  # never descend into trainwatch itself (`trainwatch snapshot $$` from a shell)
@@ -235,7 +233,7 @@ def _find_below(start: psutil.Process, jobs_only: bool = False) -> tuple[psutil.
     return None, ""
 
 
-def _is_lightning_child(proc: psutil.Process, parent_cmd: list[str]) -> bool:
+def _is_lightning_child(proc: Proc, parent_cmd: list[str]) -> bool:
     """A rank started by Lightning's launcher: LOCAL_RANK, NODE_RANK and WORLD_SIZE (no RANK) in
     its environment, and its parent's script arguments again (it runs ``sys.executable
     <abs script> args`` or ``sys.executable -m module args``; the parent may have had ``-u``...)."""
@@ -249,7 +247,7 @@ def _is_lightning_child(proc: psutil.Process, parent_cmd: list[str]) -> bool:
     return not args or parent_cmd[-len(args):] == args
 
 
-def _lightning_children(parent: psutil.Process) -> list[psutil.Process]:
+def _lightning_children(parent: Proc) -> list[Proc]:
     """Ranks 1..N-1 of a Lightning job whose local rank 0 is ``parent`` (`python train.py`)."""
     if not is_python(parent):
         return []
@@ -257,7 +255,7 @@ def _lightning_children(parent: psutil.Process) -> list[psutil.Process]:
     return [c for c in _safe(parent.children, []) if _is_lightning_child(c, parent_cmd)]
 
 
-def _lightning_root(chain: list[psutil.Process]) -> psutil.Process | None:
+def _lightning_root(chain: list[Proc]) -> Proc | None:
     """The local rank 0 of a Lightning job among ``chain`` (the start and its parents): from rank 0,
     a rank it started, or a DataLoader worker of either."""
     for proc in [p for p in chain if is_python(p)][:3]:
@@ -266,7 +264,7 @@ def _lightning_root(chain: list[psutil.Process]) -> psutil.Process | None:
     return None
 
 
-def _lightning_ranks(root: psutil.Process) -> list[RankProcess]:
+def _lightning_ranks(root: Proc) -> list[RankProcess]:
     """Lightning's launcher puts no RANK in any environment, and none at all in local rank 0's
     (it is the process the user started): global ranks come from NODE_RANK and LOCAL_RANK, and
     rank 0's job settings from its children's."""
@@ -292,12 +290,12 @@ def _lightning_ranks(root: psutil.Process) -> list[RankProcess]:
     return ranks
 
 
-def _spawn_ranks(parent: psutil.Process) -> list[psutil.Process]:
+def _spawn_ranks(parent: Proc) -> list[Proc]:
     children = [c for c in _safe(parent.children, []) if _is_spawn_child(c)]
     return children if len(children) >= 2 else []
 
 
-def describe_job(root: psutil.Process, launcher: str) -> JobProcesses:
+def describe_job(root: Proc, launcher: str) -> JobProcesses:
     """Collect the ranks under ``root`` (or ``root`` itself for a single process)."""
     if launcher == RAY_TRAIN:  # rediscovered (ranks restart): the workers are not under the driver
         ray = ray_train.find(root)
@@ -409,7 +407,7 @@ def _numbered_by_start(ranks: list[RankProcess], known: list[RankProcess], singl
 
 
 def children_map() -> dict[int, list[int]]:
-    """parent PID -> child PIDs, from one pass over /proc (psutil's children() rescans it per call)."""
+    """parent PID -> child PIDs, from one pass over /proc (a process's children() rescans it per call)."""
     return procfs.parent_map()
 
 
@@ -422,7 +420,7 @@ def descendants(tree: dict[int, list[int]], pid: int) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
-def _ranks_below(root: psutil.Process) -> list[RankProcess]:
+def _ranks_below(root: Proc) -> list[RankProcess]:
     """Top-most processes with RANK in their environment; their look-alike children are helpers."""
     tree = children_map()
     ranks: list[RankProcess] = []
@@ -433,13 +431,13 @@ def _ranks_below(root: psutil.Process) -> list[RankProcess]:
             if _is_helper(pid):  # trainwatch's tee: it inherits the RANK a rank set at run time (mp.spawn)
                 continue
             try:
-                child = psutil.Process(pid)
-            except psutil.Error:
+                child = Proc(pid)
+            except ProcessError:
                 continue  # exited between listing and reading: not a rank any more
             env = job_env(child)
             if env and "RANK" in env:
                 ranks.append(_rank_process(child, env, children=descendants(tree, pid)))
-            elif env is None or _safe(child.status, "") == psutil.STATUS_ZOMBIE:
+            elif env is None or _safe(child.state, "") == "Z":
                 ranks.append(RankProcess(pid=child.pid, rank=None, create_time=_safe(child.create_time, 0.0)))
             else:
                 nxt.extend(tree.get(pid, ()))
@@ -447,7 +445,7 @@ def _ranks_below(root: psutil.Process) -> list[RankProcess]:
     return ranks
 
 
-def _sibling_ranks(rank: psutil.Process) -> list[RankProcess]:
+def _sibling_ranks(rank: Proc) -> list[RankProcess]:
     env = job_env(rank) or {}
     master = (env.get("MASTER_ADDR"), env.get("MASTER_PORT"))
     parent = _safe(rank.parent, None)
@@ -466,7 +464,7 @@ def _is_helper(pid: int) -> bool:
     return cmd.rstrip("\0").endswith("trainwatch-tee")
 
 
-def _rank_process(proc: psutil.Process, env: dict[str, str], default_rank: int | None = None,
+def _rank_process(proc: Proc, env: dict[str, str], default_rank: int | None = None,
                   children: tuple[int, ...] | None = None) -> RankProcess:
     if children is None:
         children = tuple(c.pid for c in _safe(lambda: proc.children(recursive=True), []))
@@ -492,9 +490,9 @@ def _import_armed_dir(ranks: list[RankProcess]) -> str | None:
     looked: set[tuple[int, int]] = set()  # ranks share a user and a parent: one look each
     for rank in ranks:
         try:
-            proc = psutil.Process(rank.pid)
-            owner = (proc.uids().real, proc.ppid())
-        except psutil.Error:
+            proc = Proc(rank.pid)
+            owner = (proc.uid(), proc.ppid())
+        except ProcessError:
             continue  # exited: another rank names the run directory
         if owner not in looked:
             looked.add(owner)

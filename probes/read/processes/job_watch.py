@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import psutil
-
 from . import procfs
+from .proc import Proc, ProcessError, ProcessGone
 from .discover import describe_job, find_job
 from .process import JobProcesses
 
@@ -21,12 +20,12 @@ class JobWatch:
     def current(self) -> JobProcesses:
         """The job now: the same record while its processes are the same, no ranks once it ended."""
         try:
-            root = psutil.Process(self.job.root_pid)
-            if root.status() == psutil.STATUS_ZOMBIE:
-                raise psutil.NoSuchProcess(root.pid)
+            root = Proc(self.job.root_pid)
+            if root.state() == "Z":
+                raise ProcessGone(root.pid, "a zombie")
             if root.create_time() != self.job.started_at and self.job.started_at:
-                raise psutil.NoSuchProcess(root.pid)  # PID reused
-        except psutil.Error:
+                raise ProcessGone(root.pid, "its PID was reused")
+        except ProcessError:
             return replace(self.job, ranks=(), waiting_rendezvous=False)  # the job has ended
         family = procfs.descendant_pids(root.pid)
         if family is not None and family == self._family and not any(

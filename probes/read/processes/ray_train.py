@@ -26,9 +26,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 from . import procfacts, procfs
+from .proc import Proc, ProcessError, all_processes
 
 WORKER_NAME = "ray::RayTrainWorker"
 MAX_LOG_LINES = 200  # a worker's rank is on its first lines; bounded for week-long logs
@@ -67,9 +66,9 @@ class RayPlacement:
 class RayTrainJob:
     """The workers of one Ray Train run on this node."""
 
-    raylet: psutil.Process
-    driver: psutil.Process | None
-    workers: tuple[psutil.Process, ...]
+    raylet: Proc
+    driver: Proc | None
+    workers: tuple[Proc, ...]
     ranks: dict[int, RayRank]  # pid -> its record (workers whose record was found)
     logs_dir: Path | None
     node_ip: str | None = None  # this node's address in the Ray cluster (the raylet's)
@@ -88,29 +87,29 @@ class RayTrainJob:
         return {ip: tuple(sorted(ranks)) for ip, ranks in out.items()}
 
 
-def _cmdline(proc: psutil.Process) -> list[str]:
+def _cmdline(proc: Proc) -> list[str]:
     try:
         return proc.cmdline()
-    except psutil.Error:
+    except ProcessError:
         return []
 
 
-def is_worker(proc: psutil.Process) -> bool:
+def is_worker(proc: Proc) -> bool:
     cmd = _cmdline(proc)
     return bool(cmd) and cmd[0].startswith(WORKER_NAME)
 
 
-def _is_raylet(proc: psutil.Process) -> bool:
+def _is_raylet(proc: Proc) -> bool:
     cmd = _cmdline(proc)
     return bool(cmd) and Path(cmd[0]).name == "raylet"
 
 
-def _loads_ray(proc: psutil.Process) -> bool:
+def _loads_ray(proc: Proc) -> bool:
     """A Python process that has Ray's core library loaded (a driver, or a worker)."""
     return procfs.maps_mention(proc.pid, b"_raylet.so")
 
 
-def find(start: psutil.Process) -> RayTrainJob | None:
+def find(start: Proc) -> RayTrainJob | None:
     """The Ray Train run ``start`` belongs to, or None when it is no Ray Train process."""
     chain = [start, *_safe_parents(start)]
     worker = next((p for p in chain if is_worker(p)), None)
@@ -147,7 +146,7 @@ def find(start: psutil.Process) -> RayTrainJob | None:
 def find_run(run_name: str) -> RayTrainJob | None:
     """The workers on this node of the Ray Train run named ``run_name`` (how a node agent finds the
     run a viewer on another node asks for: Ray's ranks have no MASTER_ADDR in their environment)."""
-    for raylet in (p for p in psutil.process_iter() if _is_raylet(p)):
+    for raylet in (p for p in all_processes() if _is_raylet(p)):
         logs = logs_dir(raylet)
         if logs is None:
             continue
@@ -159,7 +158,7 @@ def find_run(run_name: str) -> RayTrainJob | None:
     return None
 
 
-def node_ip(raylet: psutil.Process) -> str | None:
+def node_ip(raylet: Proc) -> str | None:
     """This node's address in the Ray cluster, from the raylet's ``--node_ip_address``."""
     return next((a[len(_NODE_IP):] for a in _cmdline(raylet) if a.startswith(_NODE_IP)), None)
 
@@ -186,7 +185,7 @@ def read_worker_group(logs: Path, run_name: str) -> tuple[RayPlacement, ...]:
     return group
 
 
-def logs_dir(raylet: psutil.Process) -> Path | None:
+def logs_dir(raylet: Proc) -> Path | None:
     """``<session>/logs`` from the raylet's command line (``--log_dir``, else ``--session_dir``)."""
     args = _cmdline(raylet)
     for arg in args:
@@ -242,25 +241,25 @@ def _int(value: object) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def _raylet_of(worker: psutil.Process) -> psutil.Process | None:
+def _raylet_of(worker: Proc) -> Proc | None:
     env = procfacts.read_environ(worker.pid) or {}
     try:
-        return psutil.Process(int(env.get("RAY_RAYLET_PID", "")))
-    except (ValueError, psutil.Error):
+        return Proc(int(env.get("RAY_RAYLET_PID", "")))
+    except (ValueError, ProcessError):
         try:
             parent = worker.parent()
-        except psutil.Error:
+        except ProcessError:
             return None
         return parent if parent is not None and _is_raylet(parent) else None
 
 
-def _only_raylet() -> psutil.Process | None:
+def _only_raylet() -> Proc | None:
     """The node's raylet when there is exactly one (a driver attached to a cluster started apart)."""
-    raylets = [p for p in psutil.process_iter() if _is_raylet(p)]
+    raylets = [p for p in all_processes() if _is_raylet(p)]
     return raylets[0] if len(raylets) == 1 else None
 
 
-def _driver_above(raylet: psutil.Process) -> psutil.Process | None:
+def _driver_above(raylet: Proc) -> Proc | None:
     """The driver that started this local cluster (the raylet's Python ancestor), if any."""
     for parent in _safe_parents(raylet):
         if _loads_ray(parent):
@@ -268,7 +267,7 @@ def _driver_above(raylet: psutil.Process) -> psutil.Process | None:
     return None
 
 
-def _driver_job_id(driver: psutil.Process, logs: Path | None) -> str | None:
+def _driver_job_id(driver: Proc, logs: Path | None) -> str | None:
     """The driver's Ray job id, from its core log's name (``python-core-driver-<job id>ff…_<pid>.log``)."""
     if logs is None:
         return None
@@ -277,15 +276,15 @@ def _driver_job_id(driver: psutil.Process, logs: Path | None) -> str | None:
     return None
 
 
-def _safe_parents(proc: psutil.Process) -> list[psutil.Process]:
+def _safe_parents(proc: Proc) -> list[Proc]:
     try:
         return proc.parents()
-    except psutil.Error:
+    except ProcessError:
         return []
 
 
-def _safe_children(proc: psutil.Process, recursive: bool = True) -> list[psutil.Process]:
+def _safe_children(proc: Proc, recursive: bool = True) -> list[Proc]:
     try:
         return proc.children(recursive=recursive)
-    except psutil.Error:
+    except ProcessError:
         return []

@@ -1,8 +1,12 @@
-"""CPU share and resident memory of a process, from psutil, between two reads."""
+"""CPU share and resident memory of a process, from /proc/PID/stat and statm, between two reads."""
 
 from __future__ import annotations
 
-import psutil
+import os
+
+from .proc import CLOCK_TICKS
+
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 
 class CpuMeter:
@@ -17,12 +21,13 @@ class CpuMeter:
     def read(self, pid: int, now: float) -> tuple[float | None, int | None]:
         """(CPU% since the last read of ``pid``, resident bytes); None for what is unknown."""
         try:
-            proc = psutil.Process(pid)
-            times = proc.cpu_times()
-            rss = proc.memory_info().rss
-        except psutil.Error:
+            with open(f"/proc/{pid}/stat", "rb") as handle:
+                fields = handle.read().rpartition(b")")[2].split()
+            with open(f"/proc/{pid}/statm", "rb") as handle:
+                rss = int(handle.read().split()[1]) * PAGE_SIZE
+        except (OSError, IndexError, ValueError):  # gone (or a zombie's empty statm): nothing to measure
             return None, None
-        total = times.user + times.system
+        total = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime
         prev = self._last.get(pid)
         self._last[pid] = (total, now)
         if prev is None or now <= prev[1]:

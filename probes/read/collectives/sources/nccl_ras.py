@@ -193,9 +193,10 @@ class Source(CollectiveSource):
         """The reply as evidence (None where it is another job's), read once per reply, and its note."""
         if at in self._read:
             return self._read[at]
-        names = ras.local_names()
         note, caveat, report = None, None, reply.report
+        names: dict[str, str] = {}
         if report is not None:
+            names = ras.local_names()  # only with a report: they cost psutil's import
             owner = ras.ownership(report, {p.pid for p in job.ranks}, world_size=job.world_size,
                                   local_ranks=len(job.ranks) or None, local_hosts=names)
             note = f"NCCL RAS: {owner.note}" if owner.note else None
