@@ -13,8 +13,8 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from .evidence.crash_catcher import CrashThread
 from .judge.judgement import JudgeMemory, JudgeOptions, judge_job
 from .judge.phases import is_stdlib, is_user, main_thread, stack_signature, where_frame
 from .local_evidence import LocalEvidence
@@ -29,6 +29,9 @@ from .read.stacks.sampler import StackSample, sample_all
 from .sampling import Sampler
 from .snapshot import PROBLEM_VERDICTS, Snapshot
 from .source import OneNodeSource
+
+if TYPE_CHECKING:
+    from .evidence.crash_catcher import CrashThread
 
 
 class LocalSource(OneNodeSource):
@@ -51,7 +54,10 @@ class LocalSource(OneNodeSource):
         self._sampler = Sampler(exits, auto_native)
         self._gpu = GpuProbe() if gpu else None
         self._evidence = LocalEvidence(self._sampler, exits, self._gpu)
-        self._catcher = CrashThread(self.job.root_pid, self.job.run_dir) if catch_crashes else None
+        self._catcher: CrashThread | None = None
+        if catch_crashes:  # not for one-shot snapshots: the catcher's readers load only where it runs
+            from .evidence.crash_catcher import CrashThread
+            self._catcher = CrashThread(self.job.root_pid, self.job.run_dir)
         self._collective_wait = collective_wait
         # reads while the first window is sampled, from when its py-spy runs have started: its
         # threads would otherwise hold up the start of every run

@@ -20,7 +20,8 @@ NOT_FOR_A_SNAPSHOT = ("trainwatch.probes.evidence.bundle", "trainwatch.probes.ev
 # pickle for the rare pickled trace, platform for the machine's name, the IDNA codec for an ASCII
 # host name, psutil for a few reads of /proc; without an NVIDIA driver, NVML's bindings and ctypes.
 NOR_THESE = ("statistics", "fractions", "decimal", "pickle", "platform", "encodings.idna",
-             "psutil")  # discovery reads /proc itself (read/processes/proc.py); RAS's addresses load it
+             "psutil",  # discovery reads /proc itself (read/processes/proc.py); RAS's addresses load it
+             "trainwatch.probes.evidence.crash_catcher")  # a one-shot snapshot watches for no death
 WITHOUT_A_DRIVER = ("pynvml", "ctypes")
 
 PROBE = """
