@@ -21,6 +21,8 @@ from .errors import TrainwatchError
 from .snapshot import (CollectiveState, ExitInfo, Job, KernelState, LogActivity, Phase, Rank, RankCollective, RankGpu,
                        RasState, Snapshot, State, ThreadStack)
 
+from .record import Record
+
 T = TypeVar("T")
 
 SIGNAL_REASONS = {"SIGSEGV": "segmentation fault", "SIGBUS": "bus error", "SIGABRT": "aborted",
@@ -30,8 +32,8 @@ UNTOLD = "how it ended is not in these files"
 FrameInts = dict[int, dict[str, int]]  # main-thread frame index (innermost = 0) -> {allowed name: value}
 
 
-@dataclass(frozen=True)
-class ThreadCounters:
+@dataclass(frozen=True, repr=False)
+class ThreadCounters(Record):
     """Scheduler counters of one thread; unchanged counters mean the thread did not run."""
 
     cpu_ticks: int
@@ -39,8 +41,8 @@ class ThreadCounters:
     involuntary: int
 
 
-@dataclass(frozen=True)
-class StackSample:
+@dataclass(frozen=True, repr=False)
+class StackSample(Record):
     """One py-spy dump of a rank between two reads of its counters (or why there is none)."""
 
     pid: int
@@ -56,8 +58,8 @@ class StackSample:
 
 
 
-@dataclass(frozen=True)
-class ObservedRank:
+@dataclass(frozen=True, repr=False)
+class ObservedRank(Record):
     """One rank as read in one poll.
 
     ``seen``: ``exited`` or ``missing`` when read so; ``stuck``/``running`` when the state was
@@ -133,8 +135,8 @@ class CountGroup(NamedTuple):
     ranks: int
 
 
-@dataclass(frozen=True)
-class RasComm:
+@dataclass(frozen=True, repr=False)
+class RasComm(Record):
     """One communicator in an NCCL RAS report."""
 
     hash: str  # hex without 0x, as NCCL logs it
@@ -145,8 +147,8 @@ class RasComm:
     problems: tuple[str, ...] = ()  # text: MISMATCH, INCOMPLETE, ERROR
 
 
-@dataclass(frozen=True)
-class RasProcess:
+@dataclass(frozen=True, repr=False)
+class RasProcess(Record):
     """A process NCCL RAS reports dead or unreachable: its PID, host and GPUs."""
 
     pid: int | None
@@ -154,8 +156,8 @@ class RasProcess:
     gpus: str = ""
 
 
-@dataclass(frozen=True)
-class RasReport:
+@dataclass(frozen=True, repr=False)
+class RasReport(Record):
     """One NCCL RAS reply, parsed: its communicators and what it said of them."""
 
     format: str  # "json" or "text"
@@ -180,8 +182,8 @@ class RasReport:
         return found | {(p.host, p.pid) for p in (*self.dead, *self.unreachable) if p.pid is not None}
 
 
-@dataclass(frozen=True)
-class ObservedRas:
+@dataclass(frozen=True, repr=False)
+class ObservedRas(Record):
     """One NCCL RAS reply of this job (another job's is not one): when it was asked, and the
     node names its host addresses stand for where known (this node's)."""
 
@@ -192,8 +194,8 @@ class ObservedRas:
     caveat: str | None = None  # why the report could not be matched to this job for sure (kept, labelled)
 
 
-@dataclass(frozen=True)
-class ObservedJob:
+@dataclass(frozen=True, repr=False)
+class ObservedJob(Record):
     """Everything read about one job in one poll: the ranks, and every collective-state source.
 
     Each collective-state source fills one field (``read/collectives/sources/<module>.py``); a field holding

@@ -14,6 +14,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .record import Record
+
 SCHEMA_VERSION = 1
 
 # The vocabulary: every phase, state and verdict kind that a probe produces or a view shows.
@@ -43,8 +45,8 @@ UNJUDGED_VERDICTS: frozenset[VerdictKind] = HEALTHY_VERDICTS | {"unknown"}
 RAY_TRAIN = "ray train"  # Job.launcher of a Ray Train run (its ranks are Ray actors, placed by Ray)
 
 
-@dataclass(frozen=True)
-class Frame:
+@dataclass(frozen=True, repr=False)
+class Frame(Record):
     """One frame of a thread's stack: Python, or native (a shared object's symbol)."""
 
     function: str
@@ -58,8 +60,8 @@ class Frame:
         return f"{short}:{self.line} {self.function}" if self.line else f"{short} {self.function}"
 
 
-@dataclass(frozen=True)
-class ThreadStack:
+@dataclass(frozen=True, repr=False)
+class ThreadStack(Record):
     """One thread of a rank, its frames innermost first."""
 
     name: str
@@ -70,8 +72,8 @@ class ThreadStack:
     is_main: bool = False
 
 
-@dataclass(frozen=True)
-class ExitInfo:
+@dataclass(frozen=True, repr=False)
+class ExitInfo(Record):
     """How a rank's process ended: its status or signal, and what it said on the way out."""
 
     code: int | None = None  # exit status of a normal exit
@@ -93,8 +95,8 @@ FILE_SYSCALLS = frozenset({
     "mkdirat", "rmdir", "link", "readlink", "chmod", "getdents", "getdents64", "lseek", "flock", "fcntl"})
 
 
-@dataclass(frozen=True)
-class KernelState:
+@dataclass(frozen=True, repr=False)
+class KernelState(Record):
     """What the kernel says a rank's main thread is doing (``read/processes/kernel_view.py``)."""
 
     letter: str | None = None  # the process state: R running, S sleeping, D uninterruptible, T stopped, t traced
@@ -110,8 +112,8 @@ class KernelState:
     kernel_stack: tuple[str, ...] = ()  # innermost first, where readable (root)
 
 
-@dataclass(frozen=True)
-class RankGpu:
+@dataclass(frozen=True, repr=False)
+class RankGpu(Record):
     """The GPU a rank runs on, and what NVML says of it and of the rank's use of it."""
 
     index: int | None = None  # physical device the rank runs on
@@ -130,8 +132,8 @@ class RankGpu:
     dram_bw_pct: float | None = None
 
 
-@dataclass(frozen=True)
-class GpuProcess:
+@dataclass(frozen=True, repr=False)
+class GpuProcess(Record):
     """A process NVML lists on a GPU, with the memory it holds there."""
 
     pid: int  # host PID as NVML reports it
@@ -141,8 +143,8 @@ class GpuProcess:
     util_pct: float | None = None
 
 
-@dataclass(frozen=True)
-class GpuDevice:
+@dataclass(frozen=True, repr=False)
+class GpuDevice(Record):
     """One GPU of a host as NVML reports it; unsupported readings are None."""
 
     index: int
@@ -167,8 +169,8 @@ class GpuDevice:
     processes: tuple[GpuProcess, ...] = ()
 
 
-@dataclass(frozen=True)
-class HostInfo:
+@dataclass(frozen=True, repr=False)
+class HostInfo(Record):
     """One host of the job: its name, driver and GPUs, or why it could not be read."""
 
     name: str
@@ -180,8 +182,8 @@ class HostInfo:
     error: str | None = None  # why this host could not be read (remote nodes)
 
 
-@dataclass(frozen=True)
-class LogActivity:
+@dataclass(frozen=True, repr=False)
+class LogActivity(Record):
     """How a rank's log file grows: when it last grew, against how often it grew while watched."""
 
     age_s: float | None = None  # seconds since the file last grew (its mtime), at taken_at
@@ -191,8 +193,8 @@ class LogActivity:
     bar_s: float | None = None  # seconds per update of the unfinished progress bar that is its last line
 
 
-@dataclass(frozen=True)
-class Rank:
+@dataclass(frozen=True, repr=False)
+class Rank(Record):
     """One rank as judged: where it is, whether it is stuck, and the evidence that says so."""
 
     rank: int | None
@@ -232,8 +234,8 @@ class Rank:
         return f"{self.host}:{self.rank if self.rank is not None else 'pid' + str(self.pid)}"
 
 
-@dataclass(frozen=True)
-class Group:
+@dataclass(frozen=True, repr=False)
+class Group(Record):
     """Ranks in the same place doing the same thing (the rows the views fold together)."""
 
     ranks: tuple[int, ...]
@@ -244,8 +246,8 @@ class Group:
     culprit: bool = False
 
 
-@dataclass(frozen=True)
-class Verdict:
+@dataclass(frozen=True, repr=False)
+class Verdict(Record):
     """The one answer for the whole job: what kind of trouble, which ranks, and why."""
 
     kind: VerdictKind = "unknown"
@@ -254,8 +256,8 @@ class Verdict:
     since: float | None = None  # unix time this verdict first held (live views)
 
 
-@dataclass(frozen=True)
-class CollectiveCall:
+@dataclass(frozen=True, repr=False)
+class CollectiveCall(Record):
     """One collective a rank enqueued in one process group, as its Flight Recorder (or its watchdog) held it."""
 
     seq: int  # the group's collective sequence number
@@ -266,8 +268,8 @@ class CollectiveCall:
     created: float | None = None  # unix time it was enqueued
 
 
-@dataclass(frozen=True)
-class RankCollective:
+@dataclass(frozen=True, repr=False)
+class RankCollective(Record):
     """One rank's collectives in one process group: its own record (``calls``: the recent ones,
     from a little before its last completed), and what the judge derived from it across ranks
     (``last_completed`` and the pending call, corrected where another rank shows a call never
@@ -286,16 +288,16 @@ class RankCollective:
     calls: tuple[CollectiveCall, ...] = ()
 
 
-@dataclass(frozen=True)
-class OpCount:
+@dataclass(frozen=True, repr=False)
+class OpCount(Record):
     """How many collectives of one kind a communicator has run (NCCL RAS)."""
 
     op: str  # NCCL's name: AllReduce, AllGather, ... ("collective" from NCCL < 2.26: one count for all)
     count: int  # collectives of that type the rank has launched
 
 
-@dataclass(frozen=True)
-class RasRank:
+@dataclass(frozen=True, repr=False)
+class RasRank(Record):
     """One rank of one communicator as NCCL RAS reported it (any node)."""
 
     comm: str  # the communicator's hash, as NCCL logs it
@@ -312,8 +314,8 @@ class RasRank:
     comm_status: str | None = None  # abort, finalize, init, unknown; None: running
 
 
-@dataclass(frozen=True)
-class RasState:
+@dataclass(frozen=True, repr=False)
+class RasState(Record):
     """What NCCL RAS said about the whole job, judged across two polls (probes/judge/ras.py)."""
 
     origin: str  # host:port asked
@@ -333,8 +335,8 @@ class RasState:
     notes: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class CollectiveState:
+@dataclass(frozen=True, repr=False)
+class CollectiveState(Record):
     """Where each rank is in its collectives, from Flight Recorder, RAS or the hook."""
 
     source: str  # where the traces came from: "hook", "flight-recorder-file", "pipe", "ras", ...
@@ -344,8 +346,8 @@ class CollectiveState:
     ras: RasState | None = None  # NCCL RAS's view of every rank, when the job's RAS answered
 
 
-@dataclass(frozen=True)
-class Job:
+@dataclass(frozen=True, repr=False)
+class Job(Record):
     """The job as discovered: its launcher, size, rendezvous and run directory."""
 
     launcher: str  # torchrun, accelerate, deepspeed, mp.spawn, python, ...
@@ -363,8 +365,8 @@ class Job:
     run_dir: str | None = None  # set when started armed by `trainwatch run`
 
 
-@dataclass(frozen=True)
-class Snapshot:
+@dataclass(frozen=True, repr=False)
+class Snapshot(Record):
     """Everything known of the job at one moment, judged: the typed, immutable boundary every view reads."""
 
     job: Job

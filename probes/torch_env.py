@@ -23,6 +23,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .record import Record
+
 # (the name newer torch reads, the older name it still accepts with a warning)
 RENAMED = (("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"),
            ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"))
@@ -40,8 +42,8 @@ print(json.dumps({"dir": list(spec.submodule_search_locations)[0] if spec else N
 """
 
 
-@dataclass(frozen=True)
-class TorchInstall:
+@dataclass(frozen=True, repr=False)
+class TorchInstall(Record):
     """What was found of the job's torch; ``reads_new`` maps each new name to whether torch reads it
     (None: could not tell)."""
 

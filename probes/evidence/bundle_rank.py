@@ -19,13 +19,14 @@ from ..read.processes import procfacts, procfs
 from ..read.stacks import pyspy
 from ..read.logs import ranklog
 from ..snapshot import ThreadStack
+from ..record import Record
 
 FAULTHANDLER_NOT_ARMED = "faulthandler not armed: start the job with `trainwatch run` to get these"
 LOG_TAIL_BYTES = 256 * 1024
 
 
-@dataclass
-class RankEvidence:
+@dataclass(repr=False)
+class RankEvidence(Record):
     """What was collected for one rank: files (bundle-relative under ranks/<rank>/) and notes."""
 
     rank: int | None
@@ -83,8 +84,8 @@ def format_stacks(stacks: list[ThreadStack]) -> str:
     return "\n".join(out)
 
 
-@dataclass(frozen=True)
-class RankPlan:
+@dataclass(frozen=True, repr=False)
+class RankPlan(Record):
     """How to collect one rank: the job-wide facts each step needs."""
 
     pid: int

@@ -31,6 +31,7 @@ from .. import rundir
 from ..snapshot import (CRASH_VERDICTS, HANG_VERDICTS, HEALTHY_VERDICTS, PROBLEM_VERDICTS, ExitInfo, Job, Snapshot,
                         ThreadStack, Verdict)
 from ..source import Source
+from ..record import Record
 
 
 SETTLE_S = 1.5  # the crash alert waits this long after the first death for the cause to be read
@@ -41,8 +42,8 @@ EARLY_PARALLEL = 16  # py-spy runs at once then (a node's ranks, all at once on 
 EXIT_CLEAN, EXIT_PROBLEM, EXIT_CRASH = 0, 10, 11
 
 
-@dataclass(frozen=True)
-class WatchEvent:
+@dataclass(frozen=True, repr=False)
+class WatchEvent(Record):
     """One thing ``watch`` saw. ``alert`` events (``problem``, ``crashed``) are the ones a person
     should hear about: once per problem episode, once per crash, with the bundle if one was written."""
 

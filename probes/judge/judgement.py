@@ -19,13 +19,14 @@ from .verdict import judge
 from .warnings import job_warnings
 from ..observed import ObservedJob, ObservedRank
 from ..snapshot import UNJUDGED_VERDICTS, CollectiveState, Group, RasState, Rank, Snapshot, Verdict
+from ..record import Record
 
 # Rounding for "enough": a window of samples taken on a schedule ends a little early.
 SLACK = 0.95
 
 
-@dataclass
-class JudgeMemory:
+@dataclass(repr=False)
+class JudgeMemory(Record):
     """What the judge remembers between polls of one job.
 
     ``progress``: per PID, when each rank last showed progress (the readers' moments in its
@@ -48,8 +49,8 @@ class JudgeMemory:
         return cls(verdict=snapshot.verdict, familiar=dict(familiar or {}))
 
 
-@dataclass(frozen=True)
-class JudgeOptions:
+@dataclass(frozen=True, repr=False)
+class JudgeOptions(Record):
     """``window``: seconds over which progress was sampled (0: not judged); ``stuck_after``: a
     fixed stuck threshold instead of each rank's own rhythm."""
 
@@ -57,8 +58,8 @@ class JudgeOptions:
     stuck_after: float | None = None
 
 
-@dataclass(frozen=True)
-class Judgement:
+@dataclass(frozen=True, repr=False)
+class Judgement(Record):
     """The ranks with their states, the groups, the verdict, and the collective state judged with
     (every source's, combined: what the snapshot shows)."""
 

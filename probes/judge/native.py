@@ -29,6 +29,7 @@ from .phases import Classification, SourceLine, classify, main_thread, stack_sig
 from .progress import StackWatch
 from ..observed import StackSample
 from ..snapshot import Phase, ThreadStack
+from ..record import Record
 
 # A "lock" read from the Python line alone (``work.wait()``, ``.acquire(``) may be a c10d work wait:
 # the native frames tell (``c10d::Work::wait``, ``ProcessGroupGloo::RecvWork::wait``).
@@ -38,8 +39,8 @@ MAX_PER_POLL = 8
 PARALLEL = 4
 
 
-@dataclass(frozen=True)
-class NativeResult:
+@dataclass(frozen=True, repr=False)
+class NativeResult(Record):
     """What a rank's native stack says it waits in, and since when it was taken."""
 
     signature: tuple

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from ..frames import bare_name, is_stdlib, is_user
 from ..snapshot import Frame, Phase, ThreadStack
+from ..record import Record
 
 COLLECTIVE_OPS = frozenset({
     "all_reduce", "all_gather", "all_gather_into_tensor", "_allgather_base", "all_gather_object",
@@ -50,8 +51,8 @@ SLEEP_LINE = re.compile(r"\bsleep\(")
 SourceLine = Callable[[Frame], str]
 
 
-@dataclass(frozen=True)
-class Classification:
+@dataclass(frozen=True, repr=False)
+class Classification(Record):
     """What a rank's stack says: its phase, collective, place and user frame."""
 
     phase: Phase

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from ..observed import ThreadCounters
 from ..snapshot import WAITING_PHASES, CollectiveState
+from ..record import Record
 
 MIN_WAKEUPS = 2
 GAPS_KEPT = 16  # recent quiet stretches that set a rank's rhythm
@@ -31,8 +32,8 @@ GAP_FACTOR = 2.0
 STEP_FACTOR = 3.0
 
 
-@dataclass
-class _Look:
+@dataclass(repr=False)
+class _Look(Record):
     """The sampler's last look at one rank's main thread."""
 
     signature: tuple
@@ -132,8 +133,8 @@ class StackWatch:
         self._looks.pop(pid, None)
 
 
-@dataclass
-class _Track:
+@dataclass(repr=False)
+class _Track(Record):
     """One rank's last look and when it last showed progress."""
 
     progress_at: float  # last time progress was seen (or first seen)

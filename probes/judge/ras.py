@@ -34,6 +34,7 @@ from typing import Iterable, Mapping, NamedTuple, Sequence
 
 from ..observed import ANY_OP, RasComm, RasReport
 from ..snapshot import OpCount, Rank, RasRank, RasState, compact_ranks, who
+from ..record import Record
 
 _new = tuple.__new__  # a NamedTuple without its Python-level __new__ (thousands of rows a poll)
 _STATE = itemgetter(8, 10, 11)  # a _Row's status, error, comm_status
@@ -61,8 +62,8 @@ class _Row(NamedTuple):
     comm_status: str | None
 
 
-@dataclass(frozen=True)
-class _Entry:
+@dataclass(frozen=True, repr=False)
+class _Entry(Record):
     """Ranks of one communicator that share one count vector (text: the unnamed rest is one entry)."""
 
     vector: tuple[int, ...]

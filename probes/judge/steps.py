@@ -30,6 +30,7 @@ from ..frames import LOOP_NAMES, is_hf_loop, is_user
 from ..observed import FrameInts, ThreadCounters
 from ..snapshot import Frame, Rank, who
 from ..median import median
+from ..record import Record
 
 SLOW_FACTOR = 3.0
 
@@ -74,8 +75,8 @@ def _hf_step(local: dict[str, int]) -> int | None:
 
 
 # -- rhythm ----------------------------------------------------------------------------------------
-@dataclass
-class _Series:
+@dataclass(repr=False)
+class _Series(Record):
     """One rank's step values over time and the intervals between changes."""
 
     step: int

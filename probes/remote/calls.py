@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .reach import Remote, SshRemote
+from ..record import Record
 
 STDERR_KEEP = 4000  # bytes of a node call's stderr kept for its error message
 
 
-@dataclass
-class Result:
+@dataclass(repr=False)
+class Result(Record):
     """What a remote command did."""
 
     returncode: int | None  # None when killed on timeout

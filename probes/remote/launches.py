@@ -13,6 +13,7 @@ from typing import Any
 
 from .node_spec import RELAY_FROM
 from .reach import Remote, SlurmRemote, SshRemote, slurm_step_argv
+from ..record import Record
 
 
 def match_args(job: Any) -> list[str]:
@@ -37,8 +38,8 @@ def agent_args(match: list[str], window: float | None, interval: float, extra: S
     return args + list(extra)
 
 
-@dataclass
-class Launch:
+@dataclass(repr=False)
+class Launch(Record):
     """One command that runs agents: one node (ssh, kubectl) or many (one srun step, labelled)."""
 
     argv: list[str]

@@ -18,10 +18,11 @@ from ..judge.judgement import JudgeMemory, JudgeOptions, judge_job
 from ..judge.warnings import job_warnings
 from ..observed import ObservedJob, combine_states, observed_rank
 from ..snapshot import HostInfo, Rank, Snapshot, Verdict
+from ..record import Record
 
 
-@dataclass(frozen=True)
-class NodeView:
+@dataclass(frozen=True, repr=False)
+class NodeView(Record):
     """One node's part of the job: its snapshot, or why there is none."""
 
     name: str  # how the node was reached (host, SLURM node, pod); the local node's own name

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..record import Record
+
 DEFAULT_TIMEOUT_S = 30.0  # give up on a node after this long
 RESTART_MIN_S, RESTART_MAX_S = 2.0, 30.0  # an agent that stopped starts again after this back-off, doubling
 RELAY_FROM = 64  # ssh hosts from which agents are reached through relays (about sqrt(hosts) of them)
 
 
-@dataclass(frozen=True)
-class NodeSpec:
+@dataclass(frozen=True, repr=False)
+class NodeSpec(Record):
     """The other nodes as named by a person: ``hosts`` (SLURM ranges allowed), a ``hostfile``,
     a SLURM job (``slurm``: its id, or ``auto``), pods matching a ``k8s`` selector, the nodes Ray
     placed the run's workers on (``ray``: ``auto``, reached over ssh)."""

@@ -9,6 +9,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Protocol
 
+from ..record import Record
+
 
 class Remote(Protocol):
     """One other node (or pod) and how to run a command there."""
@@ -19,8 +21,8 @@ class Remote(Protocol):
         """Local command line that runs ``trainwatch args...`` on the node."""
 
 
-@dataclass(frozen=True)
-class SshRemote:
+@dataclass(frozen=True, repr=False)
+class SshRemote(Record):
     """A node reached with OpenSSH; the user's ssh config and agent apply (no ``-F`` by default)."""
 
     name: str
@@ -42,8 +44,8 @@ class SshRemote:
         return self.argv(trainwatch, args)
 
 
-@dataclass(frozen=True)
-class SlurmRemote:
+@dataclass(frozen=True, repr=False)
+class SlurmRemote(Record):
     """A node of a SLURM allocation, reached with a step that overlaps the running job."""
 
     name: str  # node name
@@ -68,8 +70,8 @@ def slurm_step_argv(job_id: str, nodes: list[str], trainwatch: str, args: list[s
             "--kill-on-bad-exit=0", "--quiet", *shlex.split(trainwatch), *args]
 
 
-@dataclass(frozen=True)
-class KubeRemote:
+@dataclass(frozen=True, repr=False)
+class KubeRemote(Record):
     """A pod reached with ``kubectl exec``."""
 
     name: str  # pod name
@@ -94,8 +96,8 @@ class KubeRemote:
         return [base[0], base[1], "-i", *base[2:], *shlex.split(trainwatch), *args]
 
 
-@dataclass(frozen=True)
-class Pod:
+@dataclass(frozen=True, repr=False)
+class Pod(Record):
     name: str
     phase: str
     node: str | None = None

@@ -29,12 +29,13 @@ from .calls import STDERR_KEEP, Result, classify_failure
 from .reach import Remote
 from .node_spec import RESTART_MAX_S, RESTART_MIN_S
 from .wire import error_line, whole
+from ..record import Record
 
 STOP_GRACE_S = 3.0
 
 
-@dataclass
-class Child:
+@dataclass(repr=False)
+class Child(Record):
     """One agent the relay runs: on its own node (``remote`` None) or over ssh."""
 
     task: int

@@ -40,6 +40,7 @@ from .node_evidence import NodeEvidence
 from .node_spec import DEFAULT_TIMEOUT_S, RELAY_FROM, RESTART_MAX_S, RESTART_MIN_S
 from .reach import Remote
 from .wire import SRUN_PIECE, NodeAnswer, decode_node
+from ..record import Record
 
 LABEL = re.compile(rb"^\s*(\d+): ?(.*)$", re.S)
 SRUN_TASK = re.compile(r"task (\d+): (.+)$")
@@ -47,8 +48,8 @@ STREAM_START_PARALLEL = 128  # agents connecting at once (a start is short; the 
 REUSE_S = 300.0  # an answer older than this is no longer shown
 
 
-@dataclass
-class NodeState:
+@dataclass(repr=False)
+class NodeState(Record):
     """What the viewer knows of one node."""
 
     name: str
@@ -60,8 +61,8 @@ class NodeState:
     lines: int = 0
 
 
-@dataclass
-class Incoming:
+@dataclass(repr=False)
+class Incoming(Record):
     """One node's bundle while its parts arrive."""
 
     path: Path
@@ -70,8 +71,8 @@ class Incoming:
     error: str | None = None
 
 
-@dataclass
-class Running:
+@dataclass(repr=False)
+class Running(Record):
     """A launch while its process runs."""
 
     launch: Launch

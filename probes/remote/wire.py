@@ -21,6 +21,8 @@ from ..snapshot import (
     CollectiveState, Frame, HostInfo, Job, Rank, Snapshot, SnapshotError, ThreadStack, Verdict, _decoder, _encode,
 )
 
+from ..record import Record
+
 WIRE_KIND = "trainwatch-node"
 WIRE_VERSION = 1
 # Rank fields sent per rank: everything but the stacks (sent per distinct stack) and the host (the node's).
@@ -104,8 +106,8 @@ def error_line(node: str, message: str, code: int, seq: int = 0) -> str:
                        "code": code}, separators=(",", ":"))
 
 
-@dataclasses.dataclass(frozen=True)
-class NodeAnswer:
+@dataclasses.dataclass(frozen=True, repr=False)
+class NodeAnswer(Record):
     """One decoded line: the node's snapshot, or its error."""
 
     node: str

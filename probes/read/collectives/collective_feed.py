@@ -21,13 +21,14 @@ from ..processes.process import JobProcesses
 from .sources import CollectiveSource, FeedOptions, RankEnvs, Reading, source_classes
 from ...observed import combine_states
 from ...snapshot import CollectiveState
+from ...record import Record
 
 MIN_INTERVAL_S = 1.0  # at most one round per second, however often the view polls
 ROUND_BOUND_S = 10.0  # a round gives up on a source that has not returned by then
 
 
-@dataclass(frozen=True)
-class FeedEvidence:
+@dataclass(frozen=True, repr=False)
+class FeedEvidence(Record):
     """Every source's reading: the ``ObservedJob`` fields, the notes, and for bundles the raw
     files, where each source answered and per-rank notes."""
 

@@ -28,6 +28,7 @@ import json
 from dataclasses import dataclass
 
 from ...snapshot import CollectiveCall, CollectiveState, RankCollective, age_text
+from ...record import Record
 
 
 class TraceError(ValueError):
@@ -39,8 +40,8 @@ class TraceError(ValueError):
 ON_DEMAND = frozenset({"hook", "pipe", "debug-server"})
 
 
-@dataclass(frozen=True)
-class FoundTrace:
+@dataclass(frozen=True, repr=False)
+class FoundTrace(Record):
     """One rank's trace from one source, and when it was current: the fetch time for the hook
     and the debug server, the file's modification time for a dump file or the pipe's file."""
 

@@ -12,13 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ... import rundir
+from ...record import Record
 
 COMMANDS = ("fr_trace", "stacks", "ping")
 _MAX_REPLY = 256 * 1024 * 1024
 
 
-@dataclass(frozen=True)
-class HookReply:
+@dataclass(frozen=True, repr=False)
+class HookReply(Record):
     ok: bool
     text: str
     error: str | None

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ...record import Record
+
 
 DEFAULT_FR_NAME = "comm_lib_trace_rank_"
 SETTING_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_FR_", "CUDA_", "TORCH_DISTRIBUTED_DEBUG", "TORCH_CPP_LOG")
@@ -41,8 +43,8 @@ LOG_TAIL_BYTES = 1024 * 1024
 PIPE_WAIT_S = 15.0
 
 
-@dataclass(frozen=True)
-class Found:
+@dataclass(frozen=True, repr=False)
+class Found(Record):
     """One piece of evidence: where it came from and its bytes (or why there is none)."""
 
     source: str

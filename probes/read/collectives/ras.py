@@ -35,6 +35,7 @@ from typing import Iterable
 
 from . import ras_report
 from .ras_report import PartialReport, RasReport, ReportError
+from ...record import Record
 
 DEFAULT_PORT = 28028
 CLIENT_PROTOCOL = 2
@@ -60,8 +61,8 @@ def timeout_factor(env: dict[str, str]) -> float:
         return 1.0
 
 
-@dataclass(frozen=True)
-class RasReply:
+@dataclass(frozen=True, repr=False)
+class RasReply(Record):
     """One query's outcome: the raw report and what it parsed to, or why there is none."""
 
     origin: str  # host:port asked
@@ -168,8 +169,8 @@ def local_names() -> dict[str, str]:
             if a.family in (socket.AF_INET, socket.AF_INET6) and not a.address.startswith(("127.", "::1"))}
 
 
-@dataclass(frozen=True)
-class Ownership:
+@dataclass(frozen=True, repr=False)
+class Ownership(Record):
     """Whose report it is: ``ours``, ``other`` (another job's: no evidence) or ``unsure`` (kept,
     labelled); ``note`` says why where it was not plain."""
 

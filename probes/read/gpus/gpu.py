@@ -25,6 +25,7 @@ from .gpu_nvml import GPM_FIRST_GAP_S, NvmlSession
 from ..processes.process import RankProcess
 from .xid import KmsgReader, NvmlXidListener, XidEvent, describe, normalize_bus
 from ...snapshot import GpuDevice, GpuProcess, HostInfo, RankGpu
+from ...record import Record
 
 MAX_XIDS = 32
 NAMESPACE_NOTE = (
@@ -34,8 +35,8 @@ NAMESPACE_NOTE = (
 )
 
 
-@dataclass(frozen=True)
-class GpuReading:
+@dataclass(frozen=True, repr=False)
+class GpuReading(Record):
     """One tick of the GPU probe: the host's GPUs and each rank's."""
 
     host: HostInfo
@@ -44,8 +45,8 @@ class GpuReading:
     notes: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class _Owner:
+@dataclass(frozen=True, repr=False)
+class _Owner(Record):
     """The rank a GPU process belongs to (itself, or a child of it)."""
 
     rank: int | None

@@ -19,19 +19,21 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ...record import Record
+
 PROC_PID_INIT_INO = 4026531836  # inode of the initial PID namespace (include/linux/proc_ns.h)
 
 
-@dataclass(frozen=True)
-class DeviceId:
+@dataclass(frozen=True, repr=False)
+class DeviceId(Record):
     """What identifies one physical GPU, as read from NVML."""
 
     index: int
     uuid: str | None = None
 
 
-@dataclass(frozen=True)
-class VisibleDevices:
+@dataclass(frozen=True, repr=False)
+class VisibleDevices(Record):
     """CUDA_VISIBLE_DEVICES resolved to NVML indices."""
 
     indices: tuple[int, ...]

@@ -16,6 +16,7 @@ from typing import Any
 
 from ...snapshot import GpuDevice, GpuProcess
 from .nvml_errors import nvml_errors
+from ...record import Record
 
 # Clock-event (throttle) reason bits, stable across NVML versions, with short names.
 THROTTLE_NAMES = (
@@ -45,8 +46,8 @@ class _Lost(Exception):
     """The device stopped answering (GPU is lost / needs a reset)."""
 
 
-@dataclass
-class _DeviceState:
+@dataclass(repr=False)
+class _DeviceState(Record):
     """One device's NVML handle and what is known not to work on it."""
 
     handle: Any = None

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..logs.kmsg import KmsgRecords
 from .nvml_errors import nvml_errors
+from ...record import Record
 
 XID_EVENT_MASK = 0x8  # nvmlEventTypeXidCriticalError
 
@@ -45,8 +46,8 @@ _NAME_RE = re.compile(r"name=([^,]+)")
 _DMESG_RE = re.compile(r"^\[\s*(\d+\.\d+)\]\s*(.*)$")
 
 
-@dataclass(frozen=True)
-class XidEvent:
+@dataclass(frozen=True, repr=False)
+class XidEvent(Record):
     """One Xid error, from the kernel log or NVML's event set."""
 
     code: int

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from .logtail import read_tail
 from ..stacks.stack_text import FAULTHANDLER_FRAME, THREAD_HEADER
+from ...record import Record
 
 # (reason shown to people, pattern) in priority order: the first match names the death.
 # A reason may appear twice: its most telling line is tried first.
@@ -45,8 +46,8 @@ _FATAL_SIGNALS = {
 _SECTION = "=== trainwatch:"
 
 
-@dataclass(frozen=True)
-class FaultTrace:
+@dataclass(frozen=True, repr=False)
+class FaultTrace(Record):
     """The last fatal-signal dump in a faulthandler file."""
 
     signal: str | None  # e.g. "SIGSEGV"

@@ -25,6 +25,8 @@ import signal
 import time
 from dataclasses import dataclass
 
+from ...record import Record
+
 _FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
 _BLOCK_START = re.compile(r"^\s*\[\d+\]:\s*$")
 _TIME = re.compile(r"^\s*time\s*:\s*(\d{4}-\d\d-\d\d)_(\d\d:\d\d:\d\d)")
@@ -32,8 +34,8 @@ _RANK = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank: (\d+)\)")
 _EXITCODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+) \(pid: (\d+)\)")
 
 
-@dataclass(frozen=True)
-class LauncherFailure:
+@dataclass(frozen=True, repr=False)
+class LauncherFailure(Record):
     """One rank's death as the launcher logged it."""
 
     pid: int

@@ -30,6 +30,7 @@ from .logtail import read_tail
 from ... import rundir
 from ...errors import BadLeftovers
 from ...snapshot import compact_ranks
+from ...record import Record
 
 MAX_ENTRIES = 50_000  # directory entries looked at, in all
 MAX_DEPTH = 8
@@ -46,8 +47,8 @@ _LOG_MARKERS = re.compile(r"\[rank\d+\]:|Traceback \(most recent call last\)|Wat
                           r"terminated with the following error")
 
 
-@dataclass(frozen=True)
-class LeftDump:
+@dataclass(frozen=True, repr=False)
+class LeftDump(Record):
     """One rank's Flight Recorder trace, where it was found and when it was written."""
 
     rank: int
@@ -57,8 +58,8 @@ class LeftDump:
     source: str = "flight-recorder-file"  # or "last-words"
 
 
-@dataclass(frozen=True)
-class LastWords:
+@dataclass(frozen=True, repr=False)
+class LastWords(Record):
     """What an armed rank wrote as it was killed (``last-words.json``)."""
 
     rank: int
@@ -70,8 +71,8 @@ class LastWords:
     stacks: str  # every thread, faulthandler's format
 
 
-@dataclass
-class RankLeft:
+@dataclass(repr=False)
+class RankLeft(Record):
     """Everything found about one rank."""
 
     rank: int
@@ -88,8 +89,8 @@ class RankLeft:
     notes: list[str] = field(default_factory=list)
 
 
-@dataclass
-class Leftovers:
+@dataclass(repr=False)
+class Leftovers(Record):
     """What a dead job left, by rank, and what was looked at."""
 
     roots: tuple[str, ...]

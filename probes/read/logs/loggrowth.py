@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from .logtail import read_tail
 from ...median import median
+from ...record import Record
 
 INTERVALS_KEPT = 16
 MIN_INTERVALS = 3  # intervals between writes seen before the file's rhythm is reported
@@ -28,8 +29,8 @@ _BAR = re.compile(r"(?:\|\s*(?P<n>\d+)/(?P<total>\d+|\?)\s*|\d+\w*\s)\[(?:\d+:)?
                   r"(?P<rate>\d+(?:\.\d+)?)(?P<unit>[A-Za-z]+/s|s/[A-Za-z]+)")
 
 
-@dataclass(frozen=True)
-class LogGrowth:
+@dataclass(frozen=True, repr=False)
+class LogGrowth(Record):
     """One file's growth as last seen."""
 
     path: str
@@ -50,8 +51,8 @@ class LogGrowth:
         return max(self.intervals) if len(self.intervals) >= MIN_INTERVALS else None
 
 
-@dataclass
-class _History:
+@dataclass(repr=False)
+class _History(Record):
     """One log file as last seen (its identity and size) and the gaps between its recent growths."""
 
     ino: int

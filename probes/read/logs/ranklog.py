@@ -19,6 +19,7 @@ from . import crashlog
 from ...redact import scrub
 from .logtail import read_tail
 from ..stacks.stack_text import TRACEBACK_FRAME
+from ...record import Record
 
 TAIL_LINES = 400
 TAIL_BYTES = 64 * 1024
@@ -41,8 +42,8 @@ _NOISE = re.compile(
 _PY_WARNING = re.compile(r"^\S.*:\d+: \w*Warning: ")
 
 
-@dataclass(frozen=True)
-class LogReason:
+@dataclass(frozen=True, repr=False)
+class LogReason(Record):
     """Why a rank's log says it died: the classified reason and the line that says so."""
 
     reason: str  # "CUDA device-side assert", or the exception type: "RuntimeError"
@@ -88,8 +89,8 @@ def rank_lines(lines: Iterable[str], rank: int | None, local_rank: int | None, o
     return out
 
 
-@dataclass(frozen=True)
-class _Block:
+@dataclass(frozen=True, repr=False)
+class _Block(Record):
     """One traceback in a log: its lines, the exception it ends in and the frame that raised it."""
 
     start: int

@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import procfs
+from ...record import Record
 
 ROOT = Path("/sys/fs/cgroup")
 UNLIMITED = 1 << 60  # v1 writes "no limit" as a number near 2**63
 
 
-@dataclass(frozen=True)
-class MemoryCgroup:
+@dataclass(frozen=True, repr=False)
+class MemoryCgroup(Record):
     """A memory cgroup (v1 or v2) and the OOM kills it counts."""
 
     path: str

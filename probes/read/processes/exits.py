@@ -31,6 +31,7 @@ from ..logs.kernlog import kernel_fault
 from .process import JobProcesses, RankProcess
 from ..logs.ranklog import LogReason, RankLogs
 from ...snapshot import ExitInfo, ThreadStack
+from ...record import Record
 
 Clean = Callable[[str], str]
 FORGOTTEN_KEPT = 4096  # restarted PIDs remembered as never to be shown again
@@ -38,8 +39,8 @@ FORGOTTEN_KEPT = 4096  # restarted PIDs remembered as never to be shown again
 _WORKERS = re.compile(r"DataLoader worker \(pids?\(?s?\)? ([\d, ]+)\)")
 
 
-@dataclass(frozen=True)
-class CrashRecord:
+@dataclass(frozen=True, repr=False)
+class CrashRecord(Record):
     """One rank's death with what it left behind (the crash catcher saves these as JSON)."""
 
     rank: int | None

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from ...redact import redact_argv
 from ...snapshot import Job
+from ...record import Record
 
 # Environment variables that identify a rank and its job. Only these are kept in memory;
 # the full environment is read again (and redacted) only by the evidence bundle.
@@ -19,8 +20,8 @@ JOB_ENV = (
 )
 
 
-@dataclass(frozen=True)
-class RankProcess:
+@dataclass(frozen=True, repr=False)
+class RankProcess(Record):
     """One rank's main process as found in the process tree."""
 
     pid: int
@@ -36,8 +37,8 @@ class RankProcess:
     log_path: str | None = None  # a regular file behind fd 1 or 2
 
 
-@dataclass(frozen=True)
-class JobProcesses:
+@dataclass(frozen=True, repr=False)
+class JobProcesses(Record):
     """A job as seen from this node."""
 
     launcher: str  # torchrun, accelerate, deepspeed, mp.spawn, python

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from . import procfacts, procfs
 from .proc import Proc, ProcessError, all_processes
+from ...record import Record
 
 WORKER_NAME = "ray::RayTrainWorker"
 MAX_LOG_LINES = 200  # a worker's rank is on its first lines; bounded for week-long logs
@@ -38,8 +39,8 @@ _PLACED = re.compile(r"^- \(ip=([^,\s]+), pid=(\d+)\) world_rank=(\d+), local_ra
 _LOG_DIR, _SESSION_DIR, _NODE_IP = "--log_dir=", "--session_dir=", "--node_ip_address="
 
 
-@dataclass(frozen=True)
-class RayRank:
+@dataclass(frozen=True, repr=False)
+class RayRank(Record):
     """One Ray Train worker as Ray Train's own log records it."""
 
     pid: int
@@ -51,8 +52,8 @@ class RayRank:
     run_name: str | None = None
 
 
-@dataclass(frozen=True)
-class RayPlacement:
+@dataclass(frozen=True, repr=False)
+class RayPlacement(Record):
     """One worker of the run's worker group as the controller logged it: on which node, which rank."""
 
     ip: str
@@ -62,8 +63,8 @@ class RayPlacement:
     node_rank: int
 
 
-@dataclass(frozen=True)
-class RayTrainJob:
+@dataclass(frozen=True, repr=False)
+class RayTrainJob(Record):
     """The workers of one Ray Train run on this node."""
 
     raylet: Proc

@@ -11,12 +11,13 @@ from ..processes import procfs
 from ..processes.kernel_view import current_syscall
 from .pyspy import DEFAULT_TIMEOUT, PySpyRun, PySpyTimeout, RankGone, tracer_of, wait_any
 from ...snapshot import FILE_SYSCALLS, ThreadStack
+from ...record import Record
 
 MAX_PARALLEL = 32
 
 
-@dataclass
-class _RankRead:
+@dataclass(repr=False)
+class _RankRead(Record):
     """One rank's sample in the making: its counters before, why it may not be paused, the py-spy run."""
 
     pid: int

@@ -21,10 +21,11 @@ from typing import ClassVar
 from ...processes import procfacts
 from ..nccl_state import PIPE_WAIT_S
 from ...processes.process import JobProcesses, RankProcess
+from ....record import Record
 
 
-@dataclass(frozen=True)
-class FeedOptions:
+@dataclass(frozen=True, repr=False)
+class FeedOptions(Record):
     """How the sources read. ``bundle``: an evidence dump asks everything once and keeps the raw
     evidence (``Reading.files``); ``debug_urls``: rank -> torch.distributed.debug worker URL."""
 
@@ -34,8 +35,8 @@ class FeedOptions:
     debug_urls: Mapping[int, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class Reading:
+@dataclass(frozen=True, repr=False)
+class Reading(Record):
     """What one source has read: the value of its ``ObservedJob`` field, notes for the job,
     and for bundles the raw evidence (bundle-relative path -> bytes), where it answered
     (source name -> ranks or addresses) and per-rank notes of what it could not get."""

@@ -27,6 +27,7 @@ from . import CollectiveSource, FeedOptions, RankEnvs, Reading
 from .. import flightrec, hookclient, nccl_state
 from ...processes.process import JobProcesses, RankProcess
 from ....snapshot import CollectiveState
+from ....record import Record
 
 
 class Source(CollectiveSource):
@@ -239,8 +240,8 @@ class Source(CollectiveSource):
                 self._state = state
 
 
-@dataclass(frozen=True)
-class HookTraces:
+@dataclass(frozen=True, repr=False)
+class HookTraces(Record):
     """What a rank's armed hook answered to ``fr_trace``: each recorder's trace as torch dumped it,
     the merged trace that counts (None: nothing recorded), and why there is none."""
 

@@ -29,6 +29,7 @@ from .. import nccl_state, ras, ras_report
 from ...processes import procfacts
 from ...processes.process import JobProcesses, RankProcess
 from ....observed import ObservedRas
+from ....record import Record
 
 # NCCL versions whose RAS service a client's query is known to crash or corrupt, from NVIDIA's own
 # issues and the code at each tag (read 2026-11): (low, high, what), low <= version < high. A version
@@ -48,8 +49,8 @@ FOLLOW_UP_WITHIN_S = 30.0  # a reply with unreachable ranks and no other reply t
 LOCK_WAIT_S = 0.5  # live polls: how long to wait for another trainwatch's query to end (one-shots wait longer)
 
 
-@dataclass(frozen=True)
-class _Pending:
+@dataclass(frozen=True, repr=False)
+class _Pending(Record):
     origin: str
     started: float  # monotonic
     bound: float  # seconds NCCL may take, plus our margin

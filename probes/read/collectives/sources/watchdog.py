@@ -47,6 +47,7 @@ from .. import nccl_state
 from ...processes.process import JobProcesses
 from ...logs.ranklog import split_prefix
 from ....snapshot import CollectiveCall, CollectiveState, RankCollective
+from ....record import Record
 
 MAX_LINE = 8192  # longer lines are not torch's (its watchdog lines are a few hundred characters)
 STALE_S = 60  # a timeout stamped this long before ``since`` belongs to an earlier run
@@ -75,8 +76,8 @@ _QUOTED = re.compile(r"[^\]\s]:\s*$")
 _OPS = {"ALLREDUCE": "all_reduce", "ALLGATHER": "all_gather"}
 
 
-@dataclass(frozen=True)
-class _Said:
+@dataclass(frozen=True, repr=False)
+class _Said(Record):
     """One timeout or status line: who said it, when, and about which work."""
 
     index: int  # line number
