@@ -65,7 +65,7 @@ def kernel_state(pid: int, tid: int | None = None) -> KernelState | None:
     base = f"/proc/{pid}/task/{tid}"
     for _ in range(5):  # a py-spy attach (another viewer's) holds a rank for milliseconds: look past it
         stat = procfs.read_text(f"{base}/stat")
-        tracer_pid = procfs.status_fields(pid).get("TracerPid", "0").strip()
+        tracer_pid = procfs.status_field(pid, "TracerPid") or "0"
         if not tracer_pid.isdigit() or tracer_pid == "0" or \
                 (procfs.read_text(f"/proc/{tracer_pid}/comm") or "").strip() != "py-spy":
             break

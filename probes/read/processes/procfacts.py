@@ -22,10 +22,10 @@ def read_environ(pid: int) -> dict[str, str] | None:
     except OSError:
         return None
     env = {}
-    for item in raw.split(b"\0"):
-        if b"=" in item:
-            key, _, value = item.partition(b"=")
-            env[key.decode(errors="replace")] = value.decode(errors="replace")
+    for item in raw.decode(errors="replace").split("\0"):  # decoded once, not per entry
+        key, eq, value = item.partition("=")
+        if eq:
+            env[key] = value
     return env
 
 

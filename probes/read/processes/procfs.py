@@ -41,6 +41,21 @@ def thread_counters(pid: int, tid: int | None = None) -> ThreadCounters | None:
     )
 
 
+def status_field(pid: int, name: str) -> str | None:
+    """One field of /proc/PID/status (``TracerPid``), stripped; None when the process is gone or
+    has no such field. Cheaper than :func:`status_fields` for the one field read per rank per poll."""
+    text = read_text(f"/proc/{pid}/status")
+    if text is None:
+        return None
+    text = "\n" + text  # every field, the first too, follows a line break
+    start = text.find(f"\n{name}:\t")
+    if start < 0:
+        return None
+    start += len(name) + 3
+    end = text.find("\n", start)
+    return text[start:end if end >= 0 else None].strip()
+
+
 def status_fields(pid: int) -> dict[str, str]:
     text = read_text(f"/proc/{pid}/status") or ""
     return dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)

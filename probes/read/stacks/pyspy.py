@@ -289,7 +289,7 @@ def _explain_failure(pid: int, message: str) -> TrainwatchError:
 
 def tracer_of(pid: int) -> str | None:
     """``gdb (PID 812)`` when another process traces ``pid`` (``TracerPid`` in its status)."""
-    field = procfs.status_fields(pid).get("TracerPid", "0").strip()
+    field = procfs.status_field(pid, "TracerPid") or "0"
     if not field.isdigit() or field == "0":
         return None
     name = (procfs.read_text(f"/proc/{field}/comm") or "?").strip()
