@@ -85,6 +85,7 @@ def one_size(ranks: int, repeat: int, baseline: dict[str, str] | None) -> dict[s
         pids = job.wait_for_ranks(timeout=600)
         settle(pids)
         whole_command(job.pid, ranks)  # once unmeasured: compiled modules cached, files in the page cache
+        LocalSource(job.pid, window=0, gpu=False).poll()  # and the pass: this process's first-use costs
         if baseline is not None:
             whole_command(job.pid, ranks, baseline)
         for _ in range(repeat):

@@ -112,8 +112,10 @@ class PySpyRun:
             self.ended = time.time()
             return
         self._failed = ""
-        self._chunks: dict[int, list[bytes]] = {self._proc.stdout.fileno(): [], self._proc.stderr.fileno(): []}
-        self._open = {self._proc.stdout.fileno(): self._proc.stdout, self._proc.stderr.fileno(): self._proc.stderr}
+        assert self._proc.stdout is not None and self._proc.stderr is not None
+        self._out, self._err = self._proc.stdout.fileno(), self._proc.stderr.fileno()
+        self._chunks: dict[int, list[bytes]] = {self._out: [], self._err: []}
+        self._open = {self._out: self._proc.stdout, self._err: self._proc.stderr}
 
     def pipes(self) -> list:
         """The pipes still open (py-spy has more to say)."""
@@ -158,7 +160,7 @@ class PySpyRun:
             raise TrainwatchError(self._failed)
         if self.timed_out:
             raise PySpyTimeout(f"py-spy did not answer within {self.timeout:.0f}s for PID {self.pid}")
-        stdout, stderr = self._text
+        stdout, stderr = (b"".join(self._chunks[fd]).decode("utf-8", "replace") for fd in (self._out, self._err))
         if self._returncode != 0:  # with locals, stdout may hold the job's values: explain from stderr only
             raise _explain_failure(self.pid, stderr if self.locals else (stderr or stdout))
         try:
@@ -168,10 +170,6 @@ class PySpyRun:
         except (json.JSONDecodeError, TypeError, KeyError, AttributeError) as exc:
             detail = type(exc).__name__ if self.locals else exc  # never echo a local's value
             raise TrainwatchError(f"py-spy printed something unreadable for PID {self.pid}: {detail}") from None
-
-    @property
-    def _text(self) -> tuple[str, str]:
-        return tuple(b"".join(chunks).decode("utf-8", "replace") for chunks in self._chunks.values())  # type: ignore[return-value]
 
 
 def wait_any(runs: list[PySpyRun]) -> list[PySpyRun]:

@@ -123,22 +123,26 @@ def sample_all(requests: list[Request], timeout: float = DEFAULT_TIMEOUT,
     samples: dict[int, StackSample] = {}
     queue = list(requests)
     running: dict[PySpyRun, _RankRead] = {}
-    while queue or running:
-        while queue and len(running) < parallel:
-            request = queue.pop(0)
-            begun = _begin(request, timeout, locals=request[0] in locals_for)
-            if isinstance(begun, StackSample):
-                samples[begun.pid] = begun
-            else:
-                running[begun.run] = begun
-        if started is not None and (not queue or len(running) >= parallel):
-            started()
-            started = None
-        for run in wait_any(list(running)) if running else ():
-            read = running.pop(run)
-            sample = read.end()
-            if sample is None:  # started again without pausing
-                running[read.run] = read
-            else:
-                samples[read.pid] = sample
+    try:
+        while queue or running:
+            while queue and len(running) < parallel:
+                request = queue.pop(0)
+                begun = _begin(request, timeout, locals=request[0] in locals_for)
+                if isinstance(begun, StackSample):
+                    samples[begun.pid] = begun
+                else:
+                    running[begun.run] = begun
+            if started is not None and (not queue or len(running) >= parallel):
+                started()
+                started = None
+            for run in wait_any(list(running)) if running else ():
+                read = running.pop(run)
+                sample = read.end()
+                if sample is None:  # started again without pausing
+                    running[read.run] = read
+                else:
+                    samples[read.pid] = sample
+    finally:
+        for run in running:  # left by an error on the way: stopped, and no rank left paused
+            run.give_up()
     return {req[0]: samples[req[0]] for req in requests}
