@@ -109,13 +109,21 @@ class LocalSource(OneNodeSource):
                 if i:  # on a schedule from the first round: sampling time (native dumps too) comes out of the pause
                     time.sleep(max(0.0, first_done + i * pause - time.monotonic()))
                 samples = self._sampler.round(job, self._polls, native_for, resolve=i >= rounds - 2,
-                                              problem=self._problem, started=self._feed.refresh)
+                                              problem=self._problem, started=self._while_sampling)
                 first_done = first_done or time.monotonic()
             self._feed.refresh()  # (a no-op once started: if nothing was sampled, it starts here)
             self._polls += 1
             if self._catcher is not None:  # its findings (signal, faulthandler frame, fatal message) win over ours
                 self._evidence.exits.adopt(self._catcher.records())
             return self._judged(job, samples, notes)
+
+    def _while_sampling(self) -> None:
+        """What overlaps a round's py-spy runs, once they have started: the collective feed's
+        round, and on the first poll NVML's start and first GPM sample (in a thread: NVML can
+        block on a failing GPU; the GPU read after the round waits for it)."""
+        self._feed.refresh()
+        if self._gpu is not None and self._polls == 0:
+            threading.Thread(target=self._gpu.prime, name="tw-gpu-prime", daemon=True).start()
 
     def _judged(self, job: JobProcesses, samples: dict[int, StackSample], notes: list[str]) -> Snapshot:
         """This poll's evidence, judged by ``judge_job``, as a snapshot."""

@@ -49,6 +49,29 @@ def wait_until(check, timeout: float, what: str, interval: float = 0.2):
         time.sleep(interval)
 
 
+def cpu_ticks(pids: list[int]) -> int:
+    """User + system ticks of these processes together (gone ones count 0)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total
+
+
+def wait_quiet(pids: list[int], timeout: float = 30.0, quiet_s: float = 0.5) -> None:
+    """Wait until these processes stop using CPU (blocked where they were planted to block): on a
+    loaded machine a rank may still be computing its way there long after its marker line."""
+    def quiet() -> bool:
+        before = cpu_ticks(pids)
+        time.sleep(quiet_s)
+        return cpu_ticks(pids) - before <= len(pids)  # a tick each: a heartbeat, not work
+    wait_until(quiet, timeout, f"PIDs {pids} blocked (no CPU used for {quiet_s}s)")
+
+
 def rank_stuck_at(script: Path, marker: str, code: Path | None = None) -> bool:
     """Whether a rank running ``script`` (any PID namespace, e.g. a test node's) is on the one line
     of ``code`` (default: ``script``, a copy of tui/planted.py; else a file ``script`` runs) containing

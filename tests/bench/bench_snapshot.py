@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from real_jobs import PlantedJob  # noqa: E402
+from real_jobs import PlantedJob, wait_quiet  # noqa: E402
 
 from trainwatch.probes.read.stacks.pyspy import find_pyspy  # noqa: E402
 
@@ -57,33 +57,13 @@ def whole_command(job_pid: int, ranks: int, env: dict[str, str] | None = None) -
     return took
 
 
-def settle(pids: list[int], quiet_s: float = 1.0, timeout: float = 120.0) -> None:
-    """Wait until the ranks have stopped using CPU (all blocked in the hang): ranks still starting
-    up would take the cores from whatever is measured first."""
-    def ticks() -> int:
-        total = 0
-        for pid in pids:
-            with open(f"/proc/{pid}/stat") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-        return total
-    deadline = time.monotonic() + timeout
-    last = ticks()
-    while time.monotonic() < deadline:
-        time.sleep(quiet_s)
-        now = ticks()
-        if now - last <= len(pids):  # at most a tick per rank: a heartbeat, not work
-            return
-        last = now
-
-
 def one_size(ranks: int, repeat: int, baseline: dict[str, str] | None) -> dict[str, float]:
     from trainwatch.probes.live import LocalSource
     pyspy = find_pyspy()
     times: dict[str, list[float]] = {"loop": [], "pass": [], "cli": [], "baseline": []}
     with tempfile.TemporaryDirectory() as tmp, PlantedJob(Path(tmp), "mismatch", nproc=ranks, deadline=600) as job:
         pids = job.wait_for_ranks(timeout=600)
-        settle(pids)
+        wait_quiet(pids, timeout=120, quiet_s=1.0)  # ranks still starting would take the cores from the first rounds
         whole_command(job.pid, ranks)  # once unmeasured: compiled modules cached, files in the page cache
         LocalSource(job.pid, window=0, gpu=False).poll()  # and the pass: this process's first-use costs
         if baseline is not None:

@@ -26,7 +26,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from real_jobs import FRAMEWORK_JOBS, PlantedJob
+from real_jobs import FRAMEWORK_JOBS, PlantedJob, wait_quiet
 from trainwatch.probes.read.processes.discover import find_job
 
 pytestmark = [pytest.mark.job, pytest.mark.slow]
@@ -175,6 +175,7 @@ def test_accelerate_metric_gathered_on_one_rank(framework_job, nproc):
     others = [rf"^\[rank {r}\] step 4 begins" for r in range(1, nproc)]
     job.wait_for_log(r"^\[rank 0\] planted: gathering", *others, timeout=90)
     time.sleep(SETTLE_S)
+    wait_quiet(job.rank_pids())  # every rank blocks here; under load step 4's backward may still be computing
     data = snapshot(job.pid)
     said = describe(data)
     verdict, ranks = data["verdict"], by_rank(data)

@@ -100,3 +100,20 @@ def test_new_fields_survive_json_and_old_snapshots_still_read():
         del old["hosts"][0]["gpus"][0][key]
     assert Snapshot.from_dict(old).hosts[0].gpus[0].sm_active_pct is None
     assert isinstance(back.hosts[0], HostInfo)
+
+
+def test_a_probe_primed_earlier_waits_only_what_is_left_of_the_gap():
+    import time
+    fake = FakeNvml([hopper()])
+    p = probe(fake)
+    p.prime()  # as the live source does while py-spy runs
+    time.sleep(0.12)  # the ranks' sampling, longer than GPM's gap
+    start = time.monotonic()
+    reading = p.read(one_rank(), "torchrun")
+    assert time.monotonic() - start < 0.05, "waited for a gap that had already passed"
+    assert reading.host.gpus[0].sm_active_pct == 87.5  # still two samples compared
+    assert fake.calls["nvmlGpmSampleGet"] == 2
+    fresh = probe(FakeNvml([hopper()]))
+    start = time.monotonic()
+    fresh.read(one_rank(), "torchrun")
+    assert time.monotonic() - start >= 0.09  # unprimed: the whole gap, as before

@@ -178,3 +178,21 @@ def test_json_only_never_falls_back_to_text():
         reply = ras.query("127.0.0.1", server.port, text_fallback=False)
     assert reply.report is None and "refused JSON" in reply.note
     assert "VERBOSE STATUS" not in server.commands and server.queries == 0
+
+
+def test_the_nccl_version_of_a_wheel_is_read_from_its_dist_info(fake_libnccl, tmp_path):
+    # as pip installs it for torch: nvidia/nccl/lib/libnccl.so.2, versioned only by the wheel's
+    # dist-info beside it (seen on an H200: "2.28.9.dist" was read from nvidia_nccl_cu13-2.28.9.dist-info)
+    site = tmp_path / "site"
+    lib = site / "nvidia" / "nccl" / "lib" / "libnccl.so.2"
+    lib.parent.mkdir(parents=True)
+    shutil.copy(fake_libnccl, lib)
+    (site / "nvidia_nccl_cu13-2.28.9.dist-info").mkdir()
+    code = f"import ctypes, time; ctypes.CDLL({str(lib)!r}); print('loaded', flush=True); time.sleep(30)"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "loaded"
+        assert procfacts.loaded_nccl(proc.pid) == (True, "2.28.9")
+    finally:
+        proc.kill()
+        proc.wait()

@@ -66,11 +66,20 @@ class GpuProbe:
         self._listener: NvmlXidListener | None = None
         self._xids: deque[XidEvent] = deque(maxlen=MAX_XIDS)
         self._exact_pids = in_initial_pid_ns
+        self._primed_at: float | None = None  # when the first GPM samples were taken, until the first read
         self._lock = threading.Lock()
 
     def read(self, ranks: Sequence[RankProcess], launcher: str) -> GpuReading:
         with self._lock:
             return self._read(ranks, launcher)
+
+    def prime(self) -> None:
+        """Start NVML and take each device's first GPM sample now (from a thread, while the ranks
+        are sampled): the first read then waits only what is left of the gap GPM needs between
+        two samples, not all of it (0.1 s of every one-shot snapshot on a Hopper host)."""
+        with self._lock:
+            if self._session.start() and self._session.gpm_prime():
+                self._primed_at = time.monotonic()
 
     def close(self) -> None:
         with self._lock:
@@ -89,7 +98,10 @@ class GpuProbe:
             return GpuReading(HostInfo(name=hostname), {}, (), (session.error or "NVML unavailable",))
         notes: list[str] = []
         if session.gpm_prime():  # a first reading: GPM compares two samples
-            time.sleep(GPM_FIRST_GAP_S)
+            self._primed_at = time.monotonic()
+        if self._primed_at is not None:
+            time.sleep(max(0.0, self._primed_at + GPM_FIRST_GAP_S - time.monotonic()))
+            self._primed_at = None
         devices = [session.read_device(i) for i in range(len(session.devices))]
         if not devices:
             notes.append("NVML: no NVIDIA GPU on this host")

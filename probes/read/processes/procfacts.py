@@ -195,5 +195,5 @@ def _nccl_version(paths: list[str], torch_dir: Path | None) -> str | None:
         roots.add(str(torch_dir.parent))
     for root in roots:
         for info in Path(root).glob("nvidia_nccl_cu*-*.dist-info"):
-            return info.name.split("-")[1].removesuffix(".dist-info")
+            return info.name.removesuffix(".dist-info").split("-")[1]  # "nvidia_nccl_cu13-2.28.9.dist-info"
     return None

@@ -1,0 +1,67 @@
+"""Benchmark (not a test, and not run by the suite: it needs one NVIDIA GPU): the real NCCL hang of tests/gpu/nccl_hang.py.
+
+Eight NCCL ranks share the one GPU (each its own NCCL_HOSTID; sockets over loopback); the last rank
+sleeps in Python and never joins the next all_reduce, the others block behind it at ``.item()``,
+spinning in ``cuStreamSynchronize`` as hung NCCL ranks do. Times, median of 5 rounds side by side:
+the sequential ``py-spy dump`` loop, trainwatch's pass in process (with the GPU probe), and
+``trainwatch snapshot --window 0 --json``; then prints the verdict of a default ``snapshot``. Writes
+the job's log and both snapshots under ``$OUT`` (default /tmp).
+
+    python tests/gpu/bench_nccl.py   (from the repository root)
+"""
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from trainwatch.probes.live import LocalSource
+from trainwatch.probes.read.stacks.pyspy import find_pyspy
+out = Path(os.environ.get("OUT", "/tmp"))
+env = {**os.environ, "NCCL_SOCKET_IFNAME": "lo", "NCCL_IB_DISABLE": "1", "NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"}
+log = open(out / "nccl_job.log", "w")
+job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "8", "--master-port", "29555",
+                        "tests/gpu/nccl_hang.py", "170"], stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+try:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (out / "nccl_job.log").read_text(errors="replace").count(" warm") < 8:
+        if job.poll() is not None:
+            raise SystemExit(f"job exited {job.returncode}")
+        time.sleep(0.5)
+    print("warm after", round(120 - (deadline - time.monotonic()), 1), "s", flush=True)
+    time.sleep(3)
+    source = LocalSource(job.pid, window=0, gpu=True)
+    pids = [r.pid for r in source.job.ranks]
+    print("ranks", len(pids), flush=True)
+    spy = find_pyspy()
+    first = LocalSource(job.pid, window=0, gpu=True).poll()
+    (out / "nccl_snapshot_window0.json").write_text(first.to_json())
+    print("window 0 verdict:", first.verdict.kind, first.verdict.culprits, first.verdict.summary if hasattr(first.verdict, "summary") else "", flush=True)
+    times = {"loop": [], "pass": [], "cli": []}
+    for _ in range(5):
+        t = time.perf_counter()
+        for pid in pids:
+            subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, timeout=30)
+        times["loop"].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        snap = LocalSource(job.pid, window=0, gpu=True).poll()
+        times["pass"].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "trainwatch.tui.cli", "snapshot", str(job.pid), "--window", "0", "--json"],
+                       capture_output=True, timeout=60, check=True)
+        times["cli"].append(time.perf_counter() - t)
+    print("rounds (ms):", {k: [round(v * 1000) for v in vs] for k, vs in times.items()}, flush=True)
+    for k in ("pass", "cli"):
+        ratio = statistics.median(a / b for a, b in zip(times[k], times["loop"]))
+        print(f"{k}: median {statistics.median(times[k]) * 1000:.0f} ms, {ratio:.2f}x the loop "
+              f"({statistics.median(times['loop']) * 1000:.0f} ms)", flush=True)
+    t = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "trainwatch.tui.cli", "snapshot", str(job.pid), "--json"],
+                          capture_output=True, timeout=90, text=True)
+    (out / "nccl_snapshot_default.json").write_text(done.stdout)
+    verdict = json.loads(done.stdout)["verdict"] if done.stdout else done.stderr[-500:]
+    print(f"snapshot (default window) in {time.perf_counter() - t:.1f}s: {verdict}", flush=True)
+finally:
+    os.killpg(job.pid, 9)
+    job.wait()
