@@ -58,28 +58,35 @@ def whole_command(job_pid: int, ranks: int, env: dict[str, str] | None = None) -
 
 
 def one_size(ranks: int, repeat: int, baseline: dict[str, str] | None) -> dict[str, float]:
-    from trainwatch.probes.live import LocalSource
-    pyspy = find_pyspy()
-    times: dict[str, list[float]] = {"loop": [], "pass": [], "cli": [], "baseline": []}
     with tempfile.TemporaryDirectory() as tmp, PlantedJob(Path(tmp), "mismatch", nproc=ranks, deadline=600) as job:
         pids = job.wait_for_ranks(timeout=600)
         wait_quiet(pids, timeout=120, quiet_s=1.0)  # ranks still starting would take the cores from the first rounds
-        whole_command(job.pid, ranks)  # once unmeasured: compiled modules cached, files in the page cache
-        LocalSource(job.pid, window=0, gpu=False).poll()  # and the pass: this process's first-use costs
+        return side_by_side(job.pid, pids, repeat, baseline=baseline)
+
+
+def side_by_side(job_pid: int, pids: list[int], repeat: int, baseline: dict[str, str] | None = None,
+                 gpu: bool = False) -> dict[str, float]:
+    """``repeat`` rounds of the loop, the pass and the command back to back on a running job: the
+    medians, and each one's median ratio to the loop. ``gpu``: the pass reads the GPUs too."""
+    from trainwatch.probes.live import LocalSource
+    pyspy = find_pyspy()
+    times: dict[str, list[float]] = {"loop": [], "pass": [], "cli": [], "baseline": []}
+    whole_command(job_pid, len(pids))  # once unmeasured: compiled modules cached, files in the page cache
+    LocalSource(job_pid, window=0, gpu=gpu).poll()  # and the pass: this process's first-use costs
+    if baseline is not None:
+        whole_command(job_pid, len(pids), baseline)
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for pid in pids:
+            subprocess.run([pyspy, "dump", "--pid", str(pid)], capture_output=True, timeout=30)
+        times["loop"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        snap = LocalSource(job_pid, window=0, gpu=gpu).poll()
+        times["pass"].append(time.perf_counter() - start)
+        assert len(snap.ranks) == len(pids), snap.ranks
+        times["cli"].append(whole_command(job_pid, len(pids)))
         if baseline is not None:
-            whole_command(job.pid, ranks, baseline)
-        for _ in range(repeat):
-            start = time.perf_counter()
-            for pid in pids:
-                subprocess.run([pyspy, "dump", "--pid", str(pid)], capture_output=True, timeout=30)
-            times["loop"].append(time.perf_counter() - start)
-            start = time.perf_counter()
-            snap = LocalSource(job.pid, window=0, gpu=False).poll()
-            times["pass"].append(time.perf_counter() - start)
-            assert len(snap.ranks) == ranks, snap.ranks
-            times["cli"].append(whole_command(job.pid, ranks))
-            if baseline is not None:
-                times["baseline"].append(whole_command(job.pid, ranks, baseline))
+            times["baseline"].append(whole_command(job_pid, len(pids), baseline))
     medians = {name: statistics.median(values) for name, values in times.items() if values}
     # Each round measures the loop and trainwatch back to back: their ratio in a round cancels the
     # machine's drift between rounds (a shared VM's speed moves by 20% over seconds).

@@ -11,13 +11,14 @@ the job's log and both snapshots under ``$OUT`` (default /tmp).
 """
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
-from trainwatch.probes.live import LocalSource
-from trainwatch.probes.read.stacks.pyspy import find_pyspy
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from bench_snapshot import side_by_side  # noqa: E402
+
+from trainwatch.probes.live import LocalSource  # noqa: E402
 out = Path(os.environ.get("OUT", "/tmp"))
 env = {**os.environ, "NCCL_SOCKET_IFNAME": "lo", "NCCL_IB_DISABLE": "1", "NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"}
 log = open(out / "nccl_job.log", "w")
@@ -34,28 +35,12 @@ try:
     source = LocalSource(job.pid, window=0, gpu=True)
     pids = [r.pid for r in source.job.ranks]
     print("ranks", len(pids), flush=True)
-    spy = find_pyspy()
     first = LocalSource(job.pid, window=0, gpu=True).poll()
     (out / "nccl_snapshot_window0.json").write_text(first.to_json())
-    print("window 0 verdict:", first.verdict.kind, first.verdict.culprits, first.verdict.summary if hasattr(first.verdict, "summary") else "", flush=True)
-    times = {"loop": [], "pass": [], "cli": []}
-    for _ in range(5):
-        t = time.perf_counter()
-        for pid in pids:
-            subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, timeout=30)
-        times["loop"].append(time.perf_counter() - t)
-        t = time.perf_counter()
-        snap = LocalSource(job.pid, window=0, gpu=True).poll()
-        times["pass"].append(time.perf_counter() - t)
-        t = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "trainwatch.tui.cli", "snapshot", str(job.pid), "--window", "0", "--json"],
-                       capture_output=True, timeout=60, check=True)
-        times["cli"].append(time.perf_counter() - t)
-    print("rounds (ms):", {k: [round(v * 1000) for v in vs] for k, vs in times.items()}, flush=True)
+    print("window 0 verdict:", first.verdict.kind, first.verdict.culprits, first.verdict.summary, flush=True)
+    m = side_by_side(job.pid, pids, 5, gpu=True)
     for k in ("pass", "cli"):
-        ratio = statistics.median(a / b for a, b in zip(times[k], times["loop"]))
-        print(f"{k}: median {statistics.median(times[k]) * 1000:.0f} ms, {ratio:.2f}x the loop "
-              f"({statistics.median(times['loop']) * 1000:.0f} ms)", flush=True)
+        print(f"{k}: median {m[k] * 1000:.0f} ms, {m[k + '/loop']:.2f}x the loop ({m['loop'] * 1000:.0f} ms)", flush=True)
     t = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "trainwatch.tui.cli", "snapshot", str(job.pid), "--json"],
                           capture_output=True, timeout=90, text=True)
