@@ -33,9 +33,12 @@ try:
     print("warm after", round(120 - (deadline - time.monotonic()), 1), "s", flush=True)
     time.sleep(3)
     source = LocalSource(job.pid, window=0, gpu=True)
-    pids = [r.pid for r in source.job.ranks]
+    try:
+        pids = [r.pid for r in source.job.ranks]
+        first = source.poll()
+    finally:
+        source.close()
     print("ranks", len(pids), flush=True)
-    first = LocalSource(job.pid, window=0, gpu=True).poll()
     (out / "nccl_snapshot_window0.json").write_text(first.to_json())
     print("window 0 verdict:", first.verdict.kind, first.verdict.culprits, first.verdict.summary, flush=True)
     m = side_by_side(job.pid, pids, 5, gpu=True)

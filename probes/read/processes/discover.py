@@ -276,7 +276,7 @@ def _lightning_ranks(root: Proc) -> list[RankProcess]:
     local_world = len(children) + 1
     shared = {k: envs[0][k] for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE") if k in envs[0]}
     tree = children_map()
-    others = {pid for c in children for pid in (c.pid, *descendants(tree, c.pid))}
+    others = {pid for c in children for pid in (c.pid, *procfs.descendants(tree, c.pid))}
     ranks = []
     for proc, env in [(root, {**(job_env(root) or {}), **shared, "LOCAL_RANK": "0"}),
                       *((c, job_env(c) or {}) for c in children)]:
@@ -285,7 +285,7 @@ def _lightning_ranks(root: Proc) -> list[RankProcess]:
         if world is not None:
             env["WORLD_SIZE"] = str(world)
         # Rank 0's descendants include the other ranks: its own are the rest (DataLoader workers).
-        own = tuple(p for p in descendants(tree, proc.pid) if p not in others)
+        own = tuple(p for p in procfs.descendants(tree, proc.pid) if p not in others)
         ranks.append(_rank_process(proc, env, children=own))
     return ranks
 
@@ -368,7 +368,7 @@ def describe_ray_job(ray: ray_train.RayTrainJob) -> JobProcesses:
             env.update({"RANK": str(record.rank), **({"LOCAL_RANK": str(record.local_rank)}
                                                       if record.local_rank is not None else {}),
                         **({"WORLD_SIZE": str(record.world_size)} if record.world_size else {})})
-        ranks.append(_rank_process(proc, env, children=descendants(tree, proc.pid)))
+        ranks.append(_rank_process(proc, env, children=procfs.descendants(tree, proc.pid)))
     notes = [f"Ray Train job: rank numbers from Ray Train's worker logs ({ray.logs_dir}/train)"
              if ray.ranks else "Ray Train job: Ray Train's worker logs were not found; ranks are unnumbered"]
     unnumbered = [p.pid for p in ray.workers if p.pid not in ray.ranks]
@@ -411,15 +411,6 @@ def children_map() -> dict[int, list[int]]:
     return procfs.parent_map()
 
 
-def descendants(tree: dict[int, list[int]], pid: int) -> tuple[int, ...]:
-    out, stack = [], list(tree.get(pid, ()))
-    while stack:
-        child = stack.pop()
-        out.append(child)
-        stack.extend(tree.get(child, ()))
-    return tuple(sorted(out))
-
-
 def _ranks_below(root: Proc) -> list[RankProcess]:
     """Top-most processes with RANK in their environment; their look-alike children are helpers."""
     tree = children_map()
@@ -436,7 +427,7 @@ def _ranks_below(root: Proc) -> list[RankProcess]:
                 continue  # exited between listing and reading: not a rank any more
             env = job_env(child)
             if env and "RANK" in env:
-                ranks.append(_rank_process(child, env, children=descendants(tree, pid)))
+                ranks.append(_rank_process(child, env, children=procfs.descendants(tree, pid)))
             elif env is None or _safe(child.state, "") == "Z":
                 ranks.append(RankProcess(pid=child.pid, rank=None, create_time=_safe(child.create_time, 0.0)))
             else:

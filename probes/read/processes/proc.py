@@ -136,12 +136,7 @@ class Proc:
 
     def environ(self) -> dict[str, str]:
         """The environment it started with (empty for a zombie)."""
-        env: dict[str, str] = {}
-        for item in self._read("environ").decode(errors="replace").split("\0"):
-            key, eq, value = item.partition("=")
-            if eq and key:
-                env[key] = value
-        return env
+        return procfs.parse_environ(self._read("environ"))
 
     def uid(self) -> int:
         """Its real user ID."""
@@ -171,12 +166,7 @@ class Proc:
     def children(self, recursive: bool = False) -> list[Proc]:
         """Its children (every descendant with ``recursive``), from one scan of /proc."""
         tree = procfs.parent_map()
-        pids, stack = [], list(tree.get(self.pid, ()))
-        while stack:
-            pid = stack.pop(0)
-            pids.append(pid)
-            if recursive:
-                stack.extend(tree.get(pid, ()))
+        pids = procfs.descendants(tree, self.pid) if recursive else tree.get(self.pid, ())
         return [proc for proc in map(_existing, pids) if proc is not None]
 
 

@@ -21,12 +21,7 @@ def read_environ(pid: int) -> dict[str, str] | None:
         raw = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
         return None
-    env = {}
-    for item in raw.decode(errors="replace").split("\0"):  # decoded once, not per entry
-        key, eq, value = item.partition("=")
-        if eq:
-            env[key] = value
-    return env
+    return procfs.parse_environ(raw)
 
 
 def read_cmdline(pid: int) -> tuple[str, ...] | None:
@@ -172,11 +167,7 @@ def job_versions(pid: int, frame_files: list[str] | None = None) -> dict[str, st
 def loaded_nccl(pid: int) -> tuple[bool, str | None]:
     """Whether the process has libnccl mapped, and its version where the file name or the wheel
     beside it says (``libnccl.so.2.21.5``; ``nvidia_nccl_cu12-2.21.5.dist-info``)."""
-    try:
-        with open(f"/proc/{pid}/maps", "rb") as handle:
-            maps = handle.read()
-    except OSError:
-        return False, None
+    maps = procfs.read_maps(pid) or b""
     if b"/libnccl" not in maps:  # most lines of a rank's map are torch's: look only at NCCL's
         return False, None
     lines = (line.split(None, 5) for line in maps.splitlines() if b"/libnccl" in line)

@@ -15,15 +15,30 @@ def read_text(path: str) -> str | None:
         return None
 
 
-def maps_mention(pid: int, *names: bytes) -> bool:
-    """Whether ``pid``'s memory map names any of ``names`` (a loaded library), read as bytes: a
-    rank's map is hundreds of KiB, and decoding it costs more than reading it."""
+def read_maps(pid: int) -> bytes | None:
+    """``pid``'s memory map, as bytes (a rank's is hundreds of KiB: decoding it costs more than
+    reading it, and its readers look for a few names); None when unreadable."""
     try:
         with open(f"/proc/{pid}/maps", "rb") as handle:
-            maps = handle.read()
+            return handle.read()
     except OSError:
-        return False
+        return None
+
+
+def maps_mention(pid: int, *names: bytes) -> bool:
+    """Whether ``pid``'s memory map names any of ``names`` (a loaded library)."""
+    maps = read_maps(pid) or b""
     return any(name in maps for name in names)
+
+
+def parse_environ(raw: bytes) -> dict[str, str]:
+    """``/proc/PID/environ``'s NUL-separated ``KEY=value`` entries (decoded once, not per entry)."""
+    env: dict[str, str] = {}
+    for item in raw.decode(errors="replace").split("\0"):
+        key, eq, value = item.partition("=")
+        if eq and key:
+            env[key] = value
+    return env
 
 
 def thread_counters(pid: int, tid: int | None = None) -> ThreadCounters | None:
@@ -148,6 +163,16 @@ def parent_map() -> dict[int, list[int]]:
             if len(fields) > 1 and fields[1].isdigit():
                 tree.setdefault(int(fields[1]), []).append(int(entry.name))
     return tree
+
+
+def descendants(tree: dict[int, list[int]], pid: int) -> tuple[int, ...]:
+    """Every descendant of ``pid`` in ``tree`` (:func:`parent_map`), sorted."""
+    out, stack = [], list(tree.get(pid, ()))
+    while stack:
+        child = stack.pop()
+        out.append(child)
+        stack.extend(tree.get(child, ()))
+    return tuple(sorted(out))
 
 
 def wchan(pid: int, tid: int | None = None) -> str | None:

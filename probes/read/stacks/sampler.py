@@ -10,7 +10,7 @@ from ...observed import StackSample, ThreadCounters
 from ..processes import procfs
 from ..processes.kernel_view import current_syscall
 from .pyspy import DEFAULT_TIMEOUT, PySpyRun, PySpyTimeout, RankGone, tracer_of, wait_any
-from ...snapshot import FILE_SYSCALLS, ThreadStack
+from ...snapshot import FILE_SYSCALLS
 from ...record import Record
 
 MAX_PARALLEL = 32
@@ -53,19 +53,8 @@ class _RankRead(Record):
             return StackSample(self.pid, None, self.before, procfs.thread_counters(self.pid, self.tid), error=exc)
         at = (self.run.started + self.run.ended) / 2
         return StackSample(self.pid, tuple(stacks), self.before, procfs.thread_counters(self.pid, self.tid),
-                           ints=ints if self.locals and not self.why else None, at=at,
+                           ints=ints, at=at,
                            read=f"read without pausing ({self.why})" if self.why else None)
-
-
-def sample_one(pid: int, native: bool, previous: tuple[ThreadStack, ...] | None,
-               skip: bool, before: ThreadCounters | None = None, tid: int | None = None,
-               timeout: float = DEFAULT_TIMEOUT, locals: bool = False) -> StackSample:
-    """One rank: reuse ``previous`` when ``skip``, else a bounded py-spy dump between two counter
-    reads. ``before``: the counters if the caller has just read them; ``tid``: the thread whose
-    counters tell (the one that trains; default the main thread). ``locals``: dump with
-    ``--locals`` (never skipped; not with ``native``) and keep the step-like integers."""
-    return sample_all([(pid, native, previous, skip, before, tid)], timeout=timeout,
-                      locals_for=frozenset({pid}) if locals else frozenset())[pid]
 
 
 def _begin(request: tuple, timeout: float, locals: bool) -> StackSample | _RankRead:
