@@ -34,11 +34,18 @@ FrameInts = dict[int, dict[str, int]]  # main-thread frame index (innermost = 0)
 
 @dataclass(frozen=True, repr=False)
 class ThreadCounters(Record):
-    """Scheduler counters of one thread; unchanged counters mean the thread did not run."""
+    """Scheduler counters of one thread; unchanged counters mean the thread did not run (the
+    times are left out of that comparison)."""
 
     cpu_ticks: int
     voluntary: int
     involuntary: int
+    # When read (CLOCK_MONOTONIC), and the kernel's nanoseconds on a CPU and waiting for one
+    # (/proc/.../schedstat; run_ns from cpu_ticks and queued_ns None where the kernel keeps none).
+    # Between two readings they give the time the thread slept: see judge/progress.py.
+    at_ns: int | None = field(default=None, compare=False)
+    run_ns: int | None = field(default=None, compare=False)
+    queued_ns: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, repr=False)

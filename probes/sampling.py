@@ -23,7 +23,7 @@ from .read.processes.process import JobProcesses
 from .read.stacks.pyspy import find_pyspy
 from .read.stacks.sampler import StackSample, sample_all
 from .read.stacks.source_lines import source_line
-from .snapshot import LogActivity
+from .snapshot import WAITING_PHASES, LogActivity
 
 FULL_REFRESH_EVERY = 5  # every few polls, dump every rank anyway (other threads, stale lines)
 
@@ -84,7 +84,6 @@ class Sampler:
             requests.append((proc.pid, native, self.stacks.get(proc.pid), bool(skip), counters, tid))
         samples = sample_all(requests, locals_for=self._steps_due(requests, poll, problem), started=started)
         now = time.time()
-        self._read_steps(samples, now)
         take = lambda pids: sample_all([(pid, True, None, False, None) for pid in pids],  # noqa: E731
                                        parallel=NATIVE_PARALLEL)
         samples = self.absorb(samples, now, take, resolve=resolve)
@@ -93,9 +92,10 @@ class Sampler:
 
     def absorb(self, samples: dict[int, StackSample], now: float,
                take_native: Callable[[list[int]], dict[int, StackSample]], resolve: bool = True) -> dict[int, StackSample]:
-        """The part of a round after py-spy: classify the samples, take native ones (``take_native``)
-        where a Python stack cannot say, and look at each rank's progress (``watch``). Recorded
-        samples replayed by the tests come through here too."""
+        """The part of a round after py-spy: read the steps, classify the samples, take native ones
+        (``take_native``) where a Python stack cannot say, and look at each rank's progress
+        (``watch``). Recorded samples replayed by the tests come through here too."""
+        self._read_steps(samples, now)
         classified = {pid: classify(sample.threads, source_line) for pid, sample in samples.items()
                       if sample.threads is not None}
         if self.auto_native and resolve:
@@ -148,9 +148,19 @@ class Sampler:
         self.steps.next_round()
         force, now = poll % FULL_REFRESH_EVERY == 0 or problem, time.time()
         return frozenset(pid for pid, native, _prev, _skip, counters, *_ in requests
-                         if not native and self.steps.due(pid, counters, now, force=force))
+                         if not native and self.steps.due(pid, counters, now, force=force or self._stack_unclear(pid)))
+
+    def _stack_unclear(self, pid: int) -> bool:
+        """Last seen waiting, or at the same stack twice: a loop that waits at one line each step
+        shows that stack every time, and only its step tells whether it went round (a spinning
+        wait's wake-ups do not, see judge/progress.py)."""
+        cls = self.classes.get(pid)
+        return self.watch.same_stack(pid) or (cls is not None and cls.phase in WAITING_PHASES)
 
     def _read_steps(self, samples: dict[int, StackSample], now: float) -> None:
+        """Feed the step clock; a step that changed is that rank's progress."""
         for pid, sample in samples.items():
             if sample.ints is not None and sample.threads:
-                self.steps.observe(pid, main_thread(sample.threads).frames, sample.ints, sample.after, sample.at or now)
+                at = sample.at or now
+                if self.steps.observe(pid, main_thread(sample.threads).frames, sample.ints, sample.after, at):
+                    self.watch.mark(pid, at)

@@ -45,12 +45,15 @@ def observe(prefix: str, pid: int, wakeups_per_sample: int, native: bool = True,
 def sample_rounds(pid: int, rounds: list[tuple[ThreadStack, ...]], wakeups_per_sample: int,
                   native_threads: tuple[ThreadStack, ...] | None, rank: int, start: float = 1000.0) -> ObservedRank:
     """Observe ``rounds`` (one per sample, ``SPACING`` apart from ``start``) with the main thread's
-    counters as recorded in the hangs: CPU always burning, ``wakeups_per_sample`` wake-ups each."""
+    counters as recorded in the hangs: CPU always burning (on a CPU through every gap: a spin),
+    ``wakeups_per_sample`` wake-ups each."""
     sampler = Sampler(ExitLedger(root_pid=1))  # the live view's own sampler, after its py-spy calls
     now = start
     for i, threads in enumerate(rounds, start=1):
         now += SPACING
-        counters = ThreadCounters(cpu_ticks=150 * i, voluntary=40 + wakeups_per_sample * i, involuntary=3)
+        ns = int(now * 1e9)
+        counters = ThreadCounters(cpu_ticks=150 * i, voluntary=40 + wakeups_per_sample * i, involuntary=3,
+                                  at_ns=ns, run_ns=ns - int(start * 1e9), queued_ns=0)
 
         def take(pids: list[int]) -> dict[int, StackSample]:
             return {p: StackSample(p, native_threads, counters, counters) for p in pids}

@@ -4,9 +4,20 @@ A rank is *stuck* when, for at least the stuck threshold, its main thread showed
 progress. Signs of progress between two samples:
 
 * its Python stack changed (any frame or line);
-* it blocked and woke up again, at least twice: its voluntary context switches grew between
-  our dumps (py-spy's own attach adds two, so only the gaps between dumps are counted; a single
-  wake-up is what a signal such as faulthandler's does to a thread that stays blocked);
+* it blocked and woke up again, at least twice, in a gap it mostly slept through: its voluntary
+  context switches grew between our dumps (py-spy's own attach adds two, so only the gaps between
+  dumps are counted; a single wake-up is what a signal such as faulthandler's does to a thread
+  that stays blocked), and it was on a CPU or waiting for one for less than ``SPIN_SHARE`` of
+  that gap. A blocking wait (a gloo or socket receive, a lock, a CUDA sync under
+  ``cudaDeviceScheduleBlockingSync``) sleeps until it is answered: its wake-ups are the answers.
+  A spinning wait (a CUDA sync under the default schedule: how hung NCCL ranks wait) stays
+  runnable, and the few voluntary switches it makes come from elsewhere (measured on an H200,
+  ``tests/fixtures/h200/``: hung ranks made 0 to 4 in 4 s, as many as a healthy rank whose step
+  blocks once in a short gloo all_reduce). A spinning rank's progress shows in its stack, its
+  step (below) or its collectives, not in its wake-ups. Counters that carry no times (recordings)
+  leave the wake-ups alone to count;
+* its step-like local (``step``, ``global_step``... read with ``--locals``, see
+  :mod:`trainwatch.probes.judge.steps`) changed: the loop went round, whatever line it waits at;
 * it burnt CPU while not in a waiting phase (a long compute line is still work; a thread
   spinning inside a collective, a lock or a CUDA synchronize is not: the phase comes from a
   native sample when the Python stack alone is ambiguous, see :mod:`trainwatch.probes.judge.native`);
@@ -27,6 +38,7 @@ from ..snapshot import WAITING_PHASES, CollectiveState
 from ..record import Record
 
 MIN_WAKEUPS = 2
+SPIN_SHARE = 0.5
 GAPS_KEPT = 16  # recent quiet stretches that set a rank's rhythm
 GAP_FACTOR = 2.0
 STEP_FACTOR = 3.0
@@ -40,13 +52,28 @@ class _Look(Record):
     after: ThreadCounters | None  # counters at the last observation (right after a dump, if any)
     first_seen: float
     dumped_after: ThreadCounters | None = None  # counters right after the last real py-spy dump
+    same_stack: bool = False  # the last look found the stack of the look before
     signs: list[float] = field(default_factory=list)  # when progress was seen, not yet handed on
 
 
+def spun(before: ThreadCounters, after: ThreadCounters) -> bool | None:
+    """Whether the thread was on a CPU or waiting for one for at least ``SPIN_SHARE`` of the time
+    between two readings (see the module doc); None when the readings carry no times."""
+    if before.at_ns is None or after.at_ns is None or before.run_ns is None or after.run_ns is None:
+        return None
+    wall = after.at_ns - before.at_ns
+    busy = after.run_ns - before.run_ns
+    if before.queued_ns is not None and after.queued_ns is not None:
+        busy += after.queued_ns - before.queued_ns
+    return wall > 0 and busy >= SPIN_SHARE * wall
+
+
 def _woke(look: _Look, counters: ThreadCounters | None) -> bool:
-    """The main thread blocked and woke up at least ``MIN_WAKEUPS`` times since the last look."""
-    return counters is not None and look.after is not None and \
-        counters.voluntary - look.after.voluntary >= MIN_WAKEUPS
+    """The main thread blocked and woke up at least ``MIN_WAKEUPS`` times since the last look, and
+    mostly slept in between (see the module doc)."""
+    if counters is None or look.after is None or counters.voluntary - look.after.voluntary < MIN_WAKEUPS:
+        return False
+    return not spun(look.after, counters)
 
 
 class StackWatch:
@@ -68,6 +95,7 @@ class StackWatch:
             return
         if self._progressed(look, signature, phase, before):
             self.mark(pid, now)
+        look.same_stack = signature == look.signature
         look.signature, look.after = signature, after
         if dumped:
             look.dumped_after = after
@@ -105,6 +133,12 @@ class StackWatch:
         """The Python stack signature last observed for ``pid``."""
         look = self._looks.get(pid)
         return None if look is None else look.signature
+
+    def same_stack(self, pid: int) -> bool:
+        """Whether the last look found the same Python stack as the look before it: the stack
+        alone could not show whether the rank went round its loop."""
+        look = self._looks.get(pid)
+        return look is not None and look.same_stack
 
     def woke(self, pid: int, before: ThreadCounters | None) -> bool:
         """Whether the main thread blocked and woke up repeatedly since the last observation."""

@@ -96,18 +96,22 @@ class StepClock:
         self.keep = keep
         self._series: dict[int, _Series] = {}
 
-    def observe(self, pid: int, step: int | None, now: float) -> None:
+    def observe(self, pid: int, step: int | None, now: float) -> bool:
+        """Note ``pid``'s step read at ``now``; whether it changed since the last read (the loop
+        went round: progress, whatever line the rank was dumped at)."""
         if step is None:
-            return
+            return False
         series = self._series.get(pid)
         if series is None:
             self._series[pid] = _Series(step, None, now, deque(maxlen=self.keep))
-            return
-        if step != series.step:
+            return False
+        changed = step != series.step
+        if changed:
             if step > series.step and series.changed_at is not None and now > series.changed_at:
                 series.intervals.append((now - series.changed_at) / (step - series.step))
             series.step, series.changed_at = step, now  # a step going back (new epoch, restart): no interval
         series.seen_at = now
+        return changed
 
     def still(self, pid: int, now: float) -> None:
         """The step is known unchanged at ``now`` without a read (the main thread has not run)."""
@@ -150,9 +154,9 @@ class StepClock:
 
 class StepReader:
     """When to pay for a ``--locals`` dump, and the clock fed by them. A rank is read when the
-    caller forces it (rounds where every rank is dumped anyway, or something is wrong) or every
-    ``every`` rounds, and never while its main thread has not run since the last read (its step
-    cannot have changed)."""
+    caller forces it (rounds where every rank is dumped anyway, something is wrong, or the rank's
+    stack alone could not show progress at the last look) or every ``every`` rounds, and never
+    while its main thread has not run since the last read (its step cannot have changed)."""
 
     def __init__(self, every: int = 5) -> None:
         self.every = max(1, every)
@@ -179,10 +183,11 @@ class StepReader:
         return force or self._round - last[0] >= self.every
 
     def observe(self, pid: int, frames: Sequence[Frame], ints: FrameInts, after: ThreadCounters | None,
-                now: float) -> None:
-        """One ``--locals`` read of ``pid``: its main thread's frames and allowed integers."""
+                now: float) -> bool:
+        """One ``--locals`` read of ``pid``: its main thread's frames and allowed integers; whether
+        its step changed since the last read."""
         self._read[pid] = (self._round, after)
-        self.clock.observe(pid, step_from_locals(frames, ints), now)
+        return self.clock.observe(pid, step_from_locals(frames, ints), now)
 
     def fields(self, pid: int) -> tuple[int | None, float | None, float | None]:
         """``(step, step_period_s, step_held_s)`` for the Rank."""

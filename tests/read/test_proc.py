@@ -12,6 +12,8 @@ import time
 import psutil
 import pytest
 
+from trainwatch.probes.judge.progress import spun
+from trainwatch.probes.read.processes import procfs
 from trainwatch.probes.read.processes.proc import Proc, ProcessDenied, ProcessGone, all_processes
 
 
@@ -28,17 +30,24 @@ def same_as_psutil(pid: int) -> None:
 
 def test_every_process_here_reads_as_psutil_reads_it():
     checked = 0
-    settled = time.time() - 5  # a younger process may still exec (a shell's child): it changes between reads
-    for proc in all_processes():
-        try:
-            if proc.create_time() > settled:
-                continue
-            same_as_psutil(proc.pid)
-        except (ProcessGone, psutil.NoSuchProcess, psutil.ZombieProcess, FileNotFoundError):
-            continue  # exited meanwhile, or a kernel thread without an executable
-        except (ProcessDenied, psutil.AccessDenied):
-            continue  # PID 1 of a container, say: both are refused alike
-        checked += 1
+    ours = [subprocess.Popen(["sleep", "30"]) for _ in range(5)]  # a bare machine may have few of its own
+    time.sleep(1.5)
+    settled = time.time() - 1  # a younger process may still exec (a shell's child): it changes between reads
+    try:
+        for proc in all_processes():
+            try:
+                if proc.create_time() > settled:
+                    continue
+                same_as_psutil(proc.pid)
+            except (ProcessGone, psutil.NoSuchProcess, psutil.ZombieProcess, FileNotFoundError):
+                continue  # exited meanwhile, or a kernel thread without an executable
+            except (ProcessDenied, psutil.AccessDenied):
+                continue  # PID 1 of a container, say: both are refused alike
+            checked += 1
+    finally:
+        for sleeper in ours:
+            sleeper.kill()
+            sleeper.wait()
     assert checked >= 5
 
 
@@ -73,3 +82,27 @@ def test_one_status_field_reads_as_the_whole_status_does():
     stable = ("Name", "Umask", "Tgid", "Pid", "PPid", "TracerPid", "Uid", "Gid", "SigCgt", "CapEff", "Seccomp")
     assert {name: procfs.status_field(os.getpid(), name) for name in stable} == {n: whole[n].strip() for n in stable}
     assert procfs.status_field(os.getpid(), "NoSuchField") is None
+
+
+def test_thread_counters_tell_a_spin_from_a_sleep():
+    # A thread that spins stays on a CPU or waits for one; one that loops on a short sleep is off
+    # both most of the time and wakes at each sleep's end (judge/progress.py's rule rests on this).
+    loops = {"spin": "while time.time() < end: pass",
+             "sleep": "while time.time() < end: time.sleep(0.01)"}
+    procs = {name: subprocess.Popen([sys.executable, "-c", f"import time; end = time.time() + 20\n{body}"])
+             for name, body in loops.items()}
+    try:
+        time.sleep(0.3)
+        first = {name: procfs.thread_counters(p.pid) for name, p in procs.items()}
+        time.sleep(0.6)
+        second = {name: procfs.thread_counters(p.pid) for name, p in procs.items()}
+        for name in loops:
+            a, b = first[name], second[name]
+            assert a.at_ns < b.at_ns and a.run_ns <= b.run_ns and a.queued_ns is not None  # schedstat read here
+        assert spun(first["spin"], second["spin"]) is True
+        assert spun(first["sleep"], second["sleep"]) is False
+        assert second["sleep"].voluntary - first["sleep"].voluntary >= 20
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()

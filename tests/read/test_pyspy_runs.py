@@ -69,7 +69,7 @@ def test_a_megabyte_of_output_from_several_at_once_is_read_whole(tmp_path, monke
 
 
 def test_started_is_called_once_every_run_is_under_way(tmp_path, monkeypatch, sleepers):
-    marker = f"sleep 0.{time.time_ns() % 10**6:06d}"  # each stand-in sleeps under a second, then fails
+    marker = f"sleep 1.{time.time_ns() % 10**6:06d}"  # a unique stand-in: each sleeps a second or so, then fails
     stand_in(tmp_path, monkeypatch, f"{marker}\nexit 3\n")
     seen: list[list[str]] = []
 

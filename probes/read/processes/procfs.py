@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import time
 from ...observed import ThreadCounters
 from ...rundir import signal_name
+
+NS_PER_TICK = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
 def read_text(path: str) -> str | None:
@@ -42,18 +45,35 @@ def parse_environ(raw: bytes) -> dict[str, str]:
 
 
 def thread_counters(pid: int, tid: int | None = None) -> ThreadCounters | None:
-    """Counters of thread ``tid`` (default: the main thread) of ``pid``; None if gone."""
+    """Counters of thread ``tid`` (default: the main thread) of ``pid``; None if gone. Its
+    times on and waiting for a CPU come from ``schedstat`` where the kernel keeps them."""
     base = f"/proc/{pid}/task/{tid or pid}"
+    at_ns = time.monotonic_ns()
     stat, status = read_text(f"{base}/stat"), read_text(f"{base}/status")
     if stat is None or status is None:
         return None
     fields = stat.rsplit(")", 1)[1].split()
     switches = {k: int(v) for k, v in (line.split(":\t") for line in status.splitlines() if "ctxt_switches" in line)}
+    ticks = int(fields[11]) + int(fields[12])
+    run_ns, queued_ns = _schedstat(base)
     return ThreadCounters(
-        cpu_ticks=int(fields[11]) + int(fields[12]),
+        cpu_ticks=ticks,
         voluntary=switches.get("voluntary_ctxt_switches", 0),
         involuntary=switches.get("nonvoluntary_ctxt_switches", 0),
+        at_ns=at_ns,
+        run_ns=ticks * NS_PER_TICK if run_ns is None else run_ns,
+        queued_ns=queued_ns,
     )
+
+
+def _schedstat(base: str) -> tuple[int | None, int | None]:
+    """(ns on a CPU, ns runnable but waiting for one) from ``base/schedstat``; (None, None) where
+    the kernel was built without it (CONFIG_SCHED_INFO) or the thread is gone."""
+    text = read_text(f"{base}/schedstat")
+    parts = text.split() if text else []
+    if len(parts) < 2 or not (parts[0].isdigit() and parts[1].isdigit()):
+        return None, None
+    return int(parts[0]), int(parts[1])
 
 
 def status_field(pid: int, name: str) -> str | None:
