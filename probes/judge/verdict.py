@@ -311,10 +311,19 @@ def _from_stacks(ranks: Sequence[Rank], collectives: CollectiveState | None,
         text = f"{len(live)} rank{'s' if len(live) != 1 else ''} making progress"
         return Verdict("healthy", (), text + (f"; {who(_numbers(missing))} missing" if missing else ""))
     waiting = [r for r in stuck if r.phase in PEER_WAITS]
-    # A rank still moving between collectives is not the one holding the others up; any other
-    # rank (stuck elsewhere, or running on, on the GPU too) is.
+    # A rank still moving between collectives is not the one holding the others up, nor is one
+    # seen moving in the very wait they are stuck in (it has reached it); any other rank (stuck
+    # elsewhere, or running on, on the GPU too) is.
     waiting_ids = {id(r) for r in waiting}
-    elsewhere = [r for r in live if id(r) not in waiting_ids and r.phase != "collective"]
+    stuck_at = {group_key(r) for r in waiting}
+    elsewhere = [r for r in live if id(r) not in waiting_ids and r.phase != "collective"
+                 and group_key(r) not in stuck_at]
+    passing = [r for r in live if r.state == "running" and group_key(r) in stuck_at]
+    if waiting and passing and not (elsewhere or missing):
+        text = (f"{who(_numbers(waiting))} {waits(by_place(waiting)[0], collectives, now)} with no sign of "
+                f"progress, while {who(_numbers(passing))} at the same wait {verb(passing, 'shows', 'show')} some: "
+                "not called a hang")
+        return Verdict("unknown", (), text)
     if waiting and (elsewhere or missing):
         culprits = elsewhere + missing
         text = (f"{each_at(culprits)} while {who(_numbers(waiting))} "

@@ -15,10 +15,12 @@ import pytest
 from recorded import JOB
 from trainwatch.probes.judge.judgement import JudgeMemory, JudgeOptions, judge_job
 from trainwatch.probes.judge.progress import MIN_WAKEUPS, StackWatch, spun
+from trainwatch.probes.judge.verdict import judge
 from trainwatch.probes.observed import ObservedJob, ObservedRank, StackSample, ThreadCounters
 from trainwatch.probes.read.processes.exits import ExitLedger
 from trainwatch.probes.read.stacks.pyspy import parse_dump, parse_locals
 from trainwatch.probes.sampling import Sampler
+from trainwatch.probes.snapshot import Snapshot
 
 H200 = Path(__file__).parents[1] / "fixtures" / "h200"
 LOOK_EVERY = 75  # rows of 20 ms: a look every 1.5 s, as `snapshot` spaces its three samples
@@ -123,3 +125,27 @@ def test_what_trainwatch_said_live_on_the_h200(name, expected):
     verdicts = json.loads((H200 / name).read_text())["verdicts"]
     assert len(verdicts) >= 8
     assert {f"{v['kind']} {v['culprits']}" for v in verdicts} == {expected}
+
+
+def test_a_rank_seen_moving_in_the_very_wait_is_no_culprit():
+    # The snapshot that went wrong at issue 26's end, its ranks as judged then: 1, 2, 4 and 5 taken
+    # as running at the .item() wait where 0, 3 and 6 were stuck. Having reached that wait, they are
+    # not what holds the others up: only rank 7 (asleep in Python) is named.
+    snap = Snapshot.from_json((H200 / "nccl8-one-gpu-snapshot-wrong-culprits.json").read_text())
+    assert snap.verdict.culprits == (1, 2, 4, 5, 7)  # what was said then
+    assert {r.rank for r in snap.ranks if r.state == "running" and r.phase == "gpu_wait"} == {1, 2, 4, 5}
+    verdict = judge(snap.ranks, snap.job, now=snap.taken_at)
+    assert (verdict.kind, verdict.culprits) == ("straggler", (7,))
+    assert verdict.summary == ("rank 7 is in sleep at nccl_hang.py:32 <module> while ranks 0,3,6 wait on their GPU "
+                               "(item()) at nccl_hang.py:34 <module>")
+
+
+def test_with_nobody_elsewhere_a_wait_some_pass_is_not_a_hang():
+    # The gpubound job under the wake-up rule alone: rank 1 taken as stuck at the synchronize where
+    # rank 0 was seen moving. No culprit: nobody is elsewhere.
+    judged = judge_job(ObservedJob(JOB, tuple(gpubound_ranks()), None), JudgeMemory(), 1001.5, JudgeOptions(window=1.5))
+    running, moving = judged.ranks
+    verdict = judge((running, replace(moving, state="stuck")))
+    assert (verdict.kind, verdict.culprits) == ("unknown", ())
+    assert verdict.summary == ("rank 1 waits on its GPU (synchronize) at gpujob.py:73 main with no sign of progress, "
+                               "while rank 0 at the same wait shows some: not called a hang")
