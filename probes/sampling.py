@@ -23,7 +23,7 @@ from .read.processes.process import JobProcesses
 from .read.stacks.pyspy import find_pyspy
 from .read.stacks.sampler import StackSample, sample_all
 from .read.stacks.source_lines import source_line
-from .snapshot import WAITING_PHASES, LogActivity
+from .snapshot import LogActivity
 
 FULL_REFRESH_EVERY = 5  # every few polls, dump every rank anyway (other threads, stale lines)
 
@@ -151,11 +151,11 @@ class Sampler:
                          if not native and self.steps.due(pid, counters, now, force=force or self._stack_unclear(pid)))
 
     def _stack_unclear(self, pid: int) -> bool:
-        """Last seen waiting, or at the same stack twice: a loop that waits at one line each step
-        shows that stack every time, and only its step tells whether it went round (a spinning
-        wait's wake-ups do not, see judge/progress.py)."""
-        cls = self.classes.get(pid)
-        return self.watch.same_stack(pid) or (cls is not None and cls.phase in WAITING_PHASES)
+        """The last look saw neither a new stack nor a sign of progress in the counters: a loop
+        that waits at one line each step, spinning (a CUDA sync), shows only that, and only its
+        step tells whether it went round (see judge/progress.py). Blocking waits that wake, and
+        ranks that move, need no locals for it."""
+        return self.watch.unclear(pid)
 
     def _read_steps(self, samples: dict[int, StackSample], now: float) -> None:
         """Feed the step clock; a step that changed is that rank's progress."""

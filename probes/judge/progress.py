@@ -17,7 +17,8 @@ progress. Signs of progress between two samples:
   step (below) or its collectives, not in its wake-ups. Counters that carry no times (recordings)
   leave the wake-ups alone to count;
 * its step-like local (``step``, ``global_step``... read with ``--locals``, see
-  :mod:`trainwatch.probes.judge.steps`) changed: the loop went round, whatever line it waits at;
+  :mod:`trainwatch.probes.judge.steps`) changed: the loop went round, whatever line it waits at.
+  Read at each dump of a rank whose last look was :meth:`StackWatch.unclear`;
 * it burnt CPU while not in a waiting phase (a long compute line is still work; a thread
   spinning inside a collective, a lock or a CUDA synchronize is not: the phase comes from a
   native sample when the Python stack alone is ambiguous, see :mod:`trainwatch.probes.judge.native`);
@@ -52,7 +53,7 @@ class _Look(Record):
     after: ThreadCounters | None  # counters at the last observation (right after a dump, if any)
     first_seen: float
     dumped_after: ThreadCounters | None = None  # counters right after the last real py-spy dump
-    same_stack: bool = False  # the last look found the stack of the look before
+    unclear: bool = False  # the last look found the same stack and no sign of progress in the counters
     signs: list[float] = field(default_factory=list)  # when progress was seen, not yet handed on
 
 
@@ -93,9 +94,10 @@ class StackWatch:
         if look is None:
             self._looks[pid] = _Look(signature, after, now, dumped_after=after if dumped else None)
             return
-        if self._progressed(look, signature, phase, before):
+        progressed = self._progressed(look, signature, phase, before)
+        if progressed:
             self.mark(pid, now)
-        look.same_stack = signature == look.signature
+        look.unclear = not progressed
         look.signature, look.after = signature, after
         if dumped:
             look.dumped_after = after
@@ -134,11 +136,12 @@ class StackWatch:
         look = self._looks.get(pid)
         return None if look is None else look.signature
 
-    def same_stack(self, pid: int) -> bool:
-        """Whether the last look found the same Python stack as the look before it: the stack
-        alone could not show whether the rank went round its loop."""
+    def unclear(self, pid: int) -> bool:
+        """Whether the last look found neither a new stack nor a sign of progress in the main
+        thread's counters: only the rank's step (or its collectives) can tell whether it went round
+        its loop."""
         look = self._looks.get(pid)
-        return look is not None and look.same_stack
+        return look is not None and look.unclear
 
     def woke(self, pid: int, before: ThreadCounters | None) -> bool:
         """Whether the main thread blocked and woke up repeatedly since the last observation."""

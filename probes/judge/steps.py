@@ -154,8 +154,8 @@ class StepClock:
 
 class StepReader:
     """When to pay for a ``--locals`` dump, and the clock fed by them. A rank is read when the
-    caller forces it (rounds where every rank is dumped anyway, something is wrong, or the rank's
-    stack alone could not show progress at the last look) or every ``every`` rounds, and never
+    caller forces it (rounds where every rank is dumped anyway, something is wrong, or neither the
+    rank's stack nor its counters showed progress at the last look) or every ``every`` rounds, and never
     while its main thread has not run since the last read (its step cannot have changed)."""
 
     def __init__(self, every: int = 5) -> None:
