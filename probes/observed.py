@@ -46,6 +46,7 @@ class ThreadCounters(Record):
     at_ns: int | None = field(default=None, compare=False)
     run_ns: int | None = field(default=None, compare=False)
     queued_ns: int | None = field(default=None, compare=False)
+    syscall: str | None = field(default=None, compare=False)  # the one it was in when read (None: running, none)
 
 
 @dataclass(frozen=True, repr=False)

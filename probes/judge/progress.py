@@ -15,7 +15,10 @@ progress. Signs of progress between two samples:
   ``tests/fixtures/h200/``: hung ranks made 0 to 4 in 4 s, as many as a healthy rank whose step
   blocks once in a short gloo all_reduce). A spinning rank's progress shows in its stack, its
   step (below) or its collectives, not in its wake-ups. Counters that carry no times (recordings)
-  leave the wake-ups alone to count;
+  leave the wake-ups alone to count. Nor are the wake-ups of a rank in a collective or GPU wait that
+  sleeps on a timer (``nanosleep``, ``clock_nanosleep``) progress: that wait polls for completion
+  (PyTorch's ``WorkNCCL::wait`` under ``TORCH_NCCL_BLOCKING_WAIT`` or with a timeout sleeps 10 ms
+  between ``isCompleted()`` checks), and each wake-up is its timer's, not an answer;
 * its step-like local (``step``, ``global_step``... read with ``--locals``, see
   :mod:`trainwatch.probes.judge.steps`) changed: the loop went round, whatever line it waits at.
   Read at each dump of a rank whose last look was :meth:`StackWatch.unclear`;
@@ -40,6 +43,8 @@ from ..record import Record
 
 MIN_WAKEUPS = 2
 SPIN_SHARE = 0.5
+TIMER_SLEEPS = frozenset({"nanosleep", "clock_nanosleep"})
+POLLED_PHASES = frozenset({"collective", "gpu_wait"})  # waits that end on an event: a timer in one is a poll loop
 GAPS_KEPT = 16  # recent quiet stretches that set a rank's rhythm
 GAP_FACTOR = 2.0
 STEP_FACTOR = 3.0
@@ -77,6 +82,11 @@ def _woke(look: _Look, counters: ThreadCounters | None) -> bool:
     return not spun(look.after, counters)
 
 
+def _on_timer(counters: ThreadCounters | None) -> bool:
+    """The thread was read asleep on a timer: its wake-ups may be a poll loop's (see the module doc)."""
+    return counters is not None and counters.syscall in TIMER_SLEEPS
+
+
 class StackWatch:
     """What the sampler read of each rank across its rounds: the last stack signature and
     counters, and the moments they showed progress (or its log or storage counters grew), handed
@@ -108,7 +118,7 @@ class StackWatch:
             return True
         if before is None or look.after is None:
             return False
-        if _woke(look, before):
+        if _woke(look, before) and not (phase in POLLED_PHASES and _on_timer(before)):
             return True
         return phase not in WAITING_PHASES and before.cpu_ticks > look.after.cpu_ticks
 
@@ -144,9 +154,10 @@ class StackWatch:
         return look is not None and look.unclear
 
     def woke(self, pid: int, before: ThreadCounters | None) -> bool:
-        """Whether the main thread blocked and woke up repeatedly since the last observation."""
+        """Whether the main thread blocked and woke up repeatedly since the last observation (not
+        on a timer, which may be a poll loop's)."""
         look = self._looks.get(pid)
-        return look is not None and _woke(look, before)
+        return look is not None and _woke(look, before) and not _on_timer(before)
 
     def rebaseline(self, pid: int, counters: ThreadCounters | None) -> None:
         """Forget counter changes someone else caused (an evidence dump's py-spy attaches)."""
@@ -164,7 +175,7 @@ class StackWatch:
             return True
         if counters == look.dumped_after:
             return False
-        return not _woke(look, counters)
+        return not _woke(look, counters) or _on_timer(counters)
 
     def forget(self, pid: int) -> None:
         self._looks.pop(pid, None)

@@ -102,6 +102,9 @@ def test_thread_counters_tell_a_spin_from_a_sleep():
         assert spun(first["spin"], second["spin"]) is True
         assert spun(first["sleep"], second["sleep"]) is False
         assert second["sleep"].voluntary - first["sleep"].voluntary >= 20
+        assert second["spin"].syscall is None  # running
+        assert {first["sleep"].syscall, second["sleep"].syscall} <= {"clock_nanosleep", None}  # None: caught awake
+        assert "clock_nanosleep" in {first["sleep"].syscall, second["sleep"].syscall}
     finally:
         for p in procs.values():
             p.kill()

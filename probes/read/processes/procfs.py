@@ -6,6 +6,7 @@ import os
 import time
 from ...observed import ThreadCounters
 from ...rundir import signal_name
+from .syscalls import syscall_name
 
 NS_PER_TICK = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
@@ -46,7 +47,8 @@ def parse_environ(raw: bytes) -> dict[str, str]:
 
 def thread_counters(pid: int, tid: int | None = None) -> ThreadCounters | None:
     """Counters of thread ``tid`` (default: the main thread) of ``pid``; None if gone. Its
-    times on and waiting for a CPU come from ``schedstat`` where the kernel keeps them."""
+    times on and waiting for a CPU come from ``schedstat`` where the kernel keeps them; the
+    syscall it is in from ``syscall`` (unreadable without ptrace access: then None)."""
     base = f"/proc/{pid}/task/{tid or pid}"
     at_ns = time.monotonic_ns()
     stat, status = read_text(f"{base}/stat"), read_text(f"{base}/status")
@@ -63,6 +65,7 @@ def thread_counters(pid: int, tid: int | None = None) -> ThreadCounters | None:
         at_ns=at_ns,
         run_ns=ticks * NS_PER_TICK if run_ns is None else run_ns,
         queued_ns=queued_ns,
+        syscall=syscall_name(read_text(f"{base}/syscall")),
     )
 
 
