@@ -29,7 +29,7 @@ JOBS = {
     "bench_first_verdict": ["--ranks", "2", "--window", "1"],
     "bench_hook": ["--seconds", "2", "--nproc", "2", "--rounds", "1"],
     "bench_attach": ["--ranks", "2", "--seconds", "8", "--interval", "1"],
-    "bench_native": ["--ranks", "2", "--seconds", "4", "--polls", "3"],
+    "bench_native": ["--ranks", "2", "--seconds", "2", "--polls", "3"],
 }
 # Benchmarks with a test file of their own (stronger checks on what they return).
 OWN_TEST = {"bench_ras": "test_bench_ras.py"}

@@ -208,6 +208,7 @@ def test_dataloader_worker_stuck_in_ddp_loop(framework_job):
                             r"^\[rank 0\] step 6 begins", timeout=90)
     worker_pid = int(re.search(r"^\[rank 1\] planted: worker pid (\d+) blocks", text, re.M).group(1))
     time.sleep(SETTLE_S)
+    wait_quiet(job.rank_pids())  # under load rank 1 may still be on its way into the DataLoader's wait
     data = snapshot(job.pid)
     said = describe(data)
     verdict, ranks = data["verdict"], by_rank(data)
@@ -426,6 +427,7 @@ def test_mp_spawn_crash_reason_from_the_parents_report(framework_job, tmp_path):
             watch.kill()
             watch.wait()
     said = "".join(seen) + rest
+    job.proc.wait(timeout=30)  # the parent may still be writing the traceback when watch has seen the death
     log = job.log.read_text(errors="replace")
     assert "-- Process 1 terminated with the following error:" in log and "[rank1]" not in log, log
     raise_line = line_of(script, "planted: rank 1 raises")

@@ -35,8 +35,8 @@ def test_one_bundle_per_episode():
 def test_watch_bundles_an_armed_mismatch_once(tmp_path):
     run_dir, out = tmp_path / "run", tmp_path / "watch"
     prefix = [*TRAINWATCH, "run", "--out", str(run_dir), "--"]
-    # The launcher reaps late (--monitor-interval 30), so the catcher always sees the exits.
-    with PlantedJob(tmp_path / "job", "mismatch", nproc=3, deadline=30, prefix=prefix, monitor_interval=30) as job:
+    # The launcher reaps late (--monitor-interval 15), so the catcher always sees the exits.
+    with PlantedJob(tmp_path / "job", "mismatch", nproc=3, deadline=30, prefix=prefix, monitor_interval=15) as job:
         job.wait_for_ranks()
         result = subprocess.run([*TRAINWATCH, "watch", str(job.pid), "--out", str(out), "--hang-after", "3",
                                  "--interval", "2", "--dump-on", "mismatch,hang"],
