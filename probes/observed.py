@@ -42,7 +42,7 @@ class ThreadCounters(Record):
     involuntary: int
     # When read (CLOCK_MONOTONIC), and the kernel's nanoseconds on a CPU and waiting for one
     # (/proc/.../schedstat; run_ns from cpu_ticks and queued_ns None where the kernel keeps none).
-    # Between two readings they give the time the thread slept: see judge/progress.py.
+    # Between two readings they say how much of that time the thread was runnable (judge/progress.py).
     at_ns: int | None = field(default=None, compare=False)
     run_ns: int | None = field(default=None, compare=False)
     queued_ns: int | None = field(default=None, compare=False)
