@@ -147,15 +147,11 @@ class Sampler:
         every poll while the verdict is a problem; see StepReader.due."""
         self.steps.next_round()
         force, now = poll % FULL_REFRESH_EVERY == 0 or problem, time.time()
+        # Also every rank whose last look showed neither a new stack nor a sign in its counters: a loop
+        # spinning at one wait each step (a CUDA sync) shows only that, and only its step tells
+        # whether it went round (judge/progress.py). Blocking waits that wake, and moving ranks, need none.
         return frozenset(pid for pid, native, _prev, _skip, counters, *_ in requests
-                         if not native and self.steps.due(pid, counters, now, force=force or self._stack_unclear(pid)))
-
-    def _stack_unclear(self, pid: int) -> bool:
-        """The last look saw neither a new stack nor a sign of progress in the counters: a loop
-        that waits at one line each step, spinning (a CUDA sync), shows only that, and only its
-        step tells whether it went round (see judge/progress.py). Blocking waits that wake, and
-        ranks that move, need no locals for it."""
-        return self.watch.unclear(pid)
+                         if not native and self.steps.due(pid, counters, now, force=force or self.watch.unclear(pid)))
 
     def _read_steps(self, samples: dict[int, StackSample], now: float) -> None:
         """Feed the step clock; a step that changed is that rank's progress."""
