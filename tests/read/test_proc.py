@@ -109,3 +109,35 @@ def test_thread_counters_tell_a_spin_from_a_sleep():
         for p in procs.values():
             p.kill()
             p.wait()
+
+
+def test_a_timed_wait_keeps_its_name_after_a_dump():
+    # py-spy's pause interrupts a timed futex wait, which goes on as restart_syscall: /proc shows
+    # that number for the rest of the wait (a hung rank's, forever). The kernel's wchan names it.
+    from trainwatch.probes.read.processes.kernel_view import kernel_state
+    from trainwatch.probes.read.stacks.pyspy import find_pyspy
+    from trainwatch.probes.read.processes.syscalls import RESTART_SYSCALL
+    waiter = subprocess.Popen([sys.executable, "-c", "import threading; threading.Event().wait(20)"])
+    try:
+        deadline = time.monotonic() + 10
+        while procfs.wchan(waiter.pid) is None or "futex" not in procfs.wchan(waiter.pid):
+            assert time.monotonic() < deadline, "the waiter never reached its futex wait"
+            time.sleep(0.05)
+        assert kernel_state(waiter.pid).syscall == "futex"
+        subprocess.run([find_pyspy(), "dump", "--pid", str(waiter.pid)], capture_output=True, timeout=30, check=True)
+        raw = open(f"/proc/{waiter.pid}/syscall").read().split()[0]
+        assert int(raw) == RESTART_SYSCALL  # what a reading without wchan would show
+        assert kernel_state(waiter.pid).syscall == "futex"
+        assert procfs.thread_counters(waiter.pid).syscall == "futex"
+    finally:
+        waiter.kill()
+        waiter.wait()
+
+
+@pytest.mark.parametrize("wchan,named", [("futex_do_wait", "futex"), ("futex_wait_queue_me", "futex"),
+                                         ("hrtimer_nanosleep", "nanosleep"), ("do_sys_poll", "poll"),
+                                         ("poll_schedule_timeout.constprop.0", "poll"), ("ep_poll", "epoll_wait"),
+                                         (None, "restart_syscall"), ("pipe_read", "restart_syscall")])
+def test_a_restarted_wait_is_named_by_where_the_kernel_holds_it(wchan, named):
+    from trainwatch.probes.read.processes.syscalls import RESTART_SYSCALL, syscall_name
+    assert syscall_name(f"{RESTART_SYSCALL} 0x0 0x0", lambda: wchan) == named

@@ -16,7 +16,7 @@ import time
 
 from ...snapshot import FILE_SYSCALLS, KernelState
 from . import procfs
-from .syscalls import SYSCALLS, syscall_name
+from .syscalls import RESTART_SYSCALL, SYSCALLS, restarted_call, syscall_name
 
 # Which argument names the file: a path (index) or an fd (index); *at calls take (dirfd, path).
 PATH_ARG = {"open": 0, "stat": 0, "lstat": 0, "access": 0, "truncate": 0, "mkdir": 0, "rmdir": 0, "creat": 0,
@@ -34,7 +34,7 @@ STACK_FRAMES = 8
 
 def current_syscall(pid: int) -> str | None:
     """The name of the syscall ``pid``'s main thread is in, from one small read; None: running or none."""
-    return syscall_name(procfs.read_text(f"/proc/{pid}/syscall"))
+    return syscall_name(procfs.read_text(f"/proc/{pid}/syscall"), lambda: procfs.wchan(pid))
 
 
 def kernel_state(pid: int, tid: int | None = None) -> KernelState | None:
@@ -52,7 +52,7 @@ def kernel_state(pid: int, tid: int | None = None) -> KernelState | None:
         return None
     state = stat.rsplit(")", 1)[1].split()[0]
     wchan = procfs.wchan(pid, tid)
-    syscall, target, fs_type = _syscall(pid, base)
+    syscall, target, fs_type = _syscall(pid, base, wchan)
     tracer = None
     if tracer_pid.isdigit() and tracer_pid != "0":
         tracer = f"{(procfs.read_text(f'/proc/{tracer_pid}/comm') or '?').strip()} (PID {tracer_pid})"
@@ -63,8 +63,9 @@ def kernel_state(pid: int, tid: int | None = None) -> KernelState | None:
                        kernel_stack=_stack(base))
 
 
-def _syscall(pid: int, base: str) -> tuple[str | None, str | None, str | None]:
-    """(syscall name, what it is on, filesystem type) from ``/proc/PID/task/TID/syscall``."""
+def _syscall(pid: int, base: str, wchan: str | None) -> tuple[str | None, str | None, str | None]:
+    """(syscall name, what it is on, filesystem type) from ``/proc/PID/task/TID/syscall``; a
+    restarted wait named by ``wchan``, without its arguments (they are restart_syscall's)."""
     text = (procfs.read_text(f"{base}/syscall") or "").split()
     if not text or text[0] in ("running", "-1"):
         return None, None, None
@@ -72,6 +73,8 @@ def _syscall(pid: int, base: str) -> tuple[str | None, str | None, str | None]:
         number, args = int(text[0]), [int(a, 16) for a in text[1:7]]
     except ValueError:
         return None, None, None
+    if number == RESTART_SYSCALL:
+        return restarted_call(wchan), None, None
     name = SYSCALLS.get(number, f"syscall {number}")
     path = None
     if name in PATH_ARG and len(args) > PATH_ARG[name]:

@@ -65,7 +65,7 @@ def thread_counters(pid: int, tid: int | None = None) -> ThreadCounters | None:
         at_ns=at_ns,
         run_ns=ticks * NS_PER_TICK if run_ns is None else run_ns,
         queued_ns=queued_ns,
-        syscall=syscall_name(read_text(f"{base}/syscall")),
+        syscall=syscall_name(read_text(f"{base}/syscall"), lambda: read_text(f"{base}/wchan")),
     )
 
 

@@ -4,6 +4,7 @@ prints the number)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 # Syscalls worth naming, by number, for the two architectures trainwatch meets.
 _X86_64 = {0: "read", 1: "write", 2: "open", 3: "close", 4: "stat", 5: "fstat", 6: "lstat", 7: "poll", 8: "lseek",
@@ -24,11 +25,31 @@ _AARCH64 = {22: "epoll_pwait", 25: "fcntl", 32: "flock", 34: "mkdirat", 35: "unl
             206: "sendto", 207: "recvfrom", 211: "sendmsg", 212: "recvmsg", 242: "accept4", 260: "wait4",
             276: "renameat2", 291: "statx", 426: "io_uring_enter", 437: "openat2", 441: "epoll_pwait2"}
 SYSCALLS = _AARCH64 if os.uname().machine in ("aarch64", "arm64") else _X86_64
+RESTART_SYSCALL = 128 if SYSCALLS is _AARCH64 else 219
+
+# A timed wait interrupted by a ptrace stop (any py-spy dump: ours, another viewer's) goes on as
+# restart_syscall, which /proc/.../syscall shows for the rest of the wait: a hung rank's timed
+# futex or poll reads so forever after the first dump. Where the kernel holds the thread (wchan)
+# says which wait it is. (wchan part, the call it belongs to), first match wins.
+RESTARTED_BY_WCHAN = (("futex", "futex"), ("nanosleep", "nanosleep"), ("poll_schedule", "poll"),
+                      ("do_sys_poll", "poll"), ("ep_poll", "epoll_wait"), ("select", "select"))
 
 
-def syscall_name(text: str | None) -> str | None:
-    """The syscall a ``/proc/.../syscall`` reading shows the thread in; None: running, or none."""
+def syscall_name(text: str | None, wchan: Callable[[], str | None] | None = None) -> str | None:
+    """The syscall a ``/proc/.../syscall`` reading shows the thread in; None: running, or none.
+    ``wchan`` (read only when needed) names a restarted wait by what it is."""
     first = (text or "").split(maxsplit=1)[:1]
     if not first or not first[0].isdigit():
         return None
-    return SYSCALLS.get(int(first[0]), f"syscall {first[0]}")
+    number = int(first[0])
+    if number == RESTART_SYSCALL:
+        return restarted_call(wchan() if wchan else None)
+    return SYSCALLS.get(number, f"syscall {number}")
+
+
+def restarted_call(wchan: str | None) -> str:
+    """The wait a thread in restart_syscall goes on with, by its ``wchan``; else restart_syscall."""
+    for part, name in RESTARTED_BY_WCHAN:
+        if wchan and part in wchan:
+            return name
+    return "restart_syscall"
