@@ -99,7 +99,7 @@ class LocalEvidence:
             notes.append(f"rank {proc.rank}: {sample.read}")
         step, period, held = self.sampler.steps.fields(proc.pid)
         cpu, rss = self._cpu.read(proc.pid, now)
-        kernel = kernel_view.kernel_state(proc.pid)
+        kernel = sample.kernel if sample is not None and sample.kernel is not None else kernel_view.kernel_state(proc.pid)
         self._io_progress(proc.pid, kernel, now)
         return ObservedRank(
             rank=proc.rank, pid=proc.pid, host=socket.gethostname(), local_rank=proc.local_rank,

@@ -63,6 +63,7 @@ class StackSample(Record):
     ints: FrameInts | None = None  # step-like integer locals when read with --locals (see probes/judge/steps.py)
     at: float | None = None  # unix time of the py-spy call (the middle of it)
     read: str | None = None  # how it was read when not by a pausing attach: "without pausing (…why…)"
+    kernel: KernelState | None = None  # the kernel's view of its main thread just before the dump
 
 
 

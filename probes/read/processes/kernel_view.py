@@ -16,7 +16,7 @@ import time
 
 from ...snapshot import FILE_SYSCALLS, KernelState
 from . import procfs
-from .syscalls import RESTART_SYSCALL, SYSCALLS, restarted_call, syscall_name
+from .syscalls import RESTART_SYSCALL, SYSCALLS, restarted_call
 
 # Which argument names the file: a path (index) or an fd (index); *at calls take (dirfd, path).
 PATH_ARG = {"open": 0, "stat": 0, "lstat": 0, "access": 0, "truncate": 0, "mkdir": 0, "rmdir": 0, "creat": 0,
@@ -30,11 +30,6 @@ FD_ARG = {name: 0 for name in ("read", "write", "close", "fstat", "lseek", "prea
 FILE_CALLS = FILE_SYSCALLS
 AT_FDCWD = (1 << 64) - 100  # -100 as the kernel prints it: an unsigned 64-bit hex
 STACK_FRAMES = 8
-
-
-def current_syscall(pid: int) -> str | None:
-    """The name of the syscall ``pid``'s main thread is in, from one small read; None: running or none."""
-    return syscall_name(procfs.read_text(f"/proc/{pid}/syscall"), lambda: procfs.wchan(pid))
 
 
 def kernel_state(pid: int, tid: int | None = None) -> KernelState | None:

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from ...errors import AccessDenied, TrainwatchError
 from ...observed import StackSample, ThreadCounters
 from ..processes import procfs
-from ..processes.kernel_view import current_syscall
-from .pyspy import DEFAULT_TIMEOUT, PySpyRun, PySpyTimeout, RankGone, tracer_of, wait_any
-from ...snapshot import FILE_SYSCALLS
+from ..processes.kernel_view import kernel_state
+from .pyspy import DEFAULT_TIMEOUT, PySpyRun, PySpyTimeout, RankGone, wait_any
+from ...snapshot import FILE_SYSCALLS, KernelState
 from ...record import Record
 
 MAX_PARALLEL = 32
@@ -18,10 +18,12 @@ MAX_PARALLEL = 32
 
 @dataclass(repr=False)
 class _RankRead(Record):
-    """One rank's sample in the making: its counters before, why it may not be paused, the py-spy run."""
+    """One rank's sample in the making: its counters and the kernel's view of it before, why it
+    may not be paused, the py-spy run."""
 
     pid: int
     before: ThreadCounters
+    kernel: KernelState | None
     tid: int | None
     native: bool
     locals: bool
@@ -50,10 +52,11 @@ class _RankRead(Record):
         except RankGone as exc:
             return StackSample(self.pid, None, self.before, None, error=exc, gone=True)
         except TrainwatchError as exc:
-            return StackSample(self.pid, None, self.before, procfs.thread_counters(self.pid, self.tid), error=exc)
+            return StackSample(self.pid, None, self.before, procfs.thread_counters(self.pid, self.tid), error=exc,
+                               kernel=self.kernel)
         at = (self.run.started + self.run.ended) / 2
         return StackSample(self.pid, tuple(stacks), self.before, procfs.thread_counters(self.pid, self.tid),
-                           ints=ints, at=at,
+                           ints=ints, at=at, kernel=self.kernel,
                            read=f"read without pausing ({self.why})" if self.why else None)
 
 
@@ -67,7 +70,10 @@ def _begin(request: tuple, timeout: float, locals: bool) -> StackSample | _RankR
     locals = locals and not native
     if skip and previous is not None and not native and not locals:
         return StackSample(pid, previous, before, before, reused=True)
-    read = _RankRead(pid, before, tid, native, locals, timeout, no_pause_reason(pid))
+    # Read here, not after every dump ends: the rank is as it was before any pause of this round,
+    # and the read overlaps the runs already started instead of adding to the round's end.
+    kernel = kernel_state(pid)
+    read = _RankRead(pid, before, kernel, tid, native, locals, timeout, no_pause_reason(kernel))
     read.start()
     return read
 
@@ -78,19 +84,19 @@ def _begin(request: tuple, timeout: float, locals: bool) -> StackSample | _RankR
 NO_PAUSE_STATES = {"D": "in an uninterruptible kernel wait (D)", "T": "stopped (T)", "t": "held by a tracer (t)"}
 
 
-def no_pause_reason(pid: int) -> str | None:
-    """Why ``pid`` must be read without pausing it, or None: its state, or a tracer holding it."""
-    state = procfs.state_letter(pid)
-    if state in NO_PAUSE_STATES:
-        return NO_PAUSE_STATES[state]
-    tracer = tracer_of(pid)
-    if tracer:
-        return f"traced by {tracer}"
-    call = current_syscall(pid)
-    if call in FILE_SYSCALLS:  # a stop would interrupt the request (FUSE, NFS): the job could see EINTR
-        return f"in {call}(), a file call"
-    if call in NETWORK_SYSCALLS:
-        return f"in {call}(), a network call"
+def no_pause_reason(kernel: KernelState | None) -> str | None:
+    """Why a rank the kernel sees so (read just before) must be read without pausing it, or None:
+    its state, or a tracer holding it, or the call it is in."""
+    if kernel is None:  # gone: py-spy says so
+        return None
+    if kernel.letter in NO_PAUSE_STATES:
+        return NO_PAUSE_STATES[kernel.letter]
+    if kernel.tracer:
+        return f"traced by {kernel.tracer}"
+    if kernel.syscall in FILE_SYSCALLS:  # a stop would interrupt the request (FUSE, NFS): the job could see EINTR
+        return f"in {kernel.syscall}(), a file call"
+    if kernel.syscall in NETWORK_SYSCALLS:
+        return f"in {kernel.syscall}(), a network call"
     return None
 
 
