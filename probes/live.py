@@ -34,16 +34,23 @@ if TYPE_CHECKING:
     from .evidence.crash_catcher import CrashThread
 
 
+# A first window a viewer's call cuts short is watched for at least this share of it: agents that
+# started late answer with the others (streams.FIRST_CALL_S), not a whole window later.
+MIN_FIRST_LOOK = 0.5
+
+
 class LocalSource(OneNodeSource):
     """Samples the job found from ``pid``. Not thread-safe: one poll at a time (the app ensures it)."""
 
     def __init__(self, pid: int, window: float = 3.0, samples: int = 3, gpu: bool = True,
                  catch_crashes: bool = False, stuck_after: float | None = None, auto_native: bool = True,
-                 collective_wait: float = 0.0) -> None:
+                 collective_wait: float = 0.0, answer_now: threading.Event | None = None) -> None:
         """``collective_wait``: one-shot callers (``snapshot``) wait up to this long in each poll
         for the collective state; 0 (live views): never wait, use what was read.
         ``stuck_after``: a fixed stuck threshold in seconds instead of each rank's own rhythm.
-        ``auto_native``: off judges from Python stacks alone (for comparison)."""
+        ``auto_native``: off judges from Python stacks alone (for comparison).
+        ``answer_now``: set when a viewer calls for the first answer (node agents): the first
+        window ends then, once at least ``MIN_FIRST_LOOK`` of it was watched."""
         self._watch = JobWatch(pid)
         self.window = max(0.0, window)
         self.samples = max(1, samples) if self.window > 0 else 1
@@ -63,6 +70,8 @@ class LocalSource(OneNodeSource):
         # threads would otherwise hold up the start of every run
         self._feed = CollectiveFeed(lambda: self.job, start=False)
         self._workers: dict[tuple[int, tuple], str | None] = {}  # (pid, stack) -> stuck DataLoader worker
+        self._answer_now = answer_now
+        self._looked: float | None = None  # the first window as watched, when a call cut it short
         self._polls = 0
         self._problem = False  # the last verdict was a problem: the sampler reads more then
         self._lock = threading.Lock()
@@ -105,17 +114,32 @@ class LocalSource(OneNodeSource):
                 self._evidence.cpu_baseline(job)
             samples: dict[int, StackSample] = {}
             first_done = 0.0
-            for i in range(rounds):
-                if i:  # on a schedule from the first round: sampling time (native dumps too) comes out of the pause
-                    time.sleep(max(0.0, first_done + i * pause - time.monotonic()))
+            self._looked = None
+            i = 0
+            while i < rounds:
+                # on a schedule from the first round: sampling time (native dumps too) comes out of the pause
+                if i and self._wait_round(first_done, first_done + i * pause):
+                    i = rounds - 1  # called for: the last round now
+                    self._looked = time.monotonic() - first_done
                 samples = self._sampler.round(job, self._polls, native_for, resolve=i >= rounds - 2,
                                               problem=self._problem, started=self._while_sampling)
                 first_done = first_done or time.monotonic()
+                i += 1
             self._feed.refresh()  # (a no-op once started: if nothing was sampled, it starts here)
             self._polls += 1
             if self._catcher is not None:  # its findings (signal, faulthandler frame, fatal message) win over ours
                 self._evidence.exits.adopt(self._catcher.records())
             return self._judged(job, samples, notes)
+
+    def _wait_round(self, first_done: float, due: float) -> bool:
+        """Wait until ``due``; True when a viewer called for the first answer meanwhile (then only
+        until ``MIN_FIRST_LOOK`` of the window has been watched)."""
+        call = self._answer_now
+        if call is None or not call.wait(max(0.0, due - time.monotonic())):
+            time.sleep(max(0.0, due - time.monotonic()))
+            return False
+        time.sleep(max(0.0, first_done + MIN_FIRST_LOOK * self.window - time.monotonic()))
+        return time.monotonic() < due
 
     def _while_sampling(self) -> None:
         """What overlaps a round's py-spy runs, once they have started: the collective feed's
@@ -138,7 +162,8 @@ class LocalSource(OneNodeSource):
         missing = self._sampler.pyspy_missing
         evidence = ObservedJob(job_record(job), tuple(ranks), unsampled=missing.message if missing else None,
                                **collective.fields)
-        options = JudgeOptions(window=self.window, stuck_after=self.stuck_after)
+        window = self._looked if self._looked is not None else self.window  # a first window cut short counts as watched
+        options = JudgeOptions(window=window, stuck_after=self.stuck_after)
         judged = judge_job(evidence, self.memory, now, options)
         if judged.read_workers:  # the judge asks who holds a rank up: read its DataLoader workers
             read = tuple(self._with_worker(r, judged.read_workers) for r in evidence.ranks)
@@ -155,7 +180,7 @@ class LocalSource(OneNodeSource):
         return Snapshot(job=job_record(job), ranks=ranked, groups=judged.groups, verdict=judged.verdict,
                         hosts=(gpu_host,) if gpu_host else (), collectives=judged.collectives,
                         warnings=tuple(dict.fromkeys(warnings)), notes=tuple(dict.fromkeys(notes)),
-                        taken_at=now, window_s=self.window, source="live")
+                        taken_at=now, window_s=window, source="live")
 
     def _with_worker(self, rank: ObservedRank, wanted: tuple[int, ...]) -> ObservedRank:
         """The busy DataLoader worker of a rank the judge asked about (read once per stack)."""

@@ -4,7 +4,9 @@ Started by a viewer on another node (ssh, one ``srun`` step for all nodes, ``kub
 never outlives the viewer: it stops when its stdin closes, when its parent goes away (it is
 re-parented), on SIGTERM/SIGHUP/SIGINT, or when stdout is gone. Lines it reads on stdin are
 requests: ``{"full": [ranks], "native": [ranks]}`` (every thread of those ranks; native frames).
-Ranks it does not run are ignored, so one request can be broadcast to every node. ``{"bundle":
+Ranks it does not run are ignored, so one request can be broadcast to every node. ``{"answer":
+"first"}``: the viewer calls for the first answers, so that the first poll's window, if still
+going, ends once half of it was watched (``live.MIN_FIRST_LOOK``). ``{"bundle":
 ID}`` asks for this node's evidence bundle: the agent writes it (as ``trainwatch dump`` would) and
 sends it back as wire lines (``wire.bundle_lines``), so a dump of a thousand nodes rides the agents
 already running instead of a new connection per node.
@@ -46,6 +48,7 @@ class Requests:
         self.native: frozenset[int] = frozenset()
         self.bundles: list[str] = []  # bundles asked for, not yet sent
         self.changed = threading.Event()
+        self.answer_now = threading.Event()  # the viewer called for the first answer
 
     def read(self, stream: BinaryIO) -> None:
         try:
@@ -60,6 +63,9 @@ class Requests:
             data = json.loads(raw)
         except ValueError:
             return  # not a request (a stray line on the terminal): ignored
+        if isinstance(data, dict) and data.get("answer") == "first":
+            self.answer_now.set()  # no new poll: it only ends the first window sooner
+            return
         if isinstance(data, dict):
             self.full_all = data.get("full") == "all" or (self.full_all and "full" not in data)
             self.full = _ranks(data.get("full"), self.full)
@@ -92,10 +98,11 @@ def die_with_parent() -> None:
         pass  # no prctl (not Linux): the agent still ends when its stdout breaks
 
 
-def run_agent(open_source: Callable[[], Any], interval: float, *, once: bool = False,
+def run_agent(open_source: Callable[[threading.Event], Any], interval: float, *, once: bool = False,
               stdin: BinaryIO | None = None, stdout: TextIO | None = None, node: str | None = None,
               write_bundle: Callable[[Any, Any, Path], Path] | None = None) -> int:
-    """Poll ``open_source()``'s source every ``interval`` s, one line each, until told to stop.
+    """Poll ``open_source(answer_now)``'s source every ``interval`` s, one line each, until told to
+    stop (``answer_now`` is set when the viewer calls for the first answer).
     ``write_bundle(source, snapshot, out_dir)`` writes this node's bundle as a .tar.gz when asked.
 
     ``open_source`` finds the job; while it cannot (no job here yet, or no longer), the agent writes
@@ -129,7 +136,7 @@ def run_agent(open_source: Callable[[], Any], interval: float, *, once: bool = F
             seq += 1
             try:
                 if source is None:
-                    source = open_source()
+                    source = open_source(requests.answer_now)
                 snap = source.poll(native_for=requests.native)
                 full = (frozenset(r.rank for r in snap.ranks if r.rank is not None) if requests.full_all
                         else requests.full)

@@ -76,7 +76,7 @@ class Relay:
         try:
             for line in requests:
                 with self._lock:
-                    if not _asks_for_bundle(line):  # what to ask an agent that starts again; a bundle is asked once
+                    if not _asked_once(line):  # what to ask an agent that starts again
                         self._request = line
                     running = [c.proc for c in self.children if c.proc is not None]
                 for proc in running:
@@ -140,12 +140,13 @@ class Relay:
         kill_groups(procs, grace=STOP_GRACE_S)
 
 
-def _asks_for_bundle(line: bytes) -> bool:
+def _asked_once(line: bytes) -> bool:
+    """A request for one moment (a bundle, the first answers), not for an agent started later."""
     try:
         request = json.loads(line)
     except ValueError:
         return False  # not a request: the agent ignores it too
-    return isinstance(request, dict) and "bundle" in request
+    return isinstance(request, dict) and ("bundle" in request or "answer" in request)
 
 
 def _send(proc: subprocess.Popen, line: bytes) -> None:

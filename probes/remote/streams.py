@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,13 @@ from ..record import Record
 LABEL = re.compile(rb"^\s*(\d+): ?(.*)$", re.S)
 SRUN_TASK = re.compile(r"task (\d+): (.+)$")
 STREAM_START_PARALLEL = 128  # agents connecting at once (a start is short; the agent then stays)
+# The first answers are called for this long after a window has passed since the agents were
+# launched: an agent still in its first window (started late: a relay's hop, a slow node) then
+# answers once it has watched half of it (live.MIN_FIRST_LOOK), with the others, not a window later.
+FIRST_CALL_S = 1.0
+FIRST_CALL = b'{"answer": "first"}\n'
 REUSE_S = 300.0  # an answer older than this is no longer shown
+SHORT_LOOK = 0.95  # a first answer that watched less than this share of the window is named
 
 
 @dataclass(repr=False)
@@ -132,6 +138,8 @@ class StreamSource(NodeEvidence):
         self.once = once
         self._polls = 0
         _raise_fd_limit(3 * len(self.launches) + 64)
+        self._launched = time.monotonic()
+        self._called_first = False
         self._reader = threading.Thread(target=self._read_loop, name="tw-agent-reader", daemon=True)
         self._supervisor = threading.Thread(target=self._supervise, name="tw-agent-supervisor", daemon=True)
         self._reader.start()
@@ -186,6 +194,8 @@ class StreamSource(NodeEvidence):
             self._send(run, self._request)
         if self._bundle is not None:  # started while bundles are collected: its nodes' are wanted too
             self._send(run, _bundle_request(self._bundle))
+        if self._called_first and self._polls == 0:  # started after the call (one ssh per host, in waves)
+            self._send(run, FIRST_CALL)
         os.write(self._wake_w, b"x")
 
     def _ended(self, index: int, run: Running, now: float) -> None:
@@ -472,15 +482,34 @@ class StreamSource(NodeEvidence):
             raise TrainwatchError(f"no node of the job could be read ({reasons})")
         merged = merge_nodes(views, memory=self.memory, world_size=self.world_size)
         self._culprits = frozenset(merged.verdict.culprits)
+        if self._polls == 1 and self._called_first:
+            merged = replace(merged, notes=(*merged.notes, *self._short_looks(views)))
         return merged
 
     def _wait_first(self, deadline: float) -> None:
+        call_at = self._launched + self.window + FIRST_CALL_S
         with self._lock:
             while not all(s.answer is not None or s.error is not None for s in self.nodes.values()):
-                left = deadline - time.monotonic()
+                now = time.monotonic()
+                if not self._called_first and now >= call_at:
+                    self._called_first = True
+                    for run in self._running.values():  # a relay passes it on to its agents
+                        self._send(run, FIRST_CALL)
+                left = deadline - now
                 if left <= 0 or self._closed.is_set():
                     return
-                self._answered.wait(min(left, 0.5))
+                self._answered.wait(min(left, 0.5, max(0.01, call_at - now)) if not self._called_first
+                                    else min(left, 0.5))
+
+    def _short_looks(self, views: list[NodeView]) -> list[str]:
+        """Which nodes' first answers, called for, watched less than the window."""
+        short = sorted(v.snapshot.window_s for v in views
+                       if v.snapshot is not None and v.snapshot.window_s < self.window * SHORT_LOOK)
+        if not short:
+            return []
+        return [f"first answers called for {self.window + FIRST_CALL_S:g}s after the agents were started: "
+                f"{len(short)} node(s) that started late had watched {short[0]:.1f}-{short[-1]:.1f}s "
+                f"of the {self.window:g}s window"]
 
     def _view(self, state: NodeState, now: float) -> NodeView:
         answer = state.answer

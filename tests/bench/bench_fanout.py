@@ -4,7 +4,8 @@ Every node's answer is built with the real encoder (probes/remote/wire.py) from 
 stacks (tests/fixtures/pyspy), one straggler rank on the last node. A separate "cluster" process
 replays them: each launch's pipes are handed to it (SCM_RIGHTS), and it writes each node's
 hello after a start-up latency (ssh or srun fan-out plus the interpreter's start, with jitter),
-its first answer one window later, then one line per interval with jitter, exactly as agents do.
+its first answer one window later (or, once the viewer calls for the first answers, as soon as
+half the window is watched), then one line per interval with jitter, exactly as agents do.
 The viewer side is the real code: the fan-out (one srun step, or one launch per node as with
 ssh), the epoll reader, decoding, the merge and the judgement.
 
@@ -43,7 +44,8 @@ from bench_merge import PER_NODE, compute_threads, rank_from, recorded_threads  
 from trainwatch.probes.remote.merge import NodeView, merge_nodes  # noqa: E402
 from trainwatch.probes.remote.reach import SlurmRemote, SshRemote  # noqa: E402
 from trainwatch.probes.remote.node_spec import RELAY_FROM  # noqa: E402
-from trainwatch.probes.remote.streams import STREAM_START_PARALLEL, StreamSource  # noqa: E402
+from trainwatch.probes.live import MIN_FIRST_LOOK  # noqa: E402
+from trainwatch.probes.remote.streams import FIRST_CALL_S, STREAM_START_PARALLEL, StreamSource  # noqa: E402
 from trainwatch.probes.remote.launches import Launch  # noqa: E402
 from trainwatch.probes.remote.wire import bundle_lines, decode_line, encode_line  # noqa: E402
 from trainwatch.probes.snapshot import HostInfo, Job, Snapshot, Verdict  # noqa: E402
@@ -87,9 +89,15 @@ def cluster(control: socket.socket, lines: dict[str, bytes], timing: Timing, see
     bundle request on a launch's stdin is answered, for each of its nodes but the silent ones, with
     ``archive`` as wire lines after the time a dump takes."""
     rng = random.Random(seed)
-    # (when, order, fd, node, label, said hello, bundle lines to write once)
-    events: list[tuple[float, int, int, str, bytes, bool, bytes]] = []
+    # (when, order, fd, node, label, said hello, bundle lines to write once, its answers' chain)
+    events: list[tuple[float, int, int, str, bytes, bool, bytes, int]] = []
     order = 0
+    # The first answers called for (streams.FIRST_CALL): an agent still in its first window answers
+    # once it has watched MIN_FIRST_LOOK of it. (stdout fd, node) -> when it said hello; answered.
+    hello_at: dict[tuple[int, str], float] = {}
+    first_sent: set[tuple[int, str]] = set()
+    called: set[int] = set()  # stdout fds of launches whose agents were called
+    chain: dict[tuple[int, str], int] = {}  # a node's answers: a call starts a new chain, the old one stops
     selector = selectors.DefaultSelector()
     selector.register(control, selectors.EVENT_READ)
     dead: set[int] = set()
@@ -105,6 +113,17 @@ def cluster(control: socket.socket, lines: dict[str, bytes], timing: Timing, see
                     selector.unregister(key.fd)
                     continue
                 for request in data.splitlines():
+                    if json.loads(request).get("answer") == "first":
+                        called.add(out)
+                        for task, name in enumerate(names):
+                            if (out, name) in hello_at and (out, name) not in first_sent:
+                                label = f"{task}: ".encode() if labelled else b""
+                                when = max(time.monotonic(), hello_at[out, name] + MIN_FIRST_LOOK * timing.window)
+                                chain[out, name] = chain.get((out, name), 0) + 1
+                                heapq.heappush(events, (when + rng.uniform(0, timing.jitter), order, out, name, label,
+                                                        True, b"", chain[out, name]))
+                                order += 1
+                        continue
                     bundle = json.loads(request).get("bundle")
                     for task, name in enumerate(names):
                         if bundle is None or name in timing.silent:
@@ -113,7 +132,7 @@ def cluster(control: socket.socket, lines: dict[str, bytes], timing: Timing, see
                         payload = b"".join(label + line.encode() + b"\n"
                                            for line in bundle_lines(name, bundle, archive))
                         heapq.heappush(events, (time.monotonic() + rng.uniform(*timing.dump_s), order, out, name,
-                                                label, True, payload))
+                                                label, True, payload, 0))
                         order += 1
                 continue
             msg, fds, _flags, _addr = socket.recv_fds(control, 1 << 20, 4)
@@ -129,13 +148,13 @@ def cluster(control: socket.socket, lines: dict[str, bytes], timing: Timing, see
             relay_up = now + (rng.uniform(*timing.relay_s) if launch["relayed"] else 0.0)
             for task, name in enumerate(launch["names"]):
                 label = f"{task}: ".encode() if launch["labelled"] else b""
-                heapq.heappush(events, (relay_up + rng.uniform(*timing.start_s), order, out, name, label, False, b""))
+                heapq.heappush(events, (relay_up + rng.uniform(*timing.start_s), order, out, name, label, False, b"", 0))
                 order += 1
         now = time.monotonic()
         while events and events[0][0] <= now:
-            when, _, fd, name, label, hello_said, payload = heapq.heappop(events)
-            if fd in dead:
-                continue
+            when, _, fd, name, label, hello_said, payload, link = heapq.heappop(events)
+            if fd in dead or (hello_said and not payload and link != chain.get((fd, name), 0)):
+                continue  # the viewer closed the launch; or an answer a call replaced
             try:
                 if payload:
                     os.write(fd, payload)
@@ -144,8 +163,13 @@ def cluster(control: socket.socket, lines: dict[str, bytes], timing: Timing, see
             except OSError:  # the viewer closed the launch
                 dead.add(fd)
                 continue
-            gap = timing.interval if hello_said else timing.window
-            heapq.heappush(events, (when + gap + rng.uniform(0, timing.jitter), order, fd, name, label, True, b""))
+            if not hello_said:
+                hello_at[fd, name] = when
+                gap = MIN_FIRST_LOOK * timing.window if fd in called else timing.window
+            else:
+                first_sent.add((fd, name))
+                gap = timing.interval
+            heapq.heappush(events, (when + gap + rng.uniform(0, timing.jitter), order, fd, name, label, True, b"", link))
             order += 1
 
 
@@ -335,8 +359,11 @@ def main(argv: list[str] | None = None) -> int:
                     args.silent, args.bundle_timeout, tuple(args.dump))
         goal = args.window + 2.0
         relayed = transport == "ssh" and args.nodes >= args.relay_from > 0
-        # the slowest replayed node's first answer
-        floor = (args.relay_start[1] if relayed else 0.0) + args.start[1] + args.window + args.jitter
+        # the slowest replayed node's first answer: a whole window after its hello, or once called
+        # for (FIRST_CALL_S after a window), after at least MIN_FIRST_LOOK of it
+        hello = (args.relay_start[1] if relayed else 0.0) + args.start[1]
+        called = max(args.window + FIRST_CALL_S, hello + MIN_FIRST_LOOK * args.window)
+        floor = min(hello + args.window, called) + args.jitter
         print(f"{r['nodes']} nodes x {args.per_node} ranks over {transport} ({r['launches']} launches): "
               f"first complete verdict after "
               f"{r['first_verdict_s']:.2f}s (goal window + 2 s = {goal:.1f}s: {'met' if r['first_verdict_s'] <= goal else 'missed'}; "

@@ -118,6 +118,25 @@ def test_a_dead_agent_is_named_then_started_again(planted, tmp_path):
                 and str(job.proc.pid) in (p.info["cmdline"] or [])]
 
 
+def test_an_agent_started_late_answers_with_the_others_when_the_first_answers_are_called_for(planted):
+    # An agent reached late (a relay's hop, a slow node) is still in its first window when the
+    # viewer calls for the first answers, a window + FIRST_CALL_S after launching: it answers once
+    # half of its window was watched, not a whole window later, and the viewer says so.
+    job = planted("straggler", nproc=2)
+    script = f'sleep 2; shift 3; exec {" ".join(CLI)} agent {job.proc.pid} "$@"'  # drops --match x:1
+    source = StreamSource(None, [ScriptRemote("node-late", script)], match=["--match", "x:1"], interval=1,
+                          window=2, timeout=60)
+    try:
+        merged = source.poll()
+        looked = source.nodes["node-late"].answer.snapshot.window_s
+    finally:
+        source.close()
+    assert 1.0 <= looked < 1.8, looked  # MIN_FIRST_LOOK of the 2 s window, then the call's last round
+    assert merged.verdict.kind == "straggler" and merged.verdict.culprits == (1,), merged.verdict
+    assert any(n.startswith("first answers called for 3s after the agents were started: 1 node(s) that started late "
+                            "had watched 1.") and n.endswith("of the 2s window") for n in merged.notes), merged.notes
+
+
 def _poll_with_ranks(source):
     try:
         snap = source.poll()
@@ -204,6 +223,10 @@ def test_requests_on_stdin_choose_full_stacks_and_native_ranks_and_eof_stops():
     assert requests.full == frozenset({1}) and requests.native == frozenset({7}) and not requests.full_all
     assert stop.is_set()  # the stream ended: the viewer is gone
     requests.read(io.BytesIO(b'{"full": "all", "native": []}\n{"native": [2]}\n'))  # one-shot snapshots
+    assert requests.full_all and requests.native == frozenset({2})
+    requests.changed.clear()
+    requests.read(io.BytesIO(b'{"answer": "first"}\n'))  # the viewer calls for the first answers
+    assert requests.answer_now.is_set() and not requests.changed.is_set()  # it ends a window, starts no poll
     assert requests.full_all and requests.native == frozenset({2})
 
 

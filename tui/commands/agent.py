@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +43,9 @@ def _bundle(source: Any, snapshot: Any, out_dir: Path) -> Path:
 def run(args: argparse.Namespace) -> int:
     from ...probes import LocalSource, run_agent
 
-    def open_source() -> LocalSource:
+    def open_source(answer_now: threading.Event) -> LocalSource:
         return LocalSource(resolve_pid(args), window=args.window, samples=args.samples, stuck_after=args.stuck_after,
-                           collective_wait=COLLECTIVE_WAIT_S if args.once else 0.0)
+                           collective_wait=COLLECTIVE_WAIT_S if args.once else 0.0, answer_now=answer_now)
 
     code = run_agent(open_source, args.interval, once=args.once, write_bundle=_bundle)
     if args.once:
