@@ -275,7 +275,7 @@ def _lightning_ranks(root: Proc) -> list[RankProcess]:
     node, world = _int(envs[0].get("NODE_RANK")) or 0, _int(envs[0].get("WORLD_SIZE"))
     local_world = len(children) + 1
     shared = {k: envs[0][k] for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE") if k in envs[0]}
-    tree = children_map()
+    tree = procfs.parent_map()  # one pass over /proc (Proc.children() rescans it per call)
     others = {pid for c in children for pid in (c.pid, *procfs.descendants(tree, c.pid))}
     ranks = []
     for proc, env in [(root, {**(job_env(root) or {}), **shared, "LOCAL_RANK": "0"}),
@@ -359,7 +359,7 @@ def describe_job(root: Proc, launcher: str) -> JobProcesses:
 def describe_ray_job(ray: ray_train.RayTrainJob) -> JobProcesses:
     """A Ray Train run: its ranks are the ``RayTrainWorker`` processes, numbered by Ray Train's own
     records (its system log); a worker whose record was not found keeps no number (and says so)."""
-    tree = children_map()
+    tree = procfs.parent_map()  # one pass over /proc (Proc.children() rescans it per call)
     ranks = []
     for proc in ray.workers:
         record = ray.ranks.get(proc.pid)
@@ -406,14 +406,9 @@ def _numbered_by_start(ranks: list[RankProcess], known: list[RankProcess], singl
     return [r if r.env else replace(r, rank=base + i, local_rank=i) for i, r in enumerate(by_start)]
 
 
-def children_map() -> dict[int, list[int]]:
-    """parent PID -> child PIDs, from one pass over /proc (a process's children() rescans it per call)."""
-    return procfs.parent_map()
-
-
 def _ranks_below(root: Proc) -> list[RankProcess]:
     """Top-most processes with RANK in their environment; their look-alike children are helpers."""
-    tree = children_map()
+    tree = procfs.parent_map()  # one pass over /proc (Proc.children() rescans it per call)
     ranks: list[RankProcess] = []
     frontier = list(tree.get(root.pid, ()))
     while frontier:
