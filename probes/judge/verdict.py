@@ -328,6 +328,8 @@ def _from_stacks(ranks: Sequence[Rank], collectives: CollectiveState | None,
         culprits = elsewhere + missing
         text = (f"{each_at(culprits)} while {who(_numbers(waiting))} "
                 f"{waits(by_place(waiting)[0], collectives, now)}")
+        if passing:  # shown in the table; named here too, or they would read as unaccounted for
+            text += f" ({who(_numbers(passing))} at the same wait {verb(passing, 'shows', 'show')} progress)"
         return Verdict("straggler", tuple(_numbers(culprits)), text)
     unread = [r for r in ranks if r.state == "unknown" and r.pid is not None]
     if waiting and len(waiting) == len(live) and unread:  # never "no local culprit" while a rank is unread

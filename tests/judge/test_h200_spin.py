@@ -137,7 +137,7 @@ def test_a_rank_seen_moving_in_the_very_wait_is_no_culprit():
     verdict = judge(snap.ranks, snap.job, now=snap.taken_at)
     assert (verdict.kind, verdict.culprits) == ("straggler", (7,))
     assert verdict.summary == ("rank 7 is in sleep at nccl_hang.py:32 <module> while ranks 0,3,6 wait on their GPU "
-                               "(item()) at nccl_hang.py:34 <module>")
+                               "(item()) at nccl_hang.py:34 <module> (ranks 1-2,4-5 at the same wait show progress)")
 
 
 def test_with_nobody_elsewhere_a_wait_some_pass_is_not_a_hang():
