@@ -57,14 +57,23 @@ class Source(CollectiveSource):
             self._stuck = stuck or self.options.bundle
 
     def fetch(self, job: JobProcesses) -> None:
-        """One round over every rank, in parallel, each bounded; then one analysis."""
+        """One round over every rank (those asked over the network in parallel, each bounded); then one analysis."""
         sockets = hookclient.armed_ranks(Path(job.run_dir)) if job.run_dir else {}
         since = job.started_at or 0.0
         ranks = [p for p in job.ranks if p.rank is not None]
         with self._lock:
             self._failed.clear()  # said again if this round fails again
+        # A rank asked over the network (its hook, a debug server) has a thread of its own, bounded by
+        # its timeout; the others' dump files are looked at in turn in one thread (a thread each cost
+        # more than the look: a stat of a file that is usually not there).
+        asked = [p for p in ranks if sockets.get(p.rank) is not None
+                 or (self.options.bundle and p.rank in self.options.debug_urls)]
         threads = [_thread(self._fetch_rank, p, sockets.get(p.rank), since, name="tw-flight-recorder",
-                           lost=functools.partial(self._lost, p.rank)) for p in ranks]
+                           lost=functools.partial(self._lost, p.rank)) for p in asked]
+        files_only = [p for p in ranks if p not in asked]
+        if files_only:
+            threads.append(_thread(self._fetch_files, files_only, since, name="tw-flight-recorder-files",
+                                   lost=functools.partial(self._lost, files_only[0].rank)))
         for thread in threads:
             thread.start()
         bound = self.options.hook_timeout + 1.0 + (2 * self.options.hook_timeout if self.options.debug_urls else 0)
@@ -108,6 +117,14 @@ class Source(CollectiveSource):
             self._notes.setdefault(rank, []).append(f"Flight Recorder read failed: {why}")
 
     # -- one rank ------------------------------------------------------------------------------
+    def _fetch_files(self, ranks: list[RankProcess], since: float) -> None:
+        """:meth:`_fetch_rank` for ranks without a hook, one after another (one rank's bug costs only its own)."""
+        for proc in ranks:
+            try:
+                self._fetch_rank(proc, None, since)
+            except Exception as exc:  # noqa: BLE001 - as _thread: a damaged trace must not take the others down
+                self._lost(proc.rank, exc)
+
     def _fetch_rank(self, proc: RankProcess, sock: Path | None, since: float) -> None:
         rank = proc.rank
         assert rank is not None
