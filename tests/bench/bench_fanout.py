@@ -364,10 +364,13 @@ def main(argv: list[str] | None = None) -> int:
         hello = (args.relay_start[1] if relayed else 0.0) + args.start[1]
         called = max(args.window + FIRST_CALL_S, hello + MIN_FIRST_LOOK * args.window)
         floor = min(hello + args.window, called) + args.jitter
+        waves = transport == "ssh-direct" and args.nodes > STREAM_START_PARALLEL
+        slowest = (f"agents start in waves of {STREAM_START_PARALLEL}, each {args.start[0]:g}-{args.start[1]:g}s"
+                   if waves else f"the slowest node answers by {floor:.1f}s")
         print(f"{r['nodes']} nodes x {args.per_node} ranks over {transport} ({r['launches']} launches): "
               f"first complete verdict after "
               f"{r['first_verdict_s']:.2f}s (goal window + 2 s = {goal:.1f}s: {'met' if r['first_verdict_s'] <= goal else 'missed'}; "
-              f"the slowest node answers by {floor:.1f}s); "
+              f"{slowest}); "
               f"viewer CPU {100 * r['cpu_cores']:.0f}% of a core ({r['poll_cpu_s'] * 1000:.0f} ms per poll; "
               f"goal < 50%); {r['bytes_per_node_poll'] / 1024:.1f} KiB per node per poll; bundles of "
               f"{args.bundle_kib} KiB from {r['bundles']} nodes: all in after "
