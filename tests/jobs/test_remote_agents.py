@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+import pytest
+from real_jobs import PlantedJob
 
 from trainwatch.probes.remote.reach import SlurmRemote
 from trainwatch.probes.remote.streams import StreamSource
@@ -92,8 +94,16 @@ class ScriptRemote:
         return ["sh", "-c", self.script, "sh", *args]
 
 
-def test_a_dead_agent_is_named_then_started_again(planted, tmp_path):
-    job = planted("straggler", nproc=2)
+@pytest.fixture(scope="module")
+def straggler(tmp_path_factory):
+    """A 2-rank straggler job for the tests that only read it through agents."""
+    with PlantedJob(tmp_path_factory.mktemp("straggler"), "straggler", nproc=2, deadline=240) as job:
+        job.wait_for_ranks()
+        yield job
+
+
+def test_a_dead_agent_is_named_then_started_again(straggler, tmp_path):
+    job = straggler
     flag = tmp_path / "died-once"
     # The first start dies at once (as a lost connection would); the second runs the real agent.
     script = (f'if [ ! -e {flag} ]; then touch {flag}; echo "trainwatch: lost it" >&2; exit 5; fi; '
@@ -118,11 +128,11 @@ def test_a_dead_agent_is_named_then_started_again(planted, tmp_path):
                 and str(job.proc.pid) in (p.info["cmdline"] or [])]
 
 
-def test_an_agent_started_late_answers_with_the_others_when_the_first_answers_are_called_for(planted):
+def test_an_agent_started_late_answers_with_the_others_when_the_first_answers_are_called_for(straggler):
     # An agent reached late (a relay's hop, a slow node) is still in its first window when the
     # viewer calls for the first answers, a window + FIRST_CALL_S after launching: it answers once
     # half of its window was watched, not a whole window later, and the viewer says so.
-    job = planted("straggler", nproc=2)
+    job = straggler
     script = f'sleep 2; shift 3; exec {" ".join(CLI)} agent {job.proc.pid} "$@"'  # drops --match x:1
     source = StreamSource(None, [ScriptRemote("node-late", script)], match=["--match", "x:1"], interval=1,
                           window=2, timeout=60)
