@@ -74,8 +74,7 @@ class Proc:
 
     def _read(self, name: str) -> bytes:
         try:
-            with open(f"/proc/{self.pid}/{name}", "rb") as handle:
-                return handle.read()
+            return procfs.read_all(f"/proc/{self.pid}/{name}")
         except OSError as exc:
             raise _failure(self.pid, exc) from None
 
