@@ -28,9 +28,15 @@ def snapshot(pid: int) -> dict:
     return json.loads(out.stdout)
 
 
-def workers() -> list[int]:
-    return sorted(p.pid for p in psutil.process_iter(["cmdline"])
-                  if (p.info["cmdline"] or [""])[0].startswith("ray::RayTrainWorker"))
+def workers(job) -> list[int]:
+    """This job's Ray Train workers (another test's Ray cluster may run beside it: its workers are not ours)."""
+    def is_worker(proc: psutil.Process) -> bool:
+        try:
+            return (proc.cmdline() or [""])[0].startswith("ray::RayTrainWorker")
+        except psutil.Error:  # exited while listed
+            return False
+
+    return sorted(p.pid for p in psutil.Process(job.pid).children(recursive=True) if is_worker(p))
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +66,8 @@ def test_ray_train_from_the_driver_then_a_straggler_from_any_worker(ray_job):
 
     watch = JobWatch(driver)
     watch._family = None  # as after a worker restarts: the job is discovered again from its root
-    assert sorted(r.pid for r in watch.current().ranks) == workers(), "rediscovered from the driver"
-    for pid in (driver, workers()[0], ray_job.pid):  # the driver, a worker, `timeout` above them
+    assert sorted(r.pid for r in watch.current().ranks) == workers(ray_job), "rediscovered from the driver"
+    for pid in (driver, workers(ray_job)[0], ray_job.pid):  # the driver, a worker, `timeout` above them
         found = snapshot(pid)
         assert (found["verdict"]["kind"], found["verdict"]["culprits"]) == ("straggler", [2]), (pid, found["verdict"])
         assert "evaluate_forever" in found["verdict"]["summary"] and "all_reduce" in found["verdict"]["summary"]
@@ -69,5 +75,5 @@ def test_ray_train_from_the_driver_then_a_straggler_from_any_worker(ray_job):
 
 def test_a_process_that_is_no_ray_worker_is_not_taken_for_one(ray_job):
     """Ray's own helpers (the raylet's other actors) are not ranks."""
-    found = snapshot(workers()[0])
-    assert len(found["ranks"]) == 3 and all(r["pid"] in workers() for r in found["ranks"])
+    found = snapshot(workers(ray_job)[0])
+    assert len(found["ranks"]) == 3 and all(r["pid"] in workers(ray_job) for r in found["ranks"])

@@ -115,7 +115,9 @@ def find_job(pid: int) -> JobProcesses:
         raise AccessDenied(f"permission denied reading PID {pid}") from None
     _refuse_self(start)
     _check_access(start)
-    ray = ray_train.find(start)
+    # A launcher's job is its own ranks' rendezvous, whatever started the launcher: no Ray run is
+    # looked for from it (nor its memory map read for Ray's library).
+    ray = None if launcher_kind(_safe(start.cmdline, [])) else ray_train.find(start)
     if ray is not None:
         return describe_ray_job(ray)
     root, launcher = _find_root(start)
