@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..gc_pause import gc_paused
 from ..judge.judgement import JudgeMemory, JudgeOptions, judge_job
 from ..judge.warnings import job_warnings
 from ..observed import ObservedJob, combine_states, observed_rank
@@ -57,6 +58,11 @@ def merge_nodes(views: Sequence[NodeView], *, memory: JudgeMemory | None = None,
                 world_size: int | None = None) -> Snapshot:
     """One snapshot of the job from every node's view (``source="remote"``), judged again over
     all ranks; ``memory``: the judge's memory across polls of this job (tie-breaks, ``since``)."""
+    with gc_paused():  # every rank made again, twice: many small acyclic objects
+        return _merged(views, memory, world_size)
+
+
+def _merged(views: Sequence[NodeView], memory: JudgeMemory | None, world_size: int | None) -> Snapshot:
     good = [(i, v) for i, v in enumerate(views) if v.snapshot is not None]
     if not good:
         raise ValueError("no node answered")

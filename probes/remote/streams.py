@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TrainwatchError
+from ..gc_pause import gc_paused
 from ..judge.judgement import JudgeMemory
 from ..process_group import kill_groups
 from ..snapshot import Snapshot, SnapshotError
@@ -262,17 +263,18 @@ class StreamSource(NodeEvidence):
                     with self._lock:
                         self._fail(list(self.nodes), f"reading the agents stopped: {exc}", time.monotonic())
                 return
-            for key, _ in events:
-                if key.fd == self._wake_r:
-                    with contextlib.suppress(OSError):
-                        os.read(self._wake_r, 4096)
-                    continue
-                try:
-                    self._read_fd(key.fd)
-                except Exception as exc:  # noqa: BLE001 - one bad stream must not stop reading the others
-                    with self._lock:
-                        self._lost_stream(key.fd, exc)
-                        self._drop_fd(key.fd)
+            with gc_paused():  # the answers that came together, decoded: many small acyclic objects
+                for key, _ in events:
+                    if key.fd == self._wake_r:
+                        with contextlib.suppress(OSError):
+                            os.read(self._wake_r, 4096)
+                        continue
+                    try:
+                        self._read_fd(key.fd)
+                    except Exception as exc:  # noqa: BLE001 - one bad stream must not stop reading the others
+                        with self._lock:
+                            self._lost_stream(key.fd, exc)
+                            self._drop_fd(key.fd)
 
     def _read_fd(self, fd: int) -> None:
         try:

@@ -38,11 +38,10 @@ section; JSON: the closing brace). Pure: no I/O. The records are evidence record
 
 from __future__ import annotations
 
-import gc
 import json
 import re
-from contextlib import contextmanager
 
+from ...gc_pause import gc_paused
 from ...observed import ANY_OP, CountGroup, RasComm, RasProcess, RasReport, RasReportRank as RasRank
 
 __all__ = ["ANY_OP", "CountGroup", "RasComm", "RasProcess", "RasRank", "RasReport", "ReportError", "parse"]
@@ -65,7 +64,7 @@ def parse(text: str) -> RasReport:
     """A report from either format. Raises :class:`ReportError`."""
     stripped = text.lstrip()
     if stripped.startswith("{"):
-        with _no_gc():
+        with gc_paused():
             return parse_json(stripped)
     return parse_text(text)
 
@@ -80,17 +79,6 @@ def version_tuple(version: str | None) -> tuple[int, ...]:
     return tuple(parts)
 
 
-@contextmanager
-def _no_gc():
-    """The cyclic garbage collector paused: a big report allocates tens of thousands of acyclic
-    objects, and collections triggered meanwhile cost a third of the parse at 1,024 x 8."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 # -- JSON --------------------------------------------------------------------------------------
