@@ -3,7 +3,7 @@
 Decoding a RAS report or a thousand nodes' answers, and merging and judging their ranks, makes
 tens of thousands of objects with no cycles among them (records, tuples, dicts): reference
 counting frees them. Collections the allocations trigger meanwhile walk them again and again, a
-cost that grows faster than the batch (a quarter of the merge at 8,192 ranks, half at 32,768).
+cost that grows faster than the batch (a fifth of decode and merge at 8,192 ranks, a third at 32,768).
 """
 
 from __future__ import annotations

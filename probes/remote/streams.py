@@ -500,8 +500,8 @@ class StreamSource(NodeEvidence):
                 left = deadline - now
                 if left <= 0 or self._closed.is_set():
                     return
-                self._answered.wait(min(left, 0.5, max(0.01, call_at - now)) if not self._called_first
-                                    else min(left, 0.5))
+                wake = min(left, 0.5) if self._called_first else min(left, 0.5, max(0.01, call_at - now))
+                self._answered.wait(wake)
 
     def _short_looks(self, views: list[NodeView]) -> list[str]:
         """Which nodes' first answers, called for, watched less than the window."""
