@@ -20,7 +20,7 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("Snapshot", "SnapshotError", "Job", "Rank", "Group", "Verdict", "Frame", "ThreadStack",
                      "ExitInfo", "RankGpu", "HostInfo", "GpuDevice", "CollectiveState", "Phase", "State",
                      "VerdictKind", "GroupPhase", "PHASES", "STATES", "VERDICTS", "WAITING_PHASES",
-                     "HANG_VERDICTS", "PROBLEM_VERDICTS", "compact_ranks", "who"), ".snapshot"),
+                     "HANG_VERDICTS", "PROBLEM_VERDICTS", "age_text", "compact_ranks", "who"), ".snapshot"),
     # sources
     "Source": ".source",
     **dict.fromkeys(("LocalSource", "open_source"), ".live"),

@@ -8,6 +8,7 @@ snapshot.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -18,16 +19,16 @@ from typing import TYPE_CHECKING
 from .judge.judgement import JudgeMemory, JudgeOptions, judge_job
 from .judge.phases import is_stdlib, is_user, main_thread, stack_signature, where_frame
 from .local_evidence import LocalEvidence
-from .observed import ObservedJob, ObservedRank
-from .read.processes import exit_events, procfs
+from .observed import ObservedJob, ObservedRank, SharedStill
+from .read.processes import exit_events, procfs, stillness
 from .read.collectives.collective_feed import CollectiveFeed
 from .read.processes.exits import ExitLedger
 from .read.gpus.gpu import GpuProbe
 from .read.processes.job_watch import JobWatch
 from .read.processes.process import JobProcesses, job_record
 from .read.stacks.sampler import StackSample, sample_all
-from .sampling import Sampler
-from .snapshot import PROBLEM_VERDICTS, Snapshot
+from .sampling import Sampler, signature_digest
+from .snapshot import PROBLEM_VERDICTS, Rank, Snapshot
 from .source import OneNodeSource
 
 if TYPE_CHECKING:
@@ -75,6 +76,7 @@ class LocalSource(OneNodeSource):
         self._polls = 0
         self._problem = False  # the last verdict was a problem: the sampler reads more then
         self._lock = threading.Lock()
+        self._host = socket.gethostname()
 
     @property
     def job(self) -> JobProcesses:
@@ -171,6 +173,7 @@ class LocalSource(OneNodeSource):
                 evidence = replace(evidence, ranks=read)
                 judged = judge_job(evidence, self.memory, now, options)
         ranked = judged.ranks
+        self._share_stillness(ranked, now)
         self._problem = judged.verdict.kind in PROBLEM_VERDICTS
         if not self._collective_wait:  # the next read, knowing whether a stuck episode (pipe dumps) is on
             self._feed.refresh(stuck=any(r.state == "stuck" for r in ranked))
@@ -181,6 +184,21 @@ class LocalSource(OneNodeSource):
                         hosts=(gpu_host,) if gpu_host else (), collectives=judged.collectives,
                         warnings=tuple(dict.fromkeys(warnings)), notes=tuple(dict.fromkeys(notes)),
                         taken_at=now, window_s=window, source="live")
+
+    def _share_stillness(self, ranks: tuple[Rank, ...], now: float) -> None:
+        """Leave what this poll established of each stuck rank for the node's other trainwatch
+        processes (``read/processes/stillness.py``); a rank seen progressing clears it."""
+        for rank in ranks:
+            if rank.pid is None or rank.host != self._host:
+                continue
+            if rank.state == "stuck" and rank.stuck_for_s is not None:
+                signature = self._sampler.watch.signature(rank.pid)
+                still = SharedStill(now - rank.stuck_for_s, now, self.memory.progress.still_kinds(rank.pid),
+                                    counters=self._sampler.watch.last_counters(rank.pid),
+                                    signature=signature_digest(signature) if signature is not None else None)
+                stillness.write_shared(rank.pid, still)
+            elif rank.state == "running":
+                stillness.forget_shared(rank.pid)
 
     def _with_worker(self, rank: ObservedRank, wanted: tuple[int, ...]) -> ObservedRank:
         """The busy DataLoader worker of a rank the judge asked about (read once per stack)."""

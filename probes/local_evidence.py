@@ -8,8 +8,8 @@ import time
 from dataclasses import replace
 
 from .errors import AccessDenied, ToolMissing
-from .observed import ObservedRank
-from .read.processes import kernel_view, procfs
+from .observed import ObservedRank, SharedStill
+from .read.processes import kernel_view, procfs, stillness
 from .read.processes.discover import expected_local_ranks
 from .read.processes.exits import ExitLedger
 from .read.gpus.gpu import GpuProbe
@@ -29,6 +29,7 @@ class LocalEvidence:
         self.seen: dict[int, RankProcess] = {}  # pid -> rank process, everything ever seen
         self._cpu = CpuMeter()
         self._io: dict[int, int] = {}  # pid -> storage bytes read + written at the last poll
+        self._elsewhere: dict[int, SharedStill | None] = {}  # pid -> what another trainwatch had left of it
 
     def cpu_baseline(self, job: JobProcesses) -> None:
         """A CPU reading now, so the first snapshot has CPU% too."""
@@ -83,6 +84,7 @@ class LocalEvidence:
         for pid in [p for p in self.seen if p not in keep]:
             del self.seen[pid]
             self._io.pop(pid, None)
+            self._elsewhere.pop(pid, None)
             self._cpu.forget(pid)
             self.exits.forget(pid)
         self.sampler.forget_except(keep, {r.log_path for r in evidence if r.log_path})
@@ -118,7 +120,16 @@ class LocalEvidence:
             kernel=kernel,
             progress_seen=self.sampler.watch.take_signs(proc.pid),
             watched_since=self.sampler.watch.first_seen(proc.pid),
+            first_look=self.sampler.watch.first_look(proc.pid),
+            still_elsewhere=self._shared_still(proc.pid),
         )
+
+    def _shared_still(self, pid: int) -> SharedStill | None:
+        """What another trainwatch process on this node had established of ``pid`` (read once, when
+        this one first looked at it)."""
+        if pid not in self._elsewhere:
+            self._elsewhere[pid] = stillness.read_shared(pid)
+        return self._elsewhere[pid]
 
     def _io_progress(self, pid: int, kernel: KernelState | None, now: float) -> None:
         """A rank in a file read or write whose storage counters grew is making progress (a big

@@ -47,6 +47,38 @@ class ThreadCounters(Record):
     run_ns: int | None = field(default=None, compare=False)
     queued_ns: int | None = field(default=None, compare=False)
     syscall: str | None = field(default=None, compare=False)  # the one it was in when read (None: running, none)
+    # (thread ID, voluntary switches) of a few of the process's quietest other threads, read with it:
+    # their wake-ups are what a pause of the whole process from outside does (judge/progress.py).
+    others: tuple[tuple[int, int], ...] = field(default=(), compare=False)
+
+
+@dataclass(frozen=True, repr=False)
+class SharedStill(Record):
+    """What another trainwatch process on this node established of a rank: that it made no progress
+    from ``since`` to ``until`` (unix times), and, per kind of the job's own evidence, since when
+    that evidence said so (``kinds``: (kind, since, words with ``{age}``)). Read from the node's
+    runtime folder (``read/processes/stillness.py``)."""
+
+    since: float
+    until: float
+    kinds: tuple[tuple[str, float, str], ...] = ()
+    by: int | None = None  # the trainwatch process that wrote it
+    # Its last reading of the rank's thread, and a digest of the stack it saw then: a later look that
+    # finds the same stack and no wake-up but those pauses explain joins on (judge/judgement.py).
+    counters: ThreadCounters | None = None
+    signature: str | None = None
+
+
+@dataclass(frozen=True, repr=False)
+class FirstLook(Record):
+    """The sampler's first look at a rank, before any dump of its own woke it: what the job had
+    been doing before trainwatch looked."""
+
+    at: float  # unix time
+    counters: ThreadCounters | None = None  # its thread's counters, read just before the first dump
+    signature: str | None = None  # a digest of the stack that dump read
+    asleep_since: float | None = None  # since when the kernel had the thread asleep without running once
+    asleep_in: str | None = None  # in what: "futex()"
 
 
 @dataclass(frozen=True, repr=False)
@@ -89,6 +121,7 @@ class ObservedRank(Record):
     native: bool = False
     threads: tuple[ThreadStack, ...] = ()
     stuck_for_s: float | None = None  # as reported along with ``seen`` (bundles, other nodes)
+    stuck_source: str | None = None  # what says how long (as reported along with ``seen``)
     sampled: bool = True  # False: this poll's sample failed (py-spy error); progress is not judged
     cpu_pct: float | None = None
     rss_bytes: int | None = None
@@ -109,11 +142,15 @@ class ObservedRank(Record):
     # is watched; the judge's memory of its progress takes them in (judge/progress.py).
     progress_seen: tuple[float, ...] = ()
     watched_since: float | None = None
+    # Live ranks: the sampler's first look at it (how long it had waited before trainwatch looked).
+    first_look: FirstLook | None = None
+    # What another trainwatch process on this node had established of it when this one first looked.
+    still_elsewhere: SharedStill | None = None
 
-    def as_rank(self, state: State, stuck_for_s: float | None) -> Rank:
+    def as_rank(self, state: State, stuck_for_s: float | None, stuck_source: str | None = None) -> Rank:
         """The snapshot's rank record for this evidence in ``state``."""
         values = dict(zip(_RANK_FIELDS, _rank_values(self)))
-        values["state"], values["stuck_for_s"] = state, stuck_for_s
+        values["state"], values["stuck_for_s"], values["stuck_source"] = state, stuck_for_s, stuck_source
         return _frozen(Rank, values)
 
 
@@ -267,9 +304,10 @@ def _frozen(cls: type[T], values: dict[str, Any]) -> T:
 
 
 # Field names looked up once: merged views turn thousands of ranks into evidence and back each poll.
-_RANK_FIELDS = tuple(f.name for f in dataclasses.fields(Rank) if f.name not in ("state", "stuck_for_s"))
+_RANK_FIELDS = tuple(f.name for f in dataclasses.fields(Rank) if f.name not in ("state", "stuck_for_s", "stuck_source"))
 _OBSERVED_FIELDS = tuple(f.name for f in dataclasses.fields(ObservedRank)
-                         if f.name not in ("seen", "sampled", "progress_seen", "watched_since"))
+                         if f.name not in ("seen", "sampled", "progress_seen", "watched_since", "first_look",
+                                      "still_elsewhere"))
 _OBSERVED_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ObservedRank)
                       if f.name not in _OBSERVED_FIELDS and f.name != "seen"}  # plain values, no factories
 _rank_values = operator.attrgetter(*_RANK_FIELDS)  # all of them in one call: thousands of ranks a poll

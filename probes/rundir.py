@@ -94,6 +94,21 @@ def implicit_run_dir(uid: int, launcher_pid: int) -> Path:
     return Path(tempfile.gettempdir()) / f"trainwatch-{uid}" / f"job-{launcher_pid}"
 
 
+def runtime_dir() -> Path:
+    """This user's folder for what trainwatch processes on this node share (lock files, what each
+    saw of a rank): ``$XDG_RUNTIME_DIR/trainwatch`` where that is set, else
+    ``<tmp>/trainwatch-<uid>``; made owner-only. Raises OSError when it cannot be made, or is not
+    this user's own folder (another user's, or a link someone left in /tmp)."""
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    base = Path(xdg) / "trainwatch" if xdg and os.path.isdir(xdg) else \
+        Path(tempfile.gettempdir()) / f"trainwatch-{os.getuid()}"
+    base.mkdir(mode=0o700, parents=False, exist_ok=True)
+    info = os.lstat(base)
+    if not os.path.isdir(base) or os.path.islink(base) or info.st_uid != os.getuid():
+        raise OSError(f"{base} is not this user's own folder")
+    return base
+
+
 def default_run_dir(base: Path | None = None) -> Path:
     """``./trainwatch-runs/<YYYYmmdd-HHMMSS>-<pid>``: next to the job, easy to find later."""
     stamp = time.strftime("%Y%m%d-%H%M%S")

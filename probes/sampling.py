@@ -8,6 +8,7 @@ locals (``judge/steps.py``), the growth of the ranks' logs, and the moments a ra
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable
 
@@ -23,9 +24,26 @@ from .read.processes.process import JobProcesses
 from .read.stacks.pyspy import find_pyspy
 from .read.stacks.sampler import StackSample, sample_all
 from .read.stacks.source_lines import source_line
+from .observed import FirstLook
 from .snapshot import LogActivity
 
 FULL_REFRESH_EVERY = 5  # every few polls, dump every rank anyway (other threads, stale lines)
+
+
+def signature_digest(signature: tuple) -> str:
+    """A short, stable name for a stack signature, to hold one process's look against another's."""
+    return hashlib.sha1(repr(signature).encode()).hexdigest()[:16]
+
+
+def first_look(sample: StackSample, signature: tuple, now: float) -> FirstLook:
+    """What this sample saw before its dump: the counters, the stack, and since when (and in what)
+    the kernel had the thread asleep without running."""
+    kernel = sample.kernel
+    asleep = kernel is not None and kernel.asleep_since is not None and kernel.letter in ("S", "D")
+    return FirstLook(at=sample.at or now, counters=sample.before, signature=signature_digest(signature),
+                     asleep_since=kernel.asleep_since if asleep else None,
+                     asleep_in=(f"{kernel.syscall}()" if kernel.syscall else (kernel.wchan or "one wait"))
+                     if asleep else None)
 
 
 class Sampler:
@@ -105,8 +123,10 @@ class Sampler:
             sample = samples[pid]
             self.stacks[pid] = sample.threads
             self.classes[pid] = cls
-            self.watch.observe(pid, stack_signature(main_thread(sample.threads)), cls.phase, sample.before,
-                                         sample.after, now, dumped=not sample.reused)
+            signature = stack_signature(main_thread(sample.threads))
+            first = first_look(sample, signature, now) if self.watch.first_seen(pid) is None else None
+            self.watch.observe(pid, signature, cls.phase, sample.before, sample.after, now, dumped=not sample.reused,
+                               first=first)
             self._follow_training_thread(pid, sample.threads)
         return samples
 

@@ -110,6 +110,11 @@ class KernelState(Record):
     rchar: int | None = None
     wchar: int | None = None
     kernel_stack: tuple[str, ...] = ()  # innermost first, where readable (root)
+    # Unix time since which the thread has been asleep (S, D) without running once: when it last got
+    # a CPU, from the scheduler (/proc/PID/task/TID/sched). Any ptrace attach wakes it, so it bounds
+    # how long the wait has lasted only from a look before anyone else's (the first look, mostly).
+    asleep_since: float | None = None
+    tracer_since: float | None = None  # unix time the tracer process started (it attached after that)
 
 
 @dataclass(frozen=True, repr=False)
@@ -206,7 +211,11 @@ class Rank(Record):
     op: str | None = None
     where: str | None = None  # most telling frame, "file:line function"
     user_frame: str | None = None  # innermost frame in the user's own files
+    # How long it has made no progress: a lower bound from the job's own evidence where that reaches
+    # back before trainwatch looked (its thread asleep in one wait, its pending collective, its last
+    # output), else from trainwatch's watch; ``stuck_source`` says which.
     stuck_for_s: float | None = None
+    stuck_source: str | None = None
     cpu_pct: float | None = None
     rss_bytes: int | None = None
     threads: tuple[ThreadStack, ...] = ()
@@ -498,9 +507,9 @@ def compact_ranks(ranks: typing.Iterable[int]) -> str:
 
 
 def age_text(seconds: float) -> str:
-    """``27 s``, ``4 min``, ``2.5 h``."""
+    """``27 s``, ``4 min``, ``2.5 h``: rounded down (an age is a lower bound)."""
     if seconds < 120:
-        return f"{seconds:.0f} s"
+        return f"{int(seconds)} s"
     if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
+        return f"{int(seconds // 60)} min"
+    return f"{int(seconds // 360) / 10:.1f} h"

@@ -22,11 +22,11 @@ TRAINWATCH = [sys.executable, "-m", "trainwatch.tui.cli"]
 class Watch:
     """`trainwatch watch PID --json --on-event` running beside the job; events read as they come."""
 
-    def __init__(self, pid: int, workdir: Path, env: dict | None = None) -> None:
+    def __init__(self, pid: int, workdir: Path, env: dict | None = None, extra_args: tuple[str, ...] = ()) -> None:
         self.hook_out = workdir / "on-event.txt"
         hook = f'echo "$TRAINWATCH_EVENT $TRAINWATCH_CULPRITS $TRAINWATCH_SUMMARY" >> {self.hook_out}'
         self.proc = subprocess.Popen([*TRAINWATCH, "watch", str(pid), "--json", "--interval", "1",
-                                      "--out", str(workdir / "watch"), "--on-event", hook],
+                                      "--out", str(workdir / "watch"), "--on-event", hook, *extra_args],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      env={**os.environ, **(env or {})})
         self.lines: queue.Queue[str] = queue.Queue()
@@ -45,6 +45,16 @@ class Watch:
             if condition(event):
                 return event
         raise AssertionError(f"no such event within {timeout}s; events: {self.events}")
+
+    def stop(self) -> None:
+        """Stop watching (as Ctrl-C does), the job left running."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
 
     def finish(self, timeout: float = 60) -> int:
         try:

@@ -6,7 +6,7 @@ from rich.console import Group as RichGroup
 from rich.table import Table
 from rich.text import Text
 
-from ..probes import Rank, Snapshot, step_label
+from ..probes import Rank, Snapshot, age_text, step_label, who
 from .widgets import format as fmt
 from .widgets.lines import group_line, phase_text, state_text, verdict_line
 
@@ -15,6 +15,17 @@ def gpu_text(rank: Rank) -> str:
     if rank.gpu is None:
         return fmt.NA
     return f"{fmt.pct(rank.gpu.util_pct)} {fmt.size(rank.gpu.mem_used_bytes)}"
+
+
+def stuck_lines(snapshot: Snapshot) -> list[Text]:
+    """How long the stuck ranks have made no progress, and what says so, one line per distinct
+    claim: ``ranks 0-1 stuck ≥ 9 min: last output 9 min ago; all_reduce #11 pending 9 min``."""
+    claims: dict[tuple[str, str], list[int]] = {}
+    for rank in snapshot.ranks:
+        if rank.state == "stuck" and rank.stuck_for_s is not None and rank.stuck_source and rank.rank is not None:
+            claims.setdefault((age_text(rank.stuck_for_s), rank.stuck_source), []).append(rank.rank)
+    return [Text(f"{who(ranks)} stuck ≥ {length}: {source}", style="dim")
+            for (length, source), ranks in claims.items()]
 
 
 def render_table(snapshot: Snapshot) -> RichGroup:
@@ -42,6 +53,7 @@ def render_table(snapshot: Snapshot) -> RichGroup:
     parts: list = [head, verdict_line(snapshot), table, Text("stack groups", style="bold underline")]
     for group in snapshot.groups:
         parts.append(Text("  ") + group_line(group, group.culprit or bool(culprits & set(group.ranks))))
+    parts += stuck_lines(snapshot)
     for warning in snapshot.warnings:
         parts.append(Text(f"warning: {warning}", style="yellow"))
     for note in snapshot.notes:

@@ -13,7 +13,7 @@ from ..read.collectives import flightrec
 from ..judge.steps import step_label
 from ..judge.groups import group_what
 from ..read.logs import ranklog
-from ..snapshot import GpuDevice, Rank, Snapshot, compact_ranks, who
+from ..snapshot import GpuDevice, Rank, Snapshot, age_text, compact_ranks, who
 from ..wording import NA, how_ended, na, pct, size
 
 
@@ -132,6 +132,9 @@ def state_word(rank: Rank) -> str:
     """The rank's state, or how it ended (the words of the live view's state column)."""
     if rank.exit is not None:
         return how_ended(rank.exit, alive=rank.state != "exited", short=True)
+    if rank.state == "stuck" and rank.stuck_for_s is not None:
+        source = f" ({rank.stuck_source})" if rank.stuck_source else ""
+        return f"stuck ≥ {age_text(rank.stuck_for_s)}{source}"
     return rank.state
 
 

@@ -13,16 +13,20 @@ from dataclasses import dataclass, field, replace
 from .collectives import judge_collectives
 from .exits import first_to_die
 from .groups import group_ranks
-from .progress import CompletedCollectives, ProgressTracker
+from .progress import CompletedCollectives, ProgressTracker, quiet_between
 from .ras import RasTracker, across_nodes, progress_pids
 from .verdict import judge
 from .warnings import job_warnings
-from ..observed import ObservedJob, ObservedRank
-from ..snapshot import UNJUDGED_VERDICTS, CollectiveState, Group, RasState, Rank, Snapshot, Verdict
+from ..observed import FirstLook, ObservedJob, ObservedRank, SharedStill
+from ..snapshot import (HANG_VERDICTS, UNJUDGED_VERDICTS, CollectiveState, Group, RasState, Rank, Snapshot, Verdict,
+                        age_text)
 from ..record import Record
 
 # Rounding for "enough": a window of samples taken on a schedule ends a little early.
 SLACK = 0.95
+# Another trainwatch's last look at a rank and its last dump of it, which our first look finds the
+# thread asleep since, are this close at most (its dump ends its window; it judges just after).
+ELSEWHERE_SLACK_S = 1.0
 
 
 @dataclass(repr=False)
@@ -85,7 +89,10 @@ def judge_job(evidence: ObservedJob, memory: JudgeMemory, now: float,
         if ev.rank in moved and ev.pid is not None:
             memory.progress.mark_progress(ev.pid, now)
     collectives = _with_ras(evidence, memory, now, collectives)
-    ranks = _first_to_die([rank_state(ev, memory.progress, now, options) for ev in evidence.ranks])
+    pending = _pending_bounds(collectives)
+    _hold_still(evidence, pending, memory.progress, now)
+    ranks = _first_to_die([_reported_stillness(rank_state(ev, memory.progress, now, options), pending, now)
+                           for ev in evidence.ranks])
     collectives, notes = _with_nodes_ras(evidence, ranks, collectives)
     for rank in ranks:  # where each rank goes while it makes progress: breaks ties between waiting ranks
         if rank.state == "running" and rank.where and rank.rank is not None:
@@ -97,6 +104,10 @@ def judge_job(evidence: ObservedJob, memory: JudgeMemory, now: float,
         verdict = replace(verdict, since=memory.verdict.since)
     else:
         verdict = replace(verdict, since=now)
+    if verdict.kind in HANG_VERDICTS:  # a hang began when its ranks stopped, not when trainwatch looked
+        began = min((now - r.stuck_for_s for r in ranks if r.state == "stuck" and r.stuck_for_s is not None),
+                    default=verdict.since)
+        verdict = replace(verdict, since=min(verdict.since, began))
     memory.verdict = verdict
     ranks = [_held_up_by_worker(r) for r in ranks]
     return Judgement(ranks=tuple(ranks), groups=group_ranks(ranks, verdict.culprits), verdict=verdict,
@@ -113,6 +124,68 @@ def _take_progress(evidence: ObservedJob, progress: ProgressTracker) -> None:
             for at in ev.progress_seen:
                 progress.mark_progress(ev.pid, at)
     progress.forget_except({ev.pid for ev in evidence.ranks if ev.pid is not None})
+
+
+def _pending_bounds(collectives: CollectiveState | None) -> dict[int, tuple[float, str]]:
+    """Per rank, since when its Flight Recorder shows it waiting on the collective it enqueued last
+    (none enqueued since), and the words for it with ``{age}``."""
+    pending: dict[int, tuple[float, str]] = {}
+    for row in collectives.ranks if collectives is not None else ():
+        if row.pending_since is not None and row.pending_seq is not None and row.pending_seq == row.last_enqueued:
+            what = f"{row.pending_op or 'collective'} #{row.pending_seq} pending {{age}}"
+            if row.rank not in pending or row.pending_since < pending[row.rank][0]:
+                pending[row.rank] = (row.pending_since, what)
+    return pending
+
+
+def _hold_still(evidence: ObservedJob, pending: dict[int, tuple[float, str]], progress: ProgressTracker,
+                now: float) -> None:
+    """What the job's own evidence says of how long each rank has made no progress, for the ranks
+    the judge has seen none from yet (``ProgressTracker.hold_still``): its thread asleep without
+    running once when first looked at (the kernel), the collective it enqueued last and still waits
+    for (the Flight Recorder), the last time its own log grew."""
+    for ev in evidence.ranks:
+        if ev.pid is None or ev.seen != "unknown":
+            continue
+        first = ev.first_look
+        if first is not None and first.asleep_since is not None:
+            progress.hold_still(ev.pid, first.asleep_since, "kernel", f"asleep in {first.asleep_in} for {{age}}")
+        if first is not None and ev.still_elsewhere is not None and _joins(ev.still_elsewhere, first):
+            for kind, since, words in ev.still_elsewhere.kinds:
+                progress.hold_still(ev.pid, since, kind, words)
+            progress.hold_still(ev.pid, ev.still_elsewhere.since, "elsewhere", "seen still by another trainwatch for {age}")
+        if ev.rank is not None and ev.rank in pending:
+            progress.hold_still(ev.pid, pending[ev.rank][0], "collective", pending[ev.rank][1])
+        if ev.log is not None and ev.log.own and ev.log.age_s is not None:
+            progress.hold_still(ev.pid, now - ev.log.age_s, "log", "last output {age} ago")
+
+
+def _joins(other: SharedStill, first: FirstLook) -> bool:
+    """Whether what another trainwatch process on this node established of a rank (no progress from
+    its ``since`` to ``until``) reaches this one's first look, so that the rank has made no progress
+    since the other's ``since`` (``read/processes/stillness.py``): the first look found its thread
+    asleep since before that ``until``; or the same stack as the other's last look and, since that
+    look, no wake-up but those pauses from outside explain (py-spy, gdb, ...) and hardly any CPU."""
+    if first.asleep_since is not None and first.asleep_since <= other.until + ELSEWHERE_SLACK_S:
+        return True
+    if other.counters is None or first.counters is None or other.signature != first.signature:
+        return False
+    return quiet_between(other.counters, first.counters)
+
+
+def _reported_stillness(rank: Rank, pending: dict[int, tuple[float, str]], now: float) -> Rank:
+    """A rank judged stuck where it was read (a bundle, another node), held against the Flight
+    Recorder state it is judged with now: a pending collective older than the reported time
+    reaches further back, as it does for a live rank."""
+    if rank.state != "stuck" or rank.rank not in pending or rank.stuck_for_s is None:
+        return rank
+    since, what = pending[rank.rank]
+    if since >= now - rank.stuck_for_s:
+        return rank
+    words = what.format(age=age_text(now - since))
+    source = words if not rank.stuck_source or rank.stuck_source.startswith("since trainwatch") else \
+        f"{rank.stuck_source}; {words}"
+    return replace(rank, stuck_for_s=round(now - since, 1), stuck_source=source)
 
 
 def _waits_on_worker(rank: Rank) -> bool:
@@ -163,14 +236,18 @@ def rank_state(ev: ObservedRank, progress: ProgressTracker, now: float, options:
     ``progress``), once it was watched for a whole window. A state judged where the rank was
     sampled (``ev.seen``) stands; an unsampled rank is ``unknown``."""
     if ev.seen != "unknown":
-        return ev.as_rank(ev.seen, ev.stuck_for_s)
+        return ev.as_rank(ev.seen, ev.stuck_for_s, ev.stuck_source)
     idle = progress.idle_for(ev.pid, now) if ev.pid is not None else None
     if (not ev.sampled or idle is None or options.window <= 0
             or progress.observed_for(ev.pid, now) < options.window * SLACK):
         return ev.as_rank("unknown", None)
     threshold = options.stuck_after or progress.threshold(ev.pid, options.window, ev.step_period_s)
-    stuck = idle >= threshold * SLACK
-    rank = ev.as_rank("stuck" if stuck else "running", round(idle, 1) if stuck else None)
+    if idle < threshold * SLACK:
+        rank = ev.as_rank("running", None)
+    else:  # how long: from the job's own evidence where it reaches further back than our watch
+        still = progress.still_since(ev.pid, now)
+        since = min(still.since, now - idle) if still is not None else now - idle
+        rank = ev.as_rank("stuck", round(now - since, 1), still.source if still is not None else None)
     return replace(rank, longest_quiet_s=progress.longest_gap(ev.pid))  # its rhythm, for judge/gpuwait.py
 
 

@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 
 from ..snapshot import FILE_SYSCALLS, Rank, Verdict, age_text, who
 
+STALL_SLACK_S = 1.0  # a tracer started within this of the stall may have caused it
+
 # How a syscall reads in a sentence.
 CALL_WORDS = {"newfstatat": "stat", "statx": "stat", "lstat": "stat", "fstat": "stat", "openat": "open",
               "openat2": "open", "pread64": "read", "readv": "read", "pwrite64": "write", "writev": "write",
@@ -21,13 +23,17 @@ CALL_WORDS = {"newfstatat": "stat", "statx": "stat", "lstat": "stat", "fstat": "
               "mkdirat": "mkdir", "getdents64": "getdents"}
 
 
-def from_kernel(ranks: Sequence[Rank], waits_text: Callable[[list[Rank]], str]) -> Verdict | None:
+def from_kernel(ranks: Sequence[Rank], waits_text: Callable[[list[Rank]], str],
+                now: float | None = None) -> Verdict | None:
     """The kernel's verdict, or None when it shows nothing wrong. ``waits_text``: how the ranks
-    waiting for the culprits wait, in words (``verdict.waits``)."""
+    waiting for the culprits wait, in words (``verdict.waits``). ``now``: when the ranks were read;
+    with it, a rank a tracer holds that was already stuck before the tracer started is no culprit:
+    someone looked at a hang (``gdb -p``), they did not cause it."""
     local = [r for r in ranks if r.state in ("running", "stuck", "unknown") and r.kernel is not None]
     if not local:
         return None
-    stopped = [r for r in local if r.kernel.letter in ("T", "t")]
+    stalled = _stalled_since(local, now)
+    stopped = [r for r in local if r.kernel.letter in ("T", "t") and not looked_at_after(r, stalled)]
     if stopped and len(stopped) == len(local) and all(r.kernel.letter == "T" for r in stopped):
         return Verdict("unknown", (), "every rank is stopped (T): the job is suspended (SIGSTOP, `scontrol "
                                       "suspend`, job control), not hung; `kill -CONT` resumes it")
@@ -39,9 +45,25 @@ def from_kernel(ranks: Sequence[Rank], waits_text: Callable[[list[Rank]], str]) 
     text = "; ".join(_why(r) for r in culprits)
     if waiting:
         return Verdict("straggler", _numbers(culprits), f"{text} while {who(_numbers(waiting))} {waits_text(waiting)}")
-    if blocked or len(stopped) < len(local):
+    if blocked or any(r.state == "stuck" for r in stopped):  # a rank held a moment that nothing waits on is no hang
         return Verdict("hang", _numbers(culprits), text)
     return None
+
+
+def _stalled_since(ranks: Sequence[Rank], now: float | None) -> float | None:
+    """Since when the job is known to have stalled: the earliest a stuck rank stopped progressing."""
+    if now is None:
+        return None
+    return min((now - r.stuck_for_s for r in ranks if r.state == "stuck" and r.stuck_for_s is not None), default=None)
+
+
+def looked_at_after(rank: Rank, stalled_since: float | None) -> bool:
+    """A rank held by a tracer (t) whose tracer started only after the job had stalled: it looks at
+    a hang that was already there (``gdb -p`` on a stuck rank), it did not cause it."""
+    kernel = rank.kernel
+    if stalled_since is None or kernel is None or kernel.letter != "t" or kernel.tracer_since is None:
+        return False
+    return stalled_since + STALL_SLACK_S < kernel.tracer_since
 
 
 def _on_storage(rank: Rank) -> bool:

@@ -8,7 +8,14 @@ progress. Signs of progress between two samples:
   context switches grew between our dumps (py-spy's own attach adds two, so only the gaps between
   dumps are counted; a single wake-up is what a signal such as faulthandler's does to a thread
   that stays blocked), and it was on a CPU or waiting for one for less than ``SPIN_SHARE`` of
-  that gap. A blocking wait (a gloo or socket receive, a lock, a CUDA sync under
+  that gap. Wake-ups that a pause from outside explains do not count: any other ptrace attach
+  (another trainwatch, ``py-spy dump/top/record``, ``gdb -p``, pystack, a profiler) or a stop
+  signal halts every thread of the process and wakes each blocked one twice, while an answered
+  wait wakes only its waiter. A few of the process's quietest other threads (its *witnesses*,
+  ``procfs.witness_threads``) are read with the main thread; twice the fewest wake-ups any of them
+  made in the gap is taken off the main thread's (measured on a hung gloo rank: three py-spy dumps
+  from another shell gave every one of its six threads the same +4 but the gloo loop thread, which
+  wakes on its own). A blocking wait (a gloo or socket receive, a lock, a CUDA sync under
   ``cudaDeviceScheduleBlockingSync``) sleeps until it is answered: its wake-ups are the answers.
   A spinning wait (a CUDA sync under the default schedule: how hung NCCL ranks wait) stays
   runnable, and the few voluntary switches it makes come from elsewhere (measured on an H200,
@@ -37,12 +44,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..observed import ThreadCounters
-from ..snapshot import WAITING_PHASES, CollectiveState
+from ..observed import FirstLook, ThreadCounters
+from ..snapshot import WAITING_PHASES, CollectiveState, age_text
 from ..record import Record
 
 MIN_WAKEUPS = 2
 SPIN_SHARE = 0.5
+QUIET_SHARE = 0.02  # of a stretch between two looks, the most CPU a thread that made no progress used
 TIMER_SLEEPS = frozenset({"nanosleep", "clock_nanosleep"})
 POLLED_PHASES = frozenset({"collective", "gpu_wait"})  # waits that end on an event: a timer in one is a poll loop
 GAPS_KEPT = 16  # recent quiet stretches that set a rank's rhythm
@@ -60,6 +68,7 @@ class _Look(Record):
     dumped_after: ThreadCounters | None = None  # counters right after the last real py-spy dump
     unclear: bool = False  # the last look found the same stack and no sign of progress in the counters
     signs: list[float] = field(default_factory=list)  # when progress was seen, not yet handed on
+    first: FirstLook | None = None  # the first look, before any dump of ours woke it
 
 
 def spun(before: ThreadCounters, after: ThreadCounters) -> bool | None:
@@ -74,10 +83,35 @@ def spun(before: ThreadCounters, after: ThreadCounters) -> bool | None:
     return wall > 0 and busy >= SPIN_SHARE * wall
 
 
+def paused(before: ThreadCounters, after: ThreadCounters) -> int:
+    """How many of the main thread's wake-ups between two readings a pause of the whole process
+    from outside explains (see the module doc): twice the fewest wake-ups any of its witness
+    threads made meanwhile (a blocked thread wakes twice a pause, a running one once); 0 when no
+    witness was read both times."""
+    earlier = dict(before.others)
+    moved = [woke - earlier[tid] for tid, woke in after.others if tid in earlier]
+    return 2 * max(0, min(moved)) if moved else 0
+
+
+def wakeups(before: ThreadCounters, after: ThreadCounters) -> int:
+    """The main thread's wake-ups between two readings that no pause from outside explains."""
+    return after.voluntary - before.voluntary - paused(before, after)
+
+
+def quiet_between(before: ThreadCounters, after: ThreadCounters) -> bool:
+    """No sign of progress between two readings of a thread, however far apart and whoever took
+    them: no wake-up but those pauses from outside explain, and hardly any time on a CPU (a
+    ptrace stop costs the thread microseconds)."""
+    if before.run_ns is None or after.run_ns is None or before.at_ns is None or after.at_ns is None:
+        return False
+    wall = after.at_ns - before.at_ns
+    return wall > 0 and wakeups(before, after) < MIN_WAKEUPS and after.run_ns - before.run_ns <= QUIET_SHARE * wall
+
+
 def _woke(look: _Look, counters: ThreadCounters | None) -> bool:
-    """The main thread blocked and woke up at least ``MIN_WAKEUPS`` times since the last look, and
-    mostly slept in between (see the module doc)."""
-    if counters is None or look.after is None or counters.voluntary - look.after.voluntary < MIN_WAKEUPS:
+    """The main thread blocked and woke up at least ``MIN_WAKEUPS`` times since the last look, more
+    than a pause of the whole process explains, and mostly slept in between (see the module doc)."""
+    if counters is None or look.after is None or wakeups(look.after, counters) < MIN_WAKEUPS:
         return False
     return not spun(look.after, counters)
 
@@ -99,10 +133,13 @@ class StackWatch:
         self._looks: dict[int, _Look] = {}
 
     def observe(self, pid: int, signature: tuple, phase: str, before: ThreadCounters | None,
-                after: ThreadCounters | None, now: float, dumped: bool = True) -> None:
+                after: ThreadCounters | None, now: float, dumped: bool = True,
+                first: FirstLook | None = None) -> None:
+        """One look at ``pid``'s main thread; ``first``: what the first look saw before its dump
+        (kept for the judge: :meth:`first_look`)."""
         look = self._looks.get(pid)
         if look is None:
-            self._looks[pid] = _Look(signature, after, now, dumped_after=after if dumped else None)
+            self._looks[pid] = _Look(signature, after, now, dumped_after=after if dumped else None, first=first)
             return
         progressed = self._progressed(look, signature, phase, before)
         if progressed:
@@ -135,6 +172,16 @@ class StackWatch:
             return ()
         signs, look.signs = tuple(look.signs), []
         return signs
+
+    def first_look(self, pid: int) -> FirstLook | None:
+        """What the sampler's first look at ``pid`` saw before its dump."""
+        look = self._looks.get(pid)
+        return None if look is None else look.first
+
+    def last_counters(self, pid: int) -> ThreadCounters | None:
+        """The counters of ``pid``'s thread at the last look (after its dump, if any)."""
+        look = self._looks.get(pid)
+        return None if look is None else look.after
 
     def first_seen(self, pid: int) -> float | None:
         """When the sampler first looked at ``pid`` (None: never)."""
@@ -188,6 +235,20 @@ class _Track(Record):
     progress_at: float  # last time progress was seen (or first seen)
     first_seen: float
     gaps: list[float] = field(default_factory=list)  # recent quiet stretches that ended in progress
+    # While no progress was seen since it was first watched: per kind of evidence ("kernel",
+    # "collective", "log"), the earliest time the job's own evidence says it made none since, and
+    # what says so (see ProgressTracker.still_since).
+    still: dict[str, tuple[float, str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, repr=False)
+class Stillness(Record):
+    """Since when a rank made no progress, and what says so: the job's own evidence where it reaches
+    back before trainwatch looked, else trainwatch's watch."""
+
+    since: float
+    source: str  # "last output 9 min ago; all_reduce #11 pending 9 min", or "since trainwatch first looked"
+    watched_only: bool  # nothing older than trainwatch's own watch is known
 
 
 class ProgressTracker:
@@ -210,6 +271,43 @@ class ProgressTracker:
             return
         track.gaps = (track.gaps + [now - track.progress_at])[-GAPS_KEPT:]
         track.progress_at = now
+        track.still.clear()  # what it says of the time before is superseded by the progress seen
+
+    def hold_still(self, pid: int, since: float, kind: str, what: str) -> None:
+        """The job's own evidence says ``pid`` made no progress since ``since`` (``kind``: one name per
+        kind of evidence; ``what``: a template with ``{age}`` for its age, "last output {age} ago").
+        Kept only while no progress was seen since the rank was first watched: a bound from the job
+        (read at or after that first look) joined to trainwatch's own watch bounds the whole stretch.
+        The earliest of each kind wins."""
+        track = self._tracks.get(pid)
+        if track is None or track.progress_at > track.first_seen or since >= track.first_seen:
+            return
+        known = track.still.get(kind)
+        if known is None or since < known[0]:
+            track.still[kind] = (since, what)
+
+    def still_since(self, pid: int, now: float) -> Stillness | None:
+        """Since when ``pid`` made no progress: the earliest of the job's own bounds (its main thread
+        asleep in one wait, its pending collective, its last output) where no progress was seen since
+        it was first watched, else the last progress seen (or the first look). None if never watched."""
+        track = self._tracks.get(pid)
+        if track is None:
+            return None
+        if not track.still:
+            words = "since trainwatch first looked" if track.progress_at == track.first_seen else \
+                "since trainwatch last saw it progress"
+            return Stillness(track.progress_at, words, watched_only=True)
+        kinds = sorted(track.still.values())
+        own = [since for kind, (since, _) in track.still.items() if kind != "elsewhere"]
+        if "elsewhere" in track.still and own and min(own) <= track.still["elsewhere"][0] + 1.0:
+            kinds.remove(track.still["elsewhere"])  # the job's own evidence says as much: say that
+        words = "; ".join(what.format(age=age_text(now - since)) for since, what in kinds)
+        return Stillness(min(kinds[0][0], track.progress_at), words, watched_only=False)
+
+    def still_kinds(self, pid: int) -> tuple[tuple[str, float, str], ...]:
+        """The job's own bounds held for ``pid``: (kind, since, words with ``{age}``)."""
+        track = self._tracks.get(pid)
+        return tuple((kind, since, what) for kind, (since, what) in track.still.items()) if track else ()
 
     def threshold(self, pid: int, window: float, step_period: float | None = None) -> float:
         """Seconds without progress after which this rank counts as stuck (see the module doc)."""

@@ -91,7 +91,7 @@ def judge(ranks: Sequence[Rank], job: Job | None = None,
     """
     familiar = familiar or {}
     verdict = (_ended_while_hung(ranks, collectives, familiar, now) or _crashed(ranks) or _rendezvous(ranks, job)
-               or from_kernel(ranks, lambda waiting: waits(by_place(waiting)[0], collectives, now))
+               or from_kernel(ranks, lambda waiting: waits(by_place(waiting)[0], collectives, now), now)
                or _from_collectives(ranks, collectives, familiar, now)
                or _from_ras(ranks, collectives, familiar, now) or _from_stacks(ranks, collectives, familiar, now))
     # Which ranks are at another step; not said of a healthy job (ranks read a few ms apart straddle steps).

@@ -83,7 +83,8 @@ def test_every_rank_field_survives_the_wire():
     from trainwatch.probes.snapshot import KernelState, LogActivity
 
     full = Rank(rank=3, pid=103, host="n2", local_rank=1, state="stuck", phase="collective", op="all_reduce",
-                where="c10d.py:9 all_reduce", user_frame="train.py:5 step", stuck_for_s=42.0, cpu_pct=3.5,
+                where="c10d.py:9 all_reduce", user_frame="train.py:5 step", stuck_for_s=42.0,
+                stuck_source="asleep in futex() for 42 s", cpu_pct=3.5,
                 rss_bytes=1 << 30, threads=WAIT, gpu=RankGpu(index=1, util_pct=99.0), exit=ExitInfo(code=1, reason="x"),
                 children=(301,), log_path="/job/log", detail="d", dataloader_worker="DataLoader worker PID 301 is in x", step=7, step_period_s=0.5, step_held_s=9.1, native=True,
                 log=LogActivity(age_s=30.0, every_s=1.0, longest_s=2.0, own=False, bar_s=0.5), longest_quiet_s=4.0,
@@ -105,7 +106,7 @@ def test_every_rank_field_survives_the_wire():
                                                if f.name in {g.name for g in dataclasses.fields(Rank)}})
     assert evidence == by_init and hash(evidence) == hash(by_init)
     assert all(hasattr(evidence, f.name) for f in dataclasses.fields(ObservedRank))
-    assert evidence.as_rank(full.state, full.stuck_for_s) == full
+    assert evidence.as_rank(full.state, full.stuck_for_s, full.stuck_source) == full
     assert dataclasses.replace(evidence, host="n3").host == "n3"
 
 

@@ -26,7 +26,7 @@ async def test_the_op_gets_its_room_before_optional_columns():
     app, _ = make_app(ddp_straggler())
     async with app.run_test(size=(120, 40)) as pilot:
         await until(pilot, lambda: app.polls == 1)
-        rows = [line for line in screen_text(app).splitlines() if "stuck 34s" in line and "collective" in line]
+        rows = [line for line in screen_text(app).splitlines() if "stuck ≥34s" in line and "collective" in line]
         assert len(rows) == 3 and all("all_reduce (DDP gradients)" in row for row in rows), rows
         assert all("train.py:68 compute_step" in row for row in rows), rows  # and `where` keeps its frame
     plan = {c.key: c.width for c in plan_columns(120, 4, True, op_width=26)}
@@ -101,6 +101,6 @@ async def test_at_80x24_the_ddp_op_is_read_in_full_next_to_its_frame():
     app, _ = make_app(ddp_straggler())
     async with app.run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: app.polls == 1)
-        rows = [line for line in screen_text(app).splitlines() if "stuck 34s" in line and "all_reduce" in line]
+        rows = [line for line in screen_text(app).splitlines() if "stuck ≥34s" in line and "all_reduce" in line]
         assert len(rows) == 3 and all("all_reduce (DDP gradients)" in row for row in rows), rows
         assert all("train.py:68 compute_step" in row for row in rows), rows

@@ -116,9 +116,9 @@ def test_one_renderer_for_state_verdict_and_groups():
     text = console.export_text()
     assert lines.verdict_line(snap).plain in text  # the same words as the live header, without "for …"
     assert lines.group_line(snap.groups[1], True).plain.strip() in text
-    assert lines.state_label(snap.ranks[3]) == "stuck 42s" and "stuck 42s" in text
+    assert lines.state_label(snap.ranks[3]) == "stuck ≥42s" and "stuck ≥42s" in text
     crashed_rank = replace(snap.ranks[3], exit=replace(snap.ranks[3], rank=3).exit)
-    assert lines.state_label(crashed_rank) == "stuck 42s"  # no exit: still its state
+    assert lines.state_label(crashed_rank) == "stuck ≥42s"  # no exit: still its state
 
 
 def test_unreadable_values_are_n_a():

@@ -8,7 +8,7 @@ from textual.widgets import Static
 
 from ...probes import Frame, Rank, RankGpu, ThreadStack, compact_ranks
 
-from ...probes import how_ended, kernel_words, log_activity
+from ...probes import age_text, how_ended, kernel_words, log_activity
 
 from . import format as fmt
 from .lines import phase_text, state_text
@@ -133,6 +133,8 @@ def detail_text(rank: Rank | None, now: float, native: bool = False) -> tuple[Te
     if native:
         head.append("native stacks on")
     parts: list[Text] = [Text(" · ".join(head), style="bold"), facts_text(rank)]
+    if rank.state == "stuck" and rank.stuck_source:
+        parts.append(Text(f"stuck ≥ {age_text(rank.stuck_for_s or 0)}: {rank.stuck_source}", style="dim"))
     if rank.where:
         parts.append(Text.assemble(("where: ", "dim"), rank.where))
     if rank.user_frame and rank.user_frame != rank.where:

@@ -41,12 +41,12 @@ PHASE_STYLES: dict[Phase, str] = {
 
 
 def state_label(rank: Rank) -> str:
-    """``running``, ``stuck 42s``, or how an exited rank ended: ``SIGSEGV``, ``exit 1``, ``exited``;
+    """``running``, ``stuck ≥42s``, or how an exited rank ended: ``SIGSEGV``, ``exit 1``, ``exited``;
     ``raised`` for a rank whose uncaught exception left it alive (a non-daemon thread keeps it)."""
     if rank.exit is not None:
         return how_ended(rank.exit, alive=rank.state != "exited", short=True)
-    if rank.state == "stuck" and rank.stuck_for_s is not None:
-        return f"stuck {fmt.duration(rank.stuck_for_s)}"
+    if rank.state == "stuck" and rank.stuck_for_s is not None:  # a lower bound: what says so is in the detail
+        return f"stuck ≥{fmt.duration(rank.stuck_for_s)}"
     return rank.state
 
 

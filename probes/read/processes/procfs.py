@@ -62,25 +62,89 @@ def parse_environ(raw: bytes) -> dict[str, str]:
 def thread_counters(pid: int, tid: int | None = None) -> ThreadCounters | None:
     """Counters of thread ``tid`` (default: the main thread) of ``pid``; None if gone. Its
     times on and waiting for a CPU come from ``schedstat`` where the kernel keeps them; the
-    syscall it is in from ``syscall`` (unreadable without ptrace access: then None)."""
+    syscall it is in from ``syscall`` (unreadable without ptrace access: then None); the wake-ups
+    of a few of the process's quietest other threads, read with it (:func:`witness_threads`)."""
     base = f"/proc/{pid}/task/{tid or pid}"
     at_ns = time.monotonic_ns()
     stat, status = read_text(f"{base}/stat"), read_text(f"{base}/status")
     if stat is None or status is None:
         return None
     fields = stat.rsplit(")", 1)[1].split()
-    switches = {k: int(v) for k, v in (line.split(":\t") for line in status.splitlines() if "ctxt_switches" in line)}
     ticks = int(fields[11]) + int(fields[12])
     run_ns, queued_ns = _schedstat(base)
     return ThreadCounters(
         cpu_ticks=ticks,
-        voluntary=switches.get("voluntary_ctxt_switches", 0),
-        involuntary=switches.get("nonvoluntary_ctxt_switches", 0),
+        voluntary=_switches(status, "voluntary_ctxt_switches") or 0,
+        involuntary=_switches(status, "nonvoluntary_ctxt_switches") or 0,
         at_ns=at_ns,
         run_ns=ticks * NS_PER_TICK if run_ns is None else run_ns,
         queued_ns=queued_ns,
         syscall=syscall_name(read_text(f"{base}/syscall"), lambda: read_text(f"{base}/wchan")),
+        others=_witness_wakeups(pid, tid or pid),
     )
+
+
+def _switches(status: str, name: str) -> int | None:
+    """One ``*_ctxt_switches`` count of a ``status`` file's text; None when absent."""
+    start = status.find(f"\n{name}:\t")
+    if start < 0:
+        return None
+    start += len(name) + 3
+    end = status.find("\n", start)
+    value = status[start:end if end >= 0 else None].strip()
+    return int(value) if value.isdigit() else None
+
+
+# -- witnesses of a pause of the whole process --------------------------------------------------
+# A ptrace attach (py-spy, gdb, another trainwatch, a profiler) or a stop signal halts every thread
+# of a process and wakes each one that was blocked: every thread's voluntary switches grow by about
+# two per pause. An answered wait wakes only its waiter. So a few threads that rarely wake by
+# themselves, read with the main thread, tell how many of its wake-ups a pause from outside
+# explains (judge/progress.py). They are chosen once per process (re-chosen when one ends) among
+# its first MAX_CANDIDATES threads, by fewest wake-ups in their lifetime.
+WITNESSES = 3
+MAX_CANDIDATES = 64
+RECHOOSE_S = 10.0  # a process with fewer witnesses than wanted (young: torch starts threads later) looks again
+_witnesses: dict[int, tuple[tuple[int, ...], float]] = {}  # pid -> (witnesses, when chosen)
+_WITNESS_PROCESSES = 4096  # a week-long watch of restarting jobs must not grow this forever
+
+
+def witness_threads(pid: int, main: int) -> tuple[int, ...]:
+    """The thread IDs of ``pid`` that witness pauses of the whole process (see above); () when the
+    process has no thread but ``main`` (or the one that trains)."""
+    known = _witnesses.get(pid)
+    now = time.monotonic()
+    if known is not None and main not in known[0] and (len(known[0]) >= WITNESSES or now - known[1] < RECHOOSE_S):
+        return known[0]
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")[:MAX_CANDIDATES] if int(t) not in (pid, main)]
+    except OSError:
+        return ()
+    counted = []
+    for tid in tids:
+        status = read_text(f"/proc/{pid}/task/{tid}/status")
+        woke = _switches(status, "voluntary_ctxt_switches") if status else None
+        if woke is not None:
+            counted.append((woke, tid))
+    chosen = tuple(tid for _, tid in sorted(counted)[:WITNESSES])
+    if len(_witnesses) >= _WITNESS_PROCESSES:
+        _witnesses.clear()
+    _witnesses[pid] = (chosen, now)
+    return chosen
+
+
+def _witness_wakeups(pid: int, main: int) -> tuple[tuple[int, int], ...]:
+    """(thread ID, voluntary switches) of ``pid``'s witness threads, read now; a witness that ended
+    makes the next reading choose again."""
+    read = []
+    for tid in witness_threads(pid, main):
+        status = read_text(f"/proc/{pid}/task/{tid}/status")
+        woke = _switches(status, "voluntary_ctxt_switches") if status else None
+        if woke is None:
+            _witnesses.pop(pid, None)
+            continue
+        read.append((tid, woke))
+    return tuple(read)
 
 
 def _schedstat(base: str) -> tuple[int | None, int | None]:

@@ -72,7 +72,7 @@ def _begin(request: tuple, timeout: float, locals: bool) -> StackSample | _RankR
         return StackSample(pid, previous, before, before, reused=True)
     # Read here, not after every dump ends: the rank is as it was before any pause of this round,
     # and the read overlaps the runs already started instead of adding to the round's end.
-    kernel = kernel_state(pid)
+    kernel = kernel_state(pid, tid)
     read = _RankRead(pid, before, kernel, tid, native, locals, timeout, no_pause_reason(kernel))
     read.start()
     return read

@@ -1,0 +1,109 @@
+"""What the trainwatch processes on one node tell each other of a rank's stillness.
+
+A rank's main thread asleep in one wait since before anyone looked is the job's own evidence of how
+long it has waited (``kernel_view.asleep_since``), but every ptrace attach wakes it: a second
+trainwatch started on a hung job finds the thread asleep only since the first one's last dump.
+So each live trainwatch process leaves what it established of each stuck rank in the node's
+runtime folder (``rundir.runtime_dir``): one small file per rank process, named by its PID and
+start time (a PID used again is another process), holding since when it saw no progress, until
+when, and what said so. A newer process joins that to its own first look (``judge/judgement.py``).
+Best effort: a folder that cannot be used leaves each process to its own watch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+
+from ...observed import SharedStill, ThreadCounters
+from ...rundir import runtime_dir
+from . import procfs
+
+PREFIX = "still-"
+SWEEP_EVERY_S = 60.0  # files of processes that ended are removed this often, by whoever writes
+_last_sweep = 0.0
+_folder: Path | None = None
+
+
+def _runtime() -> Path:
+    """The runtime folder, made and checked once per process (a poll asks for it per rank)."""
+    global _folder
+    if _folder is None or not _folder.is_dir():
+        _folder = runtime_dir()
+    return _folder
+
+
+def _path(pid: int) -> Path | None:
+    """The file for ``pid`` (named with its start time), or None when the process or folder is gone."""
+    start = _start_ticks(pid)
+    if start is None:
+        return None
+    try:
+        return _runtime() / f"{PREFIX}{pid}-{start}.json"
+    except OSError:  # no usable runtime folder: nothing is shared
+        return None
+
+
+def _start_ticks(pid: int) -> str | None:
+    stat = procfs.read_text(f"/proc/{pid}/stat")
+    if not stat:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return fields[19] if len(fields) > 19 else None
+
+
+def read_shared(pid: int) -> SharedStill | None:
+    """What another trainwatch process left of ``pid``; None when nothing (or nothing readable)."""
+    path = _path(pid)
+    if path is None:
+        return None
+    try:
+        data = json.loads(path.read_bytes())
+        kinds = tuple((str(k), float(s), str(w)) for k, s, w in data.get("kinds", ()))
+        counters = data.get("counters")
+        if counters is not None:
+            counters = ThreadCounters(**{**counters, "others": tuple(tuple(o) for o in counters.get("others", ()))})
+        return SharedStill(float(data["since"]), float(data["until"]), kinds, data.get("by"), counters,
+                           data.get("signature"))
+    except (OSError, ValueError, KeyError, TypeError):  # none yet, or half-written by a process that died
+        return None
+
+
+def write_shared(pid: int, still: SharedStill) -> None:
+    """Leave what this process established of ``pid`` (atomically: a reader never sees half)."""
+    path = _path(pid)
+    if path is None:
+        return
+    data = {"since": still.since, "until": still.until, "kinds": [list(k) for k in still.kinds], "by": os.getpid(),
+            "counters": dataclasses.asdict(still.counters) if still.counters is not None else None,
+            "signature": still.signature}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, path)
+    except OSError:  # a full disk or a removed folder: the next process relies on its own look
+        tmp.unlink(missing_ok=True)
+    _sweep(path.parent)
+
+
+def forget_shared(pid: int) -> None:
+    """``pid`` was seen progressing: what was left of its stillness no longer holds."""
+    path = _path(pid)
+    if path is not None:
+        path.unlink(missing_ok=True)
+
+
+def _sweep(folder: Path) -> None:
+    """Remove the files of rank processes that ended (at most every ``SWEEP_EVERY_S``)."""
+    global _last_sweep
+    now = time.monotonic()
+    if now - _last_sweep < SWEEP_EVERY_S:
+        return
+    _last_sweep = now
+    for path in folder.glob(f"{PREFIX}*.json"):
+        pid, _, start = path.stem[len(PREFIX):].partition("-")
+        if not pid.isdigit() or _start_ticks(int(pid)) != start:
+            path.unlink(missing_ok=True)

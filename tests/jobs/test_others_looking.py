@@ -1,0 +1,143 @@
+"""Others look at the same job, and the hang began before anyone did (issue 40): real gloo jobs.
+
+A verdict is about what the job did: another py-spy, a debugger attaching and detaching, or a
+second trainwatch must not turn a hung job healthy nor move the blame; and how long a rank has
+been stuck is read from the job's own evidence, reaching back before trainwatch first looked.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from real_jobs import PlantedJob, wait_quiet
+from watching import Watch
+
+pytestmark = pytest.mark.job
+
+HUNG_FOR_S = 12.0  # how long the job has hung, untouched, before the first test looks
+PY_SPY = str(Path(sys.executable).with_name("py-spy"))
+
+
+def snapshot(pid: int) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "trainwatch.tui.cli", "snapshot", str(pid), "--json"],
+                          capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def said(data: dict) -> tuple:
+    return data["verdict"]["kind"], tuple(data["verdict"]["culprits"])
+
+
+class Onlookers:
+    """What else looks at a job while trainwatch does: ``py-spy dump`` of every rank every half
+    second and, given ``gdb_on``, ``gdb -p`` attaching to that rank and detaching every second or so."""
+
+    def __init__(self, pids: list[int], gdb_on: int | None = None) -> None:
+        self.pids, self.gdb_on = pids, gdb_on
+        self.looks = 0
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._py_spy, daemon=True)]
+        if gdb_on is not None:
+            self._threads.append(threading.Thread(target=self._gdb, daemon=True))
+
+    def __enter__(self) -> "Onlookers":
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(30)
+
+    def _py_spy(self) -> None:
+        while not self._stop.is_set():
+            for pid in self.pids:
+                subprocess.run([PY_SPY, "dump", "--pid", str(pid)], capture_output=True, timeout=20)
+                self.looks += 1
+            self._stop.wait(0.5)
+
+    def _gdb(self) -> None:
+        while not self._stop.is_set():  # -batch detaches as it ends: the rank is left running
+            subprocess.run(["gdb", "-p", str(self.gdb_on), "-batch", "-ex", "info threads", "-ex", "shell sleep 0.5"],
+                           capture_output=True, timeout=30)
+            self.looks += 1
+            self._stop.wait(0.5)
+
+
+@pytest.fixture(scope="module")
+def hung(tmp_path_factory):
+    """A 3-rank straggler job (rank 2 sleeps at step 3, ranks 0-1 wait in all_reduce), left alone
+    until it has hung for ``HUNG_FOR_S``; the tests below read it in file order."""
+    with PlantedJob(tmp_path_factory.mktemp("hung"), "straggler", nproc=3, deadline=240) as job:
+        pids = job.wait_for_ranks()
+        wait_quiet(pids)
+        time.sleep(HUNG_FOR_S)
+        yield job, pids, time.time() - HUNG_FOR_S
+
+
+def test_the_stuck_time_reaches_back_before_the_first_look(hung):
+    job, _, quiet_at = hung
+    data = snapshot(job.pid)
+    assert said(data) == ("straggler", (2,)), data["verdict"]
+    for rank in data["ranks"]:
+        assert rank["state"] == "stuck"
+        assert rank["stuck_for_s"] >= data["taken_at"] - quiet_at - 1.0, rank  # not the 3 s trainwatch watched
+        assert "asleep in" in rank["stuck_source"], rank  # what says so: the kernel saw its thread asleep
+    assert data["verdict"]["since"] <= quiet_at + 1.0  # the hang's, not the first look's
+
+
+def test_a_second_trainwatch_keeps_what_the_first_established(hung):
+    """The first snapshot's dumps woke every thread: the kernel alone would now say seconds. What
+    the first trainwatch left in the runtime folder is joined to the second one's look."""
+    job, _, quiet_at = hung
+    data = snapshot(job.pid)
+    assert said(data) == ("straggler", (2,))
+    assert min(r["stuck_for_s"] for r in data["ranks"]) >= data["taken_at"] - quiet_at - 1.0, data["ranks"]
+
+
+@pytest.mark.skipif(shutil.which("gdb") is None, reason="gdb not installed")
+def test_py_spy_and_gdb_looking_at_a_hung_job_change_nothing(hung):
+    job, pids, _ = hung
+    with Onlookers(pids, gdb_on=pids[0]) as others:
+        seen = [snapshot(job.pid) for _ in range(3)]
+    assert others.looks >= 6
+    verdicts = [said(data) for data in seen]  # never healthy, never the rank gdb held
+    assert verdicts == [("straggler", (2,))] * 3, [(d["verdict"], d["ranks"]) for d in seen]
+
+
+def test_watch_on_a_job_hung_long_ago_bundles_at_once_despite_onlookers(hung, tmp_path):
+    """``--hang-after`` counts from when the job stopped (its own evidence), not from when watch
+    started: the hang is older than 20 s, so the bundle comes at the first problem verdict."""
+    job, pids, _ = hung
+    with Onlookers(pids):
+        watch = Watch(job.pid, tmp_path, extra_args=("--hang-after", "20"))
+        try:
+            started = time.monotonic()
+            alert = watch.until(lambda e: e["event"] == "problem", 30)
+            took = time.monotonic() - started
+        finally:
+            watch.stop()
+    assert alert["verdict"] == "straggler" and alert["culprits"] == [2], alert
+    assert took < 15, f"bundled after {took:.1f}s: --hang-after counted from watch's start"
+    assert not [e for e in watch.events if e.get("verdict") == "healthy"], watch.events
+
+
+def test_a_healthy_job_under_onlookers_stays_healthy(planted):
+    """py-spy dumps pause each rank for milliseconds: the job goes on, and so does its verdict. (A
+    debugger holding a rank for seconds while it loads torch's symbols does stall a healthy job:
+    "rank 0 is held by gdb" is then the truth.)"""
+    job = planted("healthy", nproc=3, step_s=0.05)
+    pids = job.rank_pids()
+    with Onlookers(pids):
+        kinds = [snapshot(job.pid)["verdict"]["kind"] for _ in range(2)]
+    assert kinds == ["healthy", "healthy"]
