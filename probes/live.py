@@ -162,7 +162,10 @@ class LocalSource(OneNodeSource):
         collective = self._feed.evidence(job)
         notes += collective.notes
         missing = self._sampler.pyspy_missing
-        evidence = ObservedJob(job_record(job), tuple(ranks), unsampled=missing.message if missing else None,
+        record = job_record(job)
+        if any(r.seen == "exited" for r in ranks):  # ranks ended: was the job stopped from outside?
+            record = replace(record, stopped_by=self._evidence.exits.launcher_stop(job.launcher_pid))
+        evidence = ObservedJob(record, tuple(ranks), unsampled=missing.message if missing else None,
                                **collective.fields)
         window = self._looked if self._looked is not None else self.window  # a first window cut short counts as watched
         options = JudgeOptions(window=window, stuck_after=self.stuck_after)
@@ -180,7 +183,7 @@ class LocalSource(OneNodeSource):
         if missing is not None:
             warnings.append(str(missing))
         warnings += judged.warnings
-        return Snapshot(job=job_record(job), ranks=ranked, groups=judged.groups, verdict=judged.verdict,
+        return Snapshot(job=record, ranks=ranked, groups=judged.groups, verdict=judged.verdict,
                         hosts=(gpu_host,) if gpu_host else (), collectives=judged.collectives,
                         warnings=tuple(dict.fromkeys(warnings)), notes=tuple(dict.fromkeys(notes)),
                         taken_at=now, window_s=window, source="live")

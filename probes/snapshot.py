@@ -372,6 +372,8 @@ class Job(Record):
     job_id: str | None = None  # TORCHELASTIC_RUN_ID or SLURM_JOB_ID
     waiting_rendezvous: bool = False
     run_dir: str | None = None  # set when started armed by `trainwatch run`
+    # Who stopped the job from outside, where something says so: "SIGTERM to the launcher" (its log)
+    stopped_by: str | None = None
 
 
 @dataclass(frozen=True, repr=False)

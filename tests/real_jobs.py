@@ -30,6 +30,15 @@ LAUNCH_COMMANDS = {
 }
 
 
+def default_signals() -> None:
+    """``preexec_fn`` for a process a test will signal: SIGINT and SIGQUIT at their defaults, as a
+    terminal's foreground job has them. A shell starts a background job (``pytest &``) with both
+    ignored, and an ignored disposition is inherited across exec: a Ctrl-C the test sends would
+    then do nothing. A test that wants a signal ignored sets that itself."""
+    for sig in (signal.SIGINT, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -178,7 +187,7 @@ class PlantedJob(OwnedTree):
     def start(self) -> "PlantedJob":
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(self.cmd, cwd=self.workdir, env=self.env, stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+                                         stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=default_signals)
         return self
 
     @property

@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from real_jobs import PlantedJob
+from real_jobs import PlantedJob, default_signals
 
 TRAINWATCH = [sys.executable, "-m", "trainwatch.tui.cli"]
 
@@ -28,7 +28,7 @@ class Watch:
         self.proc = subprocess.Popen([*TRAINWATCH, "watch", str(pid), "--json", "--interval", "1",
                                       "--out", str(workdir / "watch"), "--on-event", hook, *extra_args],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, **(env or {})})
+                                     env={**os.environ, **(env or {})}, preexec_fn=default_signals)
         self.lines: queue.Queue[str] = queue.Queue()
         self.events: list[dict] = []
         threading.Thread(target=lambda: [self.lines.put(line) for line in self.proc.stdout], daemon=True).start()

@@ -28,6 +28,7 @@ from ..probes import (
     PROBLEM_VERDICTS, Rank, Snapshot, Source, TrainwatchError, write_evidence,
 )
 
+from . import hangup
 from .widgets import format as fmt
 from .widgets.alerts import AlertBar
 from .widgets.detail import DetailPane
@@ -147,6 +148,7 @@ class TrainwatchApp(App[None]):
         self.query_one(RanksTable).focus()
         self._redraw()
         self._clock_timer = self.set_interval(1.0, self._tick)
+        self._hangup = hangup.quit_loop_on_hangup(self.exit)  # the terminal went: quit as `q` does
         self._begin_poll()
 
     def _torn_down(self) -> bool:
@@ -458,6 +460,8 @@ class TrainwatchApp(App[None]):
 
     def on_unmount(self) -> None:
         # The source belongs to whoever opened it (and closes it); quitting only stops polling.
+        if getattr(self, "_hangup", False):
+            hangup.leave_loop()
         self._cancel_timer()
         if self._clock_timer is not None:
             self._clock_timer.stop()

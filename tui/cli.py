@@ -10,6 +10,7 @@ import os
 import sys
 
 from ..probes import TrainwatchError
+from . import hangup
 from .commands import COMMANDS
 
 
@@ -68,11 +69,15 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 2
     if getattr(args, "ras", None):
         os.environ["TRAINWATCH_RAS"] = args.ras  # read by the NCCL RAS source, here and in agents started from here
+    if args.command not in OWN_SIGNALS:
+        hangup.install()
     try:
         return int(args.func(args) or 0)
     except TrainwatchError as exc:
         print(f"trainwatch: {exc}", file=sys.stderr)
         return exc.exit_code
+    except hangup.Hangup:  # the terminal is gone: nobody to tell; what we started was stopped on the way out
+        return hangup.EXIT_HANGUP
     except KeyboardInterrupt:
         print("trainwatch: interrupted", file=sys.stderr)
         return 130
@@ -85,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         raise
 
 
+# Commands that handle SIGHUP themselves: `run` passes it on to the job it started, as a launcher
+# does; an agent or relay stops on it (their ssh or srun went away).
+OWN_SIGNALS = frozenset({"run", "agent", "relay"})
 # One-shot commands that write only to stdout/stderr: once their answer is out, the process ends
 # without the interpreter's teardown (module and garbage collection: ~20 ms of a `snapshot`).
 QUICK_EXIT = frozenset({"snapshot"})

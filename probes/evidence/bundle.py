@@ -253,62 +253,63 @@ def write_bundle(source_pid: int, snapshot: Snapshot, out_dir: Path, *, tar: boo
         raise OutputError(f"cannot create the bundle in {out_dir}: {exc.strerror}",
                           "choose another directory with --out") from None
 
-    notes: list[str] = []
-    try:
-        job = find_job(source_pid)
-    except TrainwatchError as exc:
-        job = None
-        notes.append(f"job discovery failed at dump time ({exc.message}); used the snapshot's ranks")
-    debug_urls: dict[int, str] = {}
-    if job is not None:
-        ranks = [r.rank for r in job.ranks if r.rank is not None]
-        result, why = bounded(lambda: nccl_state.debug_server_urls(job.master_addr, job.master_port, ranks), 30)
-        debug_urls, why = result if result else ({}, why)
-        if why:
-            notes.append(f"torch.distributed.debug: {why}")
-    feed = _collective_evidence(job or _snapshot_job(snapshot), debug_urls)
-    try:
-        evidence = _collect_all(_plans(job, snapshot, native, fault_signal, debug_urls, early_stacks or {}), native)
-        feed.wait(COLLECTIVE_WAIT_S)
-        collective = feed.evidence()
-    finally:
-        feed.close()
-    for ev in evidence:
-        if ev.faulthandler and ev.faulthandler != "collected":
-            ev.note(f"faulthandler traces: {ev.faulthandler}")
-        for note in collective.rank_notes.get(ev.rank, ()) if ev.rank is not None else ():
-            ev.note(note)
-    notes += collective.notes
-    host_files, host_notes = _host_files(snapshot)
-    notes += host_notes
-
-    redactor = Redactor.from_envs([ev.env or {} for ev in evidence],
-                                  [ev.cmdline for ev in evidence] + [snapshot.job.cmdline], enabled=redact)
-    sources = {name: list(where) for name, where in collective.worked.items()}
-    bundle_snapshot = _with_collectives(snapshot, collective.fields, redactor, familiar)
-    try:
-        writer = _Writer(partial, redactor)
-        writer.write("bundle.json", _manifest(source_pid, reason, redact, evidence, sources))
-        writer.write("snapshot.json", bundle_snapshot.to_json())
+    try:  # whatever stops it half-way (an error, Ctrl-C, SIGTERM, the terminal's SIGHUP) leaves no .partial
+        notes: list[str] = []
+        try:
+            job = find_job(source_pid)
+        except TrainwatchError as exc:
+            job = None
+            notes.append(f"job discovery failed at dump time ({exc.message}); used the snapshot's ranks")
+        debug_urls: dict[int, str] = {}
+        if job is not None:
+            ranks = [r.rank for r in job.ranks if r.rank is not None]
+            result, why = bounded(lambda: nccl_state.debug_server_urls(job.master_addr, job.master_port, ranks), 30)
+            debug_urls, why = result if result else ({}, why)
+            if why:
+                notes.append(f"torch.distributed.debug: {why}")
+        feed = _collective_evidence(job or _snapshot_job(snapshot), debug_urls)
+        try:
+            evidence = _collect_all(_plans(job, snapshot, native, fault_signal, debug_urls, early_stacks or {}), native)
+            feed.wait(COLLECTIVE_WAIT_S)
+            collective = feed.evidence()
+        finally:
+            feed.close()
         for ev in evidence:
-            base = f"ranks/{ev.rank if ev.rank is not None else 'pid' + str(ev.pid)}"
-            for rel, content in ev.files.items():
-                writer.write(f"{base}/{rel}", content)
-            writer.write(f"{base}/env.txt", _env_text(ev.env, redactor))
-            writer.write(f"{base}/cmdline.txt", " ".join(redactor.cmdline(ev.cmdline)) + "\n")
-            writer.write(f"{base}/notes.txt", "\n".join(ev.notes or ["nothing missing"]) + "\n")
-        for rel, content in {**host_files, **collective.files}.items():
-            writer.write(rel, content)
-        root = job.root_pid if job else source_pid
-        writer.write("host/process-tree.txt", _process_tree(root, redactor))
-        if writer.altered:
-            notes.append(f"secrets masked inside binary files: {', '.join(writer.altered)}")
-        writer.write("summary.md", render(bundle_snapshot, evidence, notes, reason=reason,
-                                          redacted=redact, sources=sources))
-        return _finish(partial, final, tar)
-    except OSError as exc:
-        raise OutputError(f"cannot write the bundle to {out_dir}: {exc.strerror or exc}",
-                          "free some space or choose another directory with --out") from None
+            if ev.faulthandler and ev.faulthandler != "collected":
+                ev.note(f"faulthandler traces: {ev.faulthandler}")
+            for note in collective.rank_notes.get(ev.rank, ()) if ev.rank is not None else ():
+                ev.note(note)
+        notes += collective.notes
+        host_files, host_notes = _host_files(snapshot)
+        notes += host_notes
+
+        redactor = Redactor.from_envs([ev.env or {} for ev in evidence],
+                                      [ev.cmdline for ev in evidence] + [snapshot.job.cmdline], enabled=redact)
+        sources = {name: list(where) for name, where in collective.worked.items()}
+        bundle_snapshot = _with_collectives(snapshot, collective.fields, redactor, familiar)
+        try:
+            writer = _Writer(partial, redactor)
+            writer.write("bundle.json", _manifest(source_pid, reason, redact, evidence, sources))
+            writer.write("snapshot.json", bundle_snapshot.to_json())
+            for ev in evidence:
+                base = f"ranks/{ev.rank if ev.rank is not None else 'pid' + str(ev.pid)}"
+                for rel, content in ev.files.items():
+                    writer.write(f"{base}/{rel}", content)
+                writer.write(f"{base}/env.txt", _env_text(ev.env, redactor))
+                writer.write(f"{base}/cmdline.txt", " ".join(redactor.cmdline(ev.cmdline)) + "\n")
+                writer.write(f"{base}/notes.txt", "\n".join(ev.notes or ["nothing missing"]) + "\n")
+            for rel, content in {**host_files, **collective.files}.items():
+                writer.write(rel, content)
+            root = job.root_pid if job else source_pid
+            writer.write("host/process-tree.txt", _process_tree(root, redactor))
+            if writer.altered:
+                notes.append(f"secrets masked inside binary files: {', '.join(writer.altered)}")
+            writer.write("summary.md", render(bundle_snapshot, evidence, notes, reason=reason,
+                                              redacted=redact, sources=sources))
+            return _finish(partial, final, tar)
+        except OSError as exc:
+            raise OutputError(f"cannot write the bundle to {out_dir}: {exc.strerror or exc}",
+                              "free some space or choose another directory with --out") from None
     finally:
         if partial.exists():
             shutil.rmtree(partial, ignore_errors=True)

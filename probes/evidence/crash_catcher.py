@@ -202,6 +202,15 @@ class CrashCatcher:
             return (failure.code, failure.signal), failure.at, "launcher log"
         return None, None, None
 
+    def launcher_stop(self) -> str | None:
+        """``SIGTERM to the launcher``: a stop from outside, as the launcher's log or its own exit
+        status says it (a launcher killed by a signal was stopped; torchrun says it was told to)."""
+        said = launcher_log.stop_signal(ended.read_bounded(self._launcher_log, LAUNCHER_LOG_BYTES)) \
+            if self._launcher_log else None
+        status = self.launcher_status()
+        signal = said or (status[1] if status is not None else None)
+        return f"{signal} to the launcher" if signal else None
+
     def _launcher_failures(self) -> dict[int, launcher_log.LauncherFailure]:
         if not self._launcher_log:
             return {}

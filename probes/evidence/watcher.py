@@ -47,7 +47,7 @@ class WatchEvent(Record):
     """One thing ``watch`` saw. ``alert`` events (``problem``, ``crashed``) are the ones a person
     should hear about: once per problem episode, once per crash, with the bundle if one was written."""
 
-    kind: str  # verdict, crash, crash_reason, bundle, note, job_ended; alerts: problem, crashed
+    kind: str  # verdict, crash, ended (a rank stopped by a signal), crash_reason, bundle, note, job_ended; alerts: problem, crashed
     text: str = ""  # the line `watch` prints; empty for alerts (their bundle line says it)
     verdict: str | None = None
     culprits: tuple[int, ...] = ()
@@ -137,6 +137,8 @@ class Watcher:
         self._problems: list[str] = []  # problem verdicts seen, for job_ended
         self._told: set[int] = set()  # pids whose crash was emitted
         self.early: dict[int, tuple[ThreadStack, ...]] = {}  # pid -> stacks read at the first death
+        self.stopped: Snapshot | None = None  # the job as judged when it was stopped from outside, if it was
+        self._held_kills: list[CrashRecord] = []  # SIGKILLs said once it is known whether every rank got one
         self._early_read = False
         self._early_lock = threading.Lock()
 
@@ -221,11 +223,23 @@ class Watcher:
                                      f"other ranks read in {took:.0f} ms"))
 
     def _on_crash(self, record: CrashRecord) -> None:
-        self.saw_crash = True
         self._read_survivors()  # without the kernel's exit events, the first the watcher hears of it
         first = " (first to die)" if record.exit.first else ""
         culprit = (record.rank,) if record.rank is not None else ()
         death = exits.death(record.rank, record.pid, record.exit)
+        if _stopped(record.exit):  # SIGTERM, SIGINT, SIGHUP: a stop, whoever sent it; what it ended is judged
+            self._told.add(record.pid)
+            self._say_ended(record)
+            return  # judged with every death once the job ends (or at once, with a cause's)
+        if record.exit.signal == "SIGKILL" and record.exit.reason != exits.OOM_KILLED and not self._crash_bundled \
+                and record.pid not in self._told:
+            # one rank killed is its crash; every rank killed at one moment (scancel, kubectl) a stop:
+            # said once the moment is over (exits.killed_together)
+            self._held_kills.append(record)
+            due = time.monotonic() + exits.SAME_MOMENT_S
+            self._alert_due = due if self._alert_due is None else min(self._alert_due, due)
+            return
+        self.saw_crash = True
         if record.pid in self._told:  # its reason, read after the death (mp.spawn's parent's report)
             self._say(WatchEvent("crash_reason", f"crash reason {death}{first}", "crashed", culprit, death))
             if record.saved_to:
@@ -249,9 +263,22 @@ class Watcher:
         self._alert_due = None
         if self._crash_bundled or not self.catcher.records:
             return
-        self._crash_bundled = True
         base = self.last or _bare_snapshot(self.pid)
-        self._alert_crash(with_crashes(base, self.catcher.records, self.early))
+        if base.job.stopped_by is None:
+            base = dataclasses.replace(base, job=dataclasses.replace(base.job, stopped_by=self.catcher.launcher_stop()))
+        judged = with_crashes(base, self.catcher.records, self.early)
+        held, self._held_kills = self._held_kills, []
+        if judged.verdict.kind not in CRASH_VERDICTS:  # no rank died of a cause: the job was stopped
+            self.stopped = judged
+            for record in held:
+                self._told.add(record.pid)
+                self._say_ended(record)
+            return
+        self._crash_bundled = True
+        self.saw_crash = True
+        for record in held:  # each kill said as the crash it was (no second alert: one was just raised)
+            self._on_crash(record)
+        self._alert_crash(judged)
 
     def _on_lingering_crash(self, snapshot: Snapshot) -> None:
         """A culprit raised and lingers (a non-daemon thread keeps it alive): no death for the
@@ -288,6 +315,9 @@ class Watcher:
             self._raise_crash_alert()
         how = ("status unknown" if status is None else
                f"launcher exited {exits.how(ExitInfo(code=status[0], signal=status[1]))}")
+        if self.stopped is not None and not self.saw_crash:
+            self._say_stopped(how)
+            return
         failed = [exits.death(r.rank, r.pid, r.exit) for r in self.catcher.records]
         text = f"job ended (pid {self.pid}): {how}"
         if failed:
@@ -303,6 +333,27 @@ class Watcher:
             self._say(WatchEvent("crashed", "", "crashed", (), summary))
         self._say(WatchEvent("job_ended", text, "crashed" if failed or failed_end else None,
                              tuple(sorted({r.rank for r in self.catcher.records if r.rank is not None})), text))
+
+    def _say_ended(self, record: CrashRecord) -> None:
+        """A rank that a stop ended: said, never a crash."""
+        death = exits.death(record.rank, record.pid, record.exit)
+        culprit = (record.rank,) if record.rank is not None else ()
+        self._say(WatchEvent("ended", f"ended {death.replace(' died: ', ': ', 1)}", None, culprit, death))
+
+    def _say_stopped(self, how: str) -> None:
+        """The job was stopped from outside (no rank died of a cause of its own): who stopped it,
+        and what the job was doing then; the problem it had, if any, is the watch's outcome."""
+        verdict = self.stopped.verdict
+        who = self.stopped.job.stopped_by
+        if who is None:
+            ways = exits.how_they_ended([r.exit for r in self.catcher.records])
+            who = f"a signal to every rank ({ways})"
+        problem = verdict.kind in HANG_VERDICTS
+        doing = verdict.summary.rsplit("; then the job", 1)[0]
+        what = f"while the job was stuck: {verdict.kind}: {doing}" if problem else "while its ranks made progress"
+        text = f"job ended (pid {self.pid}): stopped by {who} ({how}) {what}"
+        self._say(WatchEvent("job_ended", text, verdict.kind if problem else None,
+                             verdict.culprits if problem else (), text))
 
     def _launcher_status(self) -> tuple[int | None, str | None] | None:
         """The launcher's exit status: the kernel's exit event, or ``trainwatch run``'s record of it."""
@@ -347,6 +398,12 @@ def _bare_snapshot(pid: int) -> Snapshot:
 
 def _stamp() -> str:
     return time.strftime("%H:%M:%S")
+
+
+def _stopped(info: ExitInfo) -> bool:
+    """Ended by a polite stop (SIGTERM, SIGINT, SIGHUP): the launcher's teardown or a person's; never
+    a cause of its own."""
+    return info.signal in ("SIGTERM", "SIGINT", "SIGHUP") and info.reason != exits.OOM_KILLED
 
 
 def _is_cause(info: ExitInfo) -> bool:

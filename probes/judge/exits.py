@@ -13,7 +13,8 @@ from ..snapshot import ExitInfo, Rank
 from ..wording import how_ended
 
 __all__ = ["CONSEQUENCES", "OOM_KILLED", "SAME_MOMENT_S", "TEARDOWN_SIGNALS", "VANISHED", "abnormal", "death",
-           "describe_exit", "first_to_die", "headline", "how", "how_they_ended", "is_cause", "raised_while_alive"]
+           "describe_exit", "first_to_die", "headline", "how", "how_they_ended", "is_cause", "killed_together",
+           "raised_while_alive"]
 
 TEARDOWN_SIGNALS = frozenset({"SIGTERM", "SIGKILL", "SIGINT", "SIGHUP"})
 # Deaths seen this close together are one moment: the most telling one is taken as the first.
@@ -121,6 +122,17 @@ def is_cause(info: ExitInfo, deaths: list[ExitInfo]) -> bool:
     if not abnormal(info) or info.reason in CONSEQUENCES or info.reason == UNTOLD:
         return False
     return not _teardown(info, _first_term(deaths))
+
+
+def killed_together(infos: list[ExitInfo]) -> bool:
+    """Every rank of the job killed by SIGKILL at one moment (``scancel``, ``kubectl delete`` past
+    its grace, ``kill -9`` of the whole group): the job was stopped, not one rank that crashed. One
+    rank killed while the others then got the launcher's SIGTERM, or the OOM killer, is a crash of
+    that rank. (SIGTERM, SIGINT and SIGHUP are never a cause: see ``is_cause``.)"""
+    if len(infos) < 2 or any(i.signal != "SIGKILL" or i.reason == OOM_KILLED for i in infos):
+        return False
+    times = [i.at for i in infos if i.at is not None]
+    return len(times) == len(infos) and max(times) - min(times) <= SAME_MOMENT_S
 
 
 def how_they_ended(infos: list[ExitInfo]) -> str:

@@ -90,7 +90,7 @@ def judge(ranks: Sequence[Rank], job: Job | None = None,
     ``now``: the time the ranks were observed, for the age of pending collectives.
     """
     familiar = familiar or {}
-    verdict = (_ended_while_hung(ranks, collectives, familiar, now) or _crashed(ranks) or _rendezvous(ranks, job)
+    verdict = (_ended_while_hung(ranks, collectives, familiar, now, job) or _crashed(ranks) or _rendezvous(ranks, job)
                or from_kernel(ranks, lambda waiting: waits(by_place(waiting)[0], collectives, now), now)
                or _from_collectives(ranks, collectives, familiar, now)
                or _from_ras(ranks, collectives, familiar, now) or _from_stacks(ranks, collectives, familiar, now))
@@ -128,34 +128,39 @@ def _crashed(ranks: Sequence[Rank]) -> Verdict | None:
 
 
 def _ended_while_hung(ranks: Sequence[Rank], collectives: CollectiveState | None,
-                      familiar: Mapping[int, frozenset[str]], now: float | None) -> Verdict | None:
+                      familiar: Mapping[int, frozenset[str]], now: float | None, job: Job | None = None) -> Verdict | None:
     """A job that is over, where no rank died of a cause of its own: each ended by a teardown
-    (SIGTERM from a launcher, ``timeout`` or SLURM) or a collective timeout, which follow a hang.
+    (SIGTERM from a launcher, ``timeout`` or SLURM), a collective timeout, which follow a hang, or
+    a stop from outside (every rank killed at one moment; the launcher saying it was signalled).
     The ranks are judged where they were when they ended (their last stacks, their pending
     collectives), as stuck ranks of a live job are; a rank that left nothing is missing, and a
-    rank that had exited normally is absent from the collective the others waited in. Only when
-    some rank was waiting on its peers: a job stopped while every rank computed is not a hang."""
+    rank that had exited normally is absent from the collective the others waited in. A job
+    stopped while every rank made progress was stopped, not crashed: healthy."""
     over = ranks and all(r.state in ("exited", "missing") for r in ranks)
     dead = [r for r in ranks if r.state == "exited" and abnormal(r)]
-    if not over or not dead or any(exits.is_cause(r.exit, [d.exit for d in dead]) for r in dead if r.exit):
+    infos = [d.exit for d in dead if d.exit]
+    if not over or not dead or (any(exits.is_cause(info, infos) for info in infos)
+                                and not exits.killed_together(infos)):
         return None
+    ended = exits.how_they_ended(infos)
+    stop = f"was stopped by {job.stopped_by}" if job is not None and job.stopped_by else f"ended ({ended})"
     held = [_as_left(r, collectives, now) for r in ranks]
     if not any(r.state == "stuck" and r.phase in PEER_WAITS for r in held) and not (collectives and collectives.divergence):
         if all(r.exit and r.exit.reason == UNTOLD for r in dead):
             return Verdict("unknown", (), "these files do not say how the ranks ended, and no rank's last record "
                                           "shows it waiting on its peers")
         if all(r.phase == "unknown" for r in dead):
-            ended = exits.how_they_ended([r.exit for r in dead if r.exit])
             return Verdict("unknown", (), f"every rank was stopped ({ended}) and none left its stacks or a Flight "
                                           "Recorder trace: nothing shows which one the others waited for (start it "
                                           "with `trainwatch run` to keep each rank's last words)")
+        if not any(r.stuck_for_s is not None for r in dead):  # none was stuck when last seen
+            return Verdict("healthy", (), f"the job {stop} while its ranks made progress: no rank failed")
         return None
     verdict = _from_collectives(held, collectives, familiar, now) or _from_stacks(held, collectives, familiar, now)
-    ended = exits.how_they_ended([r.exit for r in dead if r.exit])
     if verdict.kind in UNJUDGED_VERDICTS:
         return Verdict("hang", (), f"every rank waited on its peers when it ended ({ended}): no rank's last "
                                    "stacks or collectives show which one held the others up")
-    return replace(verdict, summary=f"{verdict.summary}; then the job ended ({ended})")
+    return replace(verdict, summary=f"{verdict.summary}; then the job {stop}")
 
 
 def _as_left(rank: Rank, collectives: CollectiveState | None, now: float | None) -> Rank:

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from real_jobs import PlantedJob, wait_until
+from real_jobs import PlantedJob, default_signals, wait_until
 from trainwatch.probes import hook, rundir
 from trainwatch.probes.read.collectives import flightrec, hookclient
 
@@ -174,11 +174,18 @@ def armed_env(run_dir: Path, by_hand: bool = False) -> dict[str, str]:
     return env
 
 
-def start(tmp_path: Path, code: str, by_hand: bool = False, **popen) -> subprocess.Popen:
+def start(tmp_path: Path, code: str, by_hand: bool = False, preexec_fn=None) -> subprocess.Popen:
+    """The job, its signals at their defaults (whatever this test process inherited) and then as
+    ``preexec_fn`` sets them."""
     script = tmp_path / "job.py"
     script.write_text(code)
+
+    def dispositions() -> None:
+        default_signals()
+        if preexec_fn is not None:
+            preexec_fn()
     proc = subprocess.Popen([sys.executable, str(script)], env=armed_env(tmp_path / "run", by_hand), cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=dispositions)
     first = proc.stdout.readline().strip()
     assert first == "ready", first + finish(proc)
     return proc

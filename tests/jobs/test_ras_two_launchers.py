@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from ras_server import RasServer
+from real_jobs import default_signals
 from sshd import TwoNodeJob
 
 pytestmark = [pytest.mark.job, pytest.mark.slow]
@@ -74,7 +75,7 @@ def test_watch_names_it_and_a_stalled_server_never_turns_it_healthy(split_job):
     job, server, _ = split_job
     watch = subprocess.Popen([*TRAINWATCH, "watch", str(job.pids[0]), "--json", "--interval", "1",
                               "--out", str(job.workdir / "watch")],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in watch.stdout], daemon=True).start()
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from real_jobs import PLANTED, free_port, rank_stuck_at, wait_until
+from real_jobs import PLANTED, default_signals, free_port, rank_stuck_at, wait_until
 
 pytestmark = [pytest.mark.job, pytest.mark.slow]
 
@@ -140,7 +140,7 @@ def test_watch_bundles_the_straggler_read_through_srun(job, slurm_cluster, untou
     cmd = on_tw1(slurm_cluster, [TRAINWATCH, "watch", str(job.launcher_pid("tw1")), "--slurm", "auto",
                                  "--hang-after", "4", "--interval", "1", "--out", str(out)])
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=default_signals)
     lines: list[str] = []
     try:
         deadline = time.monotonic() + 60

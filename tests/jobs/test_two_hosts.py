@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from real_jobs import PLANTED, TORCHRUN, kill_tree, rank_stuck_at, wait_until
+from real_jobs import PLANTED, TORCHRUN, default_signals, kill_tree, rank_stuck_at, wait_until
 from sshd import remote_trainwatch
 import two_hosts
 
@@ -139,7 +139,8 @@ def test_watch_on_node1_streams_node2_through_one_ssh_agent_and_leaves_nothing(j
     cmd = hosts.on("node1", [TRAINWATCH, "watch", str(launcher), "--hosts", "node2", "--hang-after", "3",
                              "--interval", "1", "--out", str(out), "--ssh-option", f"-F {hosts.ssh_config}",
                              "--remote-trainwatch", remote_trainwatch(), "--remote-timeout", "40"])
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=default_signals)
     lines: list[str] = []
     seen: dict[int, int] = {}  # agent PID -> times seen (a py-spy the agent starts shares its command line until exec)
     try:

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from real_jobs import PlantedJob
+from real_jobs import PlantedJob, default_signals
 from trainwatch.probes.evidence.watcher import EXIT_CRASH, WatchEvent
 from trainwatch.tui.commands.event_command import EventCommand
 
@@ -70,6 +70,7 @@ def test_watch_stopped_early_leaves_no_empty_folder(tmp_path):
     with PlantedJob(tmp_path / "job", "healthy", nproc=2, deadline=60) as job:
         job.wait_for_ranks(steps=0)
         watch = subprocess.Popen([*TRAINWATCH, "watch", str(job.pid), "--interval", "1"], cwd=cwd,
+                                 preexec_fn=default_signals,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             first = watch.stdout.readline()

@@ -56,9 +56,26 @@ def test_stopped_with_no_stacks_blames_nobody():
     assert "none left its stacks" in found.summary and "trainwatch run" in found.summary
 
 
-def test_a_job_stopped_while_computing_is_not_called_a_hang():
+def test_a_job_stopped_while_computing_is_stopped_not_crashed():
+    """Every rank ended by SIGTERM, none of a cause of its own, none waiting: someone stopped a job
+    that was working (issue 40); neither a hang nor a crash of the first rank the signal reached."""
     found = verdict(dead(0, "compute", None, "a"), dead(1, "compute", None, "a"), dead(2, "compute", None, "a"))
-    assert found.kind == "crashed"
+    assert (found.kind, found.culprits) == ("healthy", ())
+    assert found.summary == "the job ended (killed by SIGTERM) while its ranks made progress: no rank failed"
+
+
+def test_every_rank_killed_at_one_moment_is_a_stop_said_with_who_stopped_it():
+    kill = ExitInfo(signal="SIGKILL", at=100.0)
+    ranks = (dead(0, "collective", "all_reduce", "train.py:76 sync", kill),
+             dead(1, "collective", "all_reduce", "train.py:76 sync", kill), dead(2, "sleep", "sleep", "t.py:9", kill))
+    stopped = judge_job(ObservedJob(Job("torchrun", 1, "h", world_size=3, stopped_by="SIGKILL to the launcher"),
+                                    ranks), JudgeMemory(), now=100.0).verdict
+    assert (stopped.kind, stopped.culprits) == ("straggler", (2,))
+    assert stopped.summary.endswith("then the job was stopped by SIGKILL to the launcher")
+    # one rank killed alone is that rank's crash, whatever the others then did
+    alone = verdict(dead(0, "collective", "all_reduce", "a"), dead(1, "collective", "all_reduce", "a"),
+                    dead(2, "compute", None, "b", ExitInfo(signal="SIGKILL", at=99.0)))
+    assert (alone.kind, alone.culprits) == ("crashed", (2,))
 
 
 def test_ranks_timing_out_together_have_no_first_death():

@@ -27,6 +27,10 @@ from dataclasses import dataclass
 
 from ...record import Record
 
+# torch.distributed.elastic, as the agent is told to stop: "Received 15 death signal, shutting down
+# workers" (torch 2.x; "Received Signals.SIGTERM death signal" before), then, as it exits,
+# "SignalException: Process 9481 got signal: 15".
+_DEATH_SIGNAL = re.compile(r"Received (?:Signals\.)?(SIG[A-Z]+|\d+) death signal|got signal: (\d+)")
 _FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
 _BLOCK_START = re.compile(r"^\s*\[\d+\]:\s*$")
 _TIME = re.compile(r"^\s*time\s*:\s*(\d{4}-\d\d-\d\d)_(\d\d:\d\d:\d\d)")
@@ -73,6 +77,16 @@ def failures(text: str) -> dict[int, LauncherFailure]:
             found[pid] = LauncherFailure(pid, block.get("local"), block.get("rank"), code, sig,  # type: ignore[arg-type]
                                          block.get("at"),  # type: ignore[arg-type]
                                          bool(block.get("root")) or bool(earlier and earlier.root_cause))
+    return found
+
+
+def stop_signal(text: str) -> str | None:
+    """The signal the launcher says it was stopped by (``SIGTERM``), the last it said; None when it
+    says none (a launcher that tore its ranks down for a failure of theirs says no such thing)."""
+    found = None
+    for match in _DEATH_SIGNAL.finditer(text):
+        name = match.group(1) or match.group(2)
+        found = name if not name.isdigit() else _code_or_signal(-int(name))[1]
     return found
 
 

@@ -23,7 +23,7 @@ from ... import rundir
 from ...observed import SIGNAL_REASONS, ObservedRank, abnormal
 from ...redact import Redactor, scrub
 from ...wording import how_ended
-from ..logs import crashlog
+from ..logs import crashlog, launcher_log
 from . import procfacts, procfs
 from .discover import expected_local_ranks
 from .exit_events import ExitEvents
@@ -215,6 +215,7 @@ class ExitLedger:
         self._raised: dict[int, ExitInfo] = {}  # live ranks whose log shows an uncaught exception
         self._logs_of: dict[int, str] = {}  # pid -> the log an exited rank's reason came from
         self._launcher_log: str | None = None
+        self._stopped_by: str | None = None  # who stopped the job, once something said so
         self.exit_events: ExitEvents | None = None  # set by whoever listens (the crash catcher's)
         # PIDs of ranks restarted since: never shown again. Only the latest FORGOTTEN_KEPT: a record
         # for an older one no longer arrives, and the kernel reuses PIDs.
@@ -254,6 +255,17 @@ class ExitLedger:
             info = replace(info, at=min(earlier.at or now, info.at or now), reason=info.reason or earlier.reason,
                            message=info.message or earlier.message, frame=info.frame or earlier.frame)
         self._exits[proc.pid] = with_worker_ends(info, self.exit_events)
+
+    def launcher_stop(self, launcher_pid: int | None) -> str | None:
+        """``SIGTERM to the launcher``: the job was stopped from outside, as the launcher's own log
+        (torchrun: "Received 15 death signal") or its exit status by a signal says; asked once ranks
+        have ended (the log is read bounded), and kept once found."""
+        if self._stopped_by is None:
+            said = launcher_log.stop_signal(read_bounded(self._launcher_log, 512 * 1024)) if self._launcher_log else None
+            heard = self.exit_events.status(launcher_pid) if self.exit_events is not None and launcher_pid else None
+            signal = said or (procfs.decode_wait_status(heard[0])[1] if heard is not None else None)
+            self._stopped_by = f"{signal} to the launcher" if signal else None
+        return self._stopped_by
 
     def forget(self, pid: int) -> None:
         """A rank restarted under a new PID: its old process is not shown again, nor remembered."""
