@@ -125,8 +125,10 @@ class Sampler:
             self.classes[pid] = cls
             signature = stack_signature(main_thread(sample.threads))
             first = first_look(sample, signature, now) if self.watch.first_seen(pid) is None else None
+            kernel = sample.kernel
+            asleep = kernel.asleep_since if kernel is not None and kernel.letter in ("S", "D") else None
             self.watch.observe(pid, signature, cls.phase, sample.before, sample.after, now, dumped=not sample.reused,
-                               first=first)
+                               first=first, asleep_since=asleep)
             self._follow_training_thread(pid, sample.threads)
         return samples
 

@@ -198,7 +198,8 @@ def dump_flight_recorder(rank: int) -> None:
         out.write(_dump_fr_trace(includeCollectives=True))
 
 
-def train(scenario: str, step_s: float, stop_at: float, ddp: bool = False, timeout_s: float | None = None) -> None:
+def train(scenario: str, step_s: float, stop_at: float, ddp: bool = False, timeout_s: float | None = None,
+          stall_after: float | None = None) -> None:
     import warnings
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # CPU torch without numpy
     import torch
@@ -224,7 +225,7 @@ def train(scenario: str, step_s: float, stop_at: float, ddp: bool = False, timeo
     # subgroup: every rank makes every group, in the same order (new_group is collective over the world)
     pairs = [dist.new_group([r, r + 1]) for r in range(0, world - 1, 2)] if scenario == "subgroup" else []
     say(f"rank {rank}/{world} pid {os.getpid()} scenario {scenario}")
-    step, skipped = 0, False
+    step, skipped, started = 0, False, time.time()
     if scenario == "skipstep":  # locals that look like secrets: trainwatch must never show them
         step_token, api_key = "sk-secret-tw-5f3a9c", 987654321987  # noqa: F841
     for batch in make_loader(rank, world, scenario, stop_at):
@@ -242,7 +243,10 @@ def train(scenario: str, step_s: float, stop_at: float, ddp: bool = False, timeo
             time.sleep(step_s)
         if scenario == "slowstep" and rank == 0:
             time.sleep(1.0)  # slow but healthy: the others spend most of each step in all_reduce
-        if scenario == "straggler" and rank == culprit and step == 3:
+        if scenario == "straggler" and rank == culprit and (
+                step == 3 if stall_after is None else time.time() >= started + stall_after):
+            if stall_after is not None:
+                say(f"rank {rank} stops at {time.time():.3f}")  # for the benchmarks: when it stopped
             time.sleep(3600)  # stuck in its own work while the others wait
         if scenario == "lock" and rank == culprit and step == 3:
             take_lock_in_thread(lock)
@@ -297,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-thread", action="store_true",
                         help="train in a thread, the main thread joining it (as Ray Train's TrainingThread)")
     parser.add_argument("--timeout", type=float, default=None, help="the collective timeout, seconds (gloo)")
+    parser.add_argument("--stall-after", type=float, default=None, metavar="S",
+                        help="straggler: the last rank stops once this many seconds have passed (default: at step 3)")
     parser.add_argument("--dump-on-error", action="store_true",
                         help="on a collective error, dump the generic Flight Recorder as NCCL does on a timeout")
     args = parser.parse_args(argv)
@@ -309,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
         worker.join()
     else:
         try:
-            train(args.scenario, args.step_s, stop_at, ddp=args.ddp, timeout_s=args.timeout)
+            train(args.scenario, args.step_s, stop_at, ddp=args.ddp, timeout_s=args.timeout,
+                  stall_after=args.stall_after)
         except RuntimeError:  # a collective's error or timeout: dump, then die of it as before
             if args.dump_on_error:
                 dump_flight_recorder(int(os.environ.get("RANK", "0")))

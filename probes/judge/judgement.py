@@ -123,6 +123,8 @@ def _take_progress(evidence: ObservedJob, progress: ProgressTracker) -> None:
             progress.watch(ev.pid, ev.watched_since)
             for at in ev.progress_seen:
                 progress.mark_progress(ev.pid, at)
+            if not ev.progress_seen and ev.sampled:
+                progress.saw_still(ev.pid)
     progress.forget_except({ev.pid for ev in evidence.ranks if ev.pid is not None})
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from ..snapshot import FILE_SYSCALLS, Rank, Verdict, age_text, who
 
-STALL_SLACK_S = 1.0  # a tracer started within this of the stall may have caused it
+STALL_SLACK_S = 5.0  # a tracer started within this of the stall may have caused it (a loaded node delays a rank seconds)
 
 # How a syscall reads in a sentence.
 CALL_WORDS = {"newfstatat": "stat", "statx": "stat", "lstat": "stat", "fstat": "stat", "openat": "open",

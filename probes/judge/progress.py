@@ -69,6 +69,7 @@ class _Look(Record):
     unclear: bool = False  # the last look found the same stack and no sign of progress in the counters
     signs: list[float] = field(default_factory=list)  # when progress was seen, not yet handed on
     first: FirstLook | None = None  # the first look, before any dump of ours woke it
+    seen_at: float = 0.0  # unix time of the last look
 
 
 def spun(before: ThreadCounters, after: ThreadCounters) -> bool | None:
@@ -134,16 +135,21 @@ class StackWatch:
 
     def observe(self, pid: int, signature: tuple, phase: str, before: ThreadCounters | None,
                 after: ThreadCounters | None, now: float, dumped: bool = True,
-                first: FirstLook | None = None) -> None:
+                first: FirstLook | None = None, asleep_since: float | None = None) -> None:
         """One look at ``pid``'s main thread; ``first``: what the first look saw before its dump
-        (kept for the judge: :meth:`first_look`)."""
+        (kept for the judge: :meth:`first_look`). ``asleep_since``: the kernel found the thread
+        asleep, without running, since then: progress seen in this look happened by that moment,
+        not at the look (a rank that stops is called stuck from when it stopped)."""
         look = self._looks.get(pid)
         if look is None:
-            self._looks[pid] = _Look(signature, after, now, dumped_after=after if dumped else None, first=first)
+            self._looks[pid] = _Look(signature, after, now, dumped_after=after if dumped else None, first=first,
+                                     seen_at=now)
             return
         progressed = self._progressed(look, signature, phase, before)
         if progressed:
-            self.mark(pid, now)
+            went_still = asleep_since is not None and look.seen_at < asleep_since < now
+            self.mark(pid, asleep_since if went_still else now)
+        look.seen_at = now
         look.unclear = not progressed
         look.signature, look.after = signature, after
         if dumped:
@@ -235,6 +241,9 @@ class _Track(Record):
     progress_at: float  # last time progress was seen (or first seen)
     first_seen: float
     gaps: list[float] = field(default_factory=list)  # recent quiet stretches that ended in progress
+    # A look since the last progress saw none: the next progress ends a quiet stretch (without one,
+    # the time between two progress marks is the sampling period, not the rank's rhythm).
+    seen_still: bool = False
     # While no progress was seen since it was first watched: per kind of evidence ("kernel",
     # "collective", "log"), the earliest time the job's own evidence says it made none since, and
     # what says so (see ProgressTracker.still_since).
@@ -269,9 +278,17 @@ class ProgressTracker:
         track = self._tracks.get(pid)
         if track is None or now <= track.progress_at:
             return
-        track.gaps = (track.gaps + [now - track.progress_at])[-GAPS_KEPT:]
+        if track.seen_still:
+            track.gaps = (track.gaps + [now - track.progress_at])[-GAPS_KEPT:]
+            track.seen_still = False
         track.progress_at = now
         track.still.clear()  # what it says of the time before is superseded by the progress seen
+
+    def saw_still(self, pid: int) -> None:
+        """A look at ``pid`` saw no progress: the stretch that the next progress ends was a quiet one."""
+        track = self._tracks.get(pid)
+        if track is not None:
+            track.seen_still = True
 
     def hold_still(self, pid: int, since: float, kind: str, what: str) -> None:
         """The job's own evidence says ``pid`` made no progress since ``since`` (``kind``: one name per

@@ -30,6 +30,7 @@ JOBS = {
     "bench_hook": ["--seconds", "2", "--nproc", "2", "--rounds", "1"],
     "bench_attach": ["--ranks", "2", "--seconds", "8", "--interval", "1"],
     "bench_native": ["--ranks", "2", "--seconds", "2", "--polls", "3"],
+    "bench_latency": ["--reps", "1", "--ranks", "2", "--stall-min", "3", "--stall-max", "4"],
 }
 # Benchmarks with a test file of their own (stronger checks on what they return).
 OWN_TEST = {"bench_ras": "test_bench_ras.py"}

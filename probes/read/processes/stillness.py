@@ -15,44 +15,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import time
 from pathlib import Path
 
 from ...observed import SharedStill, ThreadCounters
-from ...rundir import runtime_dir
-from . import procfs
+from .. import runtime_files
 
 PREFIX = "still-"
-SWEEP_EVERY_S = 60.0  # files of processes that ended are removed this often, by whoever writes
-_last_sweep = 0.0
-_folder: Path | None = None
-
-
-def _runtime() -> Path:
-    """The runtime folder, made and checked once per process (a poll asks for it per rank)."""
-    global _folder
-    if _folder is None or not _folder.is_dir():
-        _folder = runtime_dir()
-    return _folder
 
 
 def _path(pid: int) -> Path | None:
-    """The file for ``pid`` (named with its start time), or None when the process or folder is gone."""
-    start = _start_ticks(pid)
-    if start is None:
-        return None
-    try:
-        return _runtime() / f"{PREFIX}{pid}-{start}.json"
-    except OSError:  # no usable runtime folder: nothing is shared
-        return None
-
-
-def _start_ticks(pid: int) -> str | None:
-    stat = procfs.read_text(f"/proc/{pid}/stat")
-    if not stat:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()
-    return fields[19] if len(fields) > 19 else None
+    return runtime_files.rank_file(PREFIX, pid)
 
 
 def read_shared(pid: int) -> SharedStill | None:
@@ -86,7 +58,7 @@ def write_shared(pid: int, still: SharedStill) -> None:
         os.replace(tmp, path)
     except OSError:  # a full disk or a removed folder: the next process relies on its own look
         tmp.unlink(missing_ok=True)
-    _sweep(path.parent)
+    runtime_files.sweep()
 
 
 def forget_shared(pid: int) -> None:
@@ -94,16 +66,3 @@ def forget_shared(pid: int) -> None:
     path = _path(pid)
     if path is not None:
         path.unlink(missing_ok=True)
-
-
-def _sweep(folder: Path) -> None:
-    """Remove the files of rank processes that ended (at most every ``SWEEP_EVERY_S``)."""
-    global _last_sweep
-    now = time.monotonic()
-    if now - _last_sweep < SWEEP_EVERY_S:
-        return
-    _last_sweep = now
-    for path in folder.glob(f"{PREFIX}*.json"):
-        pid, _, start = path.stem[len(PREFIX):].partition("-")
-        if not pid.isdigit() or _start_ticks(int(pid)) != start:
-            path.unlink(missing_ok=True)

@@ -9,6 +9,7 @@ from ...errors import AccessDenied, TrainwatchError
 from ...observed import StackSample, ThreadCounters
 from ..processes import procfs
 from ..processes.kernel_view import kernel_state
+from . import shared_dumps
 from .pyspy import DEFAULT_TIMEOUT, PySpyRun, PySpyTimeout, RankGone, wait_any
 from ...snapshot import FILE_SYSCALLS, KernelState
 from ...record import Record
@@ -55,6 +56,8 @@ class _RankRead(Record):
             return StackSample(self.pid, None, self.before, procfs.thread_counters(self.pid, self.tid), error=exc,
                                kernel=self.kernel)
         at = (self.run.started + self.run.ended) / 2
+        if self.why is None:  # a pausing dump: the node's other trainwatch processes may take it
+            shared_dumps.leave(self.pid, tuple(stacks), ints, at, self.native, self.locals)
         return StackSample(self.pid, tuple(stacks), self.before, procfs.thread_counters(self.pid, self.tid),
                            ints=ints, at=at, kernel=self.kernel,
                            read=f"read without pausing ({self.why})" if self.why else None)
@@ -73,6 +76,9 @@ def _begin(request: tuple, timeout: float, locals: bool) -> StackSample | _RankR
     # Read here, not after every dump ends: the rank is as it was before any pause of this round,
     # and the read overlaps the runs already started instead of adding to the round's end.
     kernel = kernel_state(pid, tid)
+    shared = shared_dumps.fresh(pid, native, locals)
+    if shared is not None:  # another trainwatch process just paused it for the same: no second pause
+        return StackSample(pid, shared.threads, before, before, ints=shared.ints, at=shared.at, kernel=kernel)
     read = _RankRead(pid, before, kernel, tid, native, locals, timeout, no_pause_reason(kernel))
     read.start()
     return read
