@@ -43,6 +43,7 @@ HEALTHY_VERDICTS: frozenset[VerdictKind] = frozenset({"healthy"})
 # Verdicts that say nothing is wrong, or nothing could be judged: never a reason to act.
 UNJUDGED_VERDICTS: frozenset[VerdictKind] = HEALTHY_VERDICTS | {"unknown"}
 RAY_TRAIN = "ray train"  # Job.launcher of a Ray Train run (its ranks are Ray actors, placed by Ray)
+RAY_ACTORS = "ray actors"  # Job.launcher of a worker group of plain Ray actors, found through its store
 
 
 @dataclass(frozen=True, repr=False)
@@ -347,6 +348,20 @@ class CollectiveState(Record):
 
 
 @dataclass(frozen=True, repr=False)
+class Rendezvous(Record):
+    """The job's rendezvous as this node's sockets show it (``read/processes/rendezvous.py``): its
+    TCPStore, how its ranks were numbered, and, for a launcher still waiting, the nodes it waits for."""
+
+    store: str | None = None  # "10.0.0.1:29500": the TCPStore's address
+    served_here: bool = False  # its server runs on this node: every node's connection to it shows here
+    host_pid: int | None = None  # the process serving it, on this node
+    numbered_by: str | None = None  # what says the ranks' numbers (their environment, their locals, start order)
+    nodes_joined: int | None = None  # nodes connected to it (their launchers, or other addresses), when served here
+    missing_nodes: tuple[int, ...] = ()  # node ranks no launcher has joined for (static rendezvous: by --node-rank)
+    missing_ranks: tuple[int, ...] = ()  # the global ranks those nodes would run (nproc per node, as here)
+
+
+@dataclass(frozen=True, repr=False)
 class Job(Record):
     """The job as discovered: its launcher, size, rendezvous and run directory."""
 
@@ -363,6 +378,7 @@ class Job(Record):
     job_id: str | None = None  # TORCHELASTIC_RUN_ID or SLURM_JOB_ID
     waiting_rendezvous: bool = False
     run_dir: str | None = None  # set when started armed by `trainwatch run`
+    rendezvous: Rendezvous | None = None  # its store and who is connected to it, where read
 
 
 @dataclass(frozen=True, repr=False)
