@@ -396,23 +396,28 @@ def describe_ray_job(ray: ray_train.RayTrainJob) -> JobProcesses:
     )
 
 
+def _option(cmdline: list[str], *names: str) -> str | None:
+    """The value of the first of ``names`` on a command line (``--name value`` or ``--name=value``)."""
+    for i, arg in enumerate(cmdline):
+        key, eq, value = arg.partition("=")
+        if key in names:
+            return value if eq else (cmdline[i + 1] if i + 1 < len(cmdline) else None)
+    return None
+
+
 def launcher_store(cmdline: tuple[str, ...] | list[str]) -> tuple[str, int] | None:
     """The store a torchrun-style launcher meets the other nodes at, from its command line:
     ``--rdzv-endpoint host:port``, else ``--master-addr``/``--master-port`` (torchrun's defaults
     127.0.0.1 and 29500)."""
-    values: dict[str, str] = {}
-    names = {"--rdzv-endpoint": "endpoint", "--rdzv_endpoint": "endpoint", "--master-addr": "addr",
-             "--master_addr": "addr", "--master-port": "port", "--master_port": "port"}
-    for i, arg in enumerate(cmdline):
-        key, eq, value = arg.partition("=")
-        if key in names:
-            values.setdefault(names[key], value if eq else (cmdline[i + 1] if i + 1 < len(cmdline) else ""))
-    if values.get("endpoint"):
-        host, _, port = values["endpoint"].rpartition(":")
+    args = list(cmdline)
+    endpoint = _option(args, "--rdzv-endpoint", "--rdzv_endpoint")
+    if endpoint:
+        host, _, port = endpoint.rpartition(":")
         number = _int(port)
         return (host.strip("[]") or "127.0.0.1", number) if number is not None else None
-    port_number = _int(values.get("port")) if "port" in values else 29500
-    return (values.get("addr") or "127.0.0.1", port_number) if port_number is not None else None
+    port_text = _option(args, "--master-port", "--master_port")
+    number = _int(port_text) if port_text is not None else 29500
+    return (_option(args, "--master-addr", "--master_addr") or "127.0.0.1", number) if number is not None else None
 
 
 def _launcher_rendezvous(root: Proc, layout: dict[str, int]) -> Rendezvous | None:
@@ -424,11 +429,13 @@ def _launcher_rendezvous(root: Proc, layout: dict[str, int]) -> Rendezvous | Non
     nnodes = layout.get("nnodes") or 0
     if nnodes <= 1:
         return None
-    address = launcher_store(_safe(root.cmdline, []))
+    cmdline = _safe(root.cmdline, [])
+    address = launcher_store(cmdline)
+    static = _option(cmdline, "--rdzv-backend", "--rdzv_backend") in (None, "static")  # torchrun's default
     scan = rendezvous.scan(root.pid)
     store, _ = scan.store_for(root.pid)
     if store is None:
-        if address is not None and scan.nothing_at(address) and layout.get("node_rank", 0) != 0:
+        if static and address is not None and layout.get("node_rank", 0) != 0 and scan.nothing_at(address):
             nproc = layout.get("nproc")  # static rendezvous: node 0's launcher serves the store
             return Rendezvous(store=_address_text(address), served_here=False, missing_nodes=(0,),
                               missing_ranks=tuple(range(nproc)) if nproc else ())
@@ -438,7 +445,7 @@ def _launcher_rendezvous(root: Proc, layout: dict[str, int]) -> Rendezvous | Non
     joined = {launcher_layout(_safe(p.cmdline, [])).get("node_rank", 0) for p in launchers}
     missing: tuple[int, ...] = ()
     ranks: tuple[int, ...] = ()
-    if not remote and len(joined) == len(launchers):
+    if static and not remote and len(joined) == len(launchers):  # c10d numbers the nodes as they join
         missing = tuple(n for n in range(nnodes) if n not in joined)
         nproc = layout.get("nproc")
         ranks = tuple(n * nproc + i for n in missing for i in range(nproc)) if nproc else ()
@@ -475,9 +482,8 @@ def find_by_store(start: Proc, previous: JobProcesses | None = None,
         if store is None:
             return None
         clients = store.clients
-    ours = rendezvous.own_processes()
-    procs = [p for p in map(_existing, clients) if p is not None and p.pid not in ours
-             and not launcher_kind(_safe(p.cmdline, []))]
+    procs = [p for p in map(_existing, clients) if p is not None and p.pid != os.getpid()
+             and not rendezvous.is_own_client(p.pid) and not launcher_kind(_safe(p.cmdline, []))]
     if not procs or (len(procs) == 1 and procs[0].pid == start.pid and address is None):
         return None
     notes = list(scan.notes)

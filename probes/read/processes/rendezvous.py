@@ -17,7 +17,6 @@ of a job (Python processes, Ray's workers, launchers), bounded; nothing is asked
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 from . import procfs, sockets
@@ -31,6 +30,7 @@ from ...record import Record
 CANDIDATE_NAMES = ("python", "ray::", "torchrun", "accelerate", "deepspeed", "pt_")
 MAX_CANDIDATES = 512  # bounded on a crowded node: past this, the rest go unread (and the notes say so)
 LOOPBACK = frozenset({"127.0.0.1", "::1"})
+STORE_READER_TAG = "trainwatch-store-reader"  # the last argument of trainwatch's own TCPStore reader
 LOCALS_TIMEOUT = 3.0  # one py-spy --locals per rank found through its store, all at once
 
 
@@ -167,9 +167,10 @@ def _read_table(table: dict[int, sockets.TcpSocket], owner: dict[int, int], note
                 local_ips=frozenset(local_ips), notes=tuple(notes))
 
 
-def own_processes() -> frozenset[int]:
-    """trainwatch and what it started (a TCPStore reader of its own is a client of the job's store)."""
-    return frozenset({os.getpid(), *procfs.descendants(procfs.parent_map(), os.getpid())})
+def is_own_client(pid: int) -> bool:
+    """trainwatch's own TCPStore reader (``collectives/nccl_state.py``), itself a client of the store."""
+    args = (procfs.read_text(f"/proc/{pid}/cmdline") or "").rstrip("\0").split("\0")
+    return args[-1] == STORE_READER_TAG
 
 
 def numbers_from_locals(pids: list[int]) -> tuple[dict[int, tuple[int | None, int | None]], list[str]]:
