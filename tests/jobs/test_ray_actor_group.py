@@ -56,6 +56,19 @@ def test_a_healthy_group_is_found_whole_from_the_driver(group):
     assert all("run_steps" in (r["where"] or "") for r in found["ranks"]), [r["where"] for r in found["ranks"]]
 
 
+def test_an_agent_finds_the_group_by_its_stores_address(group):
+    """How an agent on another node finds the group (``--match ADDR:PORT``, the store's address):
+    the processes connected to it, though no environment holds MASTER_ADDR."""
+    from trainwatch.probes.read.processes.discover import find_job, find_job_matching
+
+    _, driver, actors = group
+    job = find_job(driver)
+    matched = find_job_matching(master=f"{job.master_addr}:{job.master_port}")
+    assert {r.rank: r.pid for r in matched.ranks} == actors
+    again = find_job(matched.root_pid)  # the PID an agent hands on to its live source
+    assert {r.rank: r.pid for r in again.ranks} == actors and again.found_by == "store"
+
+
 def test_the_straggler_is_named_from_the_driver_and_from_another_actor(group):
     job, driver, actors = group
     (job.workdir / "stall-now").touch()

@@ -115,6 +115,10 @@ def find_job(pid: int) -> JobProcesses:
         raise AccessDenied(f"permission denied reading PID {pid}") from None
     _refuse_self(start)
     _check_access(start)
+    if pid in _MATCHED:
+        found = find_by_store(start, address=_MATCHED[pid])
+        if found is not None:
+            return found
     # A launcher's job is its own ranks' rendezvous, whatever started the launcher: no Ray run is
     # looked for from it (nor its memory map read for Ray's library).
     ray = None if launcher_kind(_safe(start.cmdline, [])) else ray_train.find(start)
@@ -171,12 +175,29 @@ def find_job_matching(master: str | None = None, job_id: str | None = None) -> J
         same_id = job_id and job_id in (env.get("TORCHELASTIC_RUN_ID"), env.get("SLURM_JOB_ID"))
         if same_master or same_id:
             return find_job(proc.pid)
+    address = _parse_address(master) if master else None
+    if address is not None:  # ranks that set MASTER_ADDR at run time (Ray actors): their connections say
+        found = find_by_store(Proc(os.getpid()), address=address)
+        if found is not None:
+            _MATCHED[found.root_pid] = address
+            return found
     if job_id:  # a Ray Train run: its ranks carry no RANK in their environment, Ray's records name them
         ray = ray_train.find_run(job_id)
         if ray is not None:
             return describe_ray_job(ray)
     wanted = master or job_id
     raise NotAJob(f"no job with {'master ' if master else 'id '}{wanted} on {socket.gethostname()}")
+
+
+# PID -> the store address a job was matched by (``--match``, an agent on another node): the job is
+# found through the processes connected to it again when its PID is handed back to find_job.
+_MATCHED: dict[int, tuple[str, int]] = {}
+
+
+def _parse_address(text: str) -> tuple[str, int] | None:
+    host, _, port = text.rpartition(":")
+    number = _int(port)
+    return (host.strip("[]"), number) if host and number is not None else None
 
 
 def _find_root(start: Proc) -> tuple[Proc | None, str]:
@@ -489,7 +510,7 @@ def find_by_store(start: Proc, previous: JobProcesses | None = None,
     notes = list(scan.notes)
     ranks, numbered_by = _store_ranks(procs, previous, notes)
     ray = all(ray_train.is_worker_title(_safe(p.cmdline, [])) for p in procs)
-    root = _store_root(start, procs, scan, store)
+    root = _store_root(start if address is None else None, procs, scan)
     served = store is not None
     where = store.text if store is not None else _address_text(address)
     remote = store.remote_clients if store is not None else ()
@@ -512,7 +533,7 @@ def find_by_store(start: Proc, previous: JobProcesses | None = None,
                         numbered_by=numbered_by, nodes_joined=(1 + len(peers)) if served else None)
     if single:  # every rank of the job is here: number them as one node's
         ranks = [replace(r, local_rank=r.rank if r.local_rank is None else r.local_rank) for r in ranks]
-    host, port = (store.address if store is not None else address) or (None, None)
+    host, port = ((store.reached_at or store.address) if store is not None else address) or (None, None)
     return JobProcesses(
         launcher=RAY_ACTORS if ray else "python", root_pid=root.pid, host=socket.gethostname(),
         ranks=tuple(sorted(ranks, key=lambda r: (r.rank is None, r.rank or 0, r.pid))),
@@ -538,12 +559,12 @@ def _address_text(address: tuple[str, int] | None) -> str | None:
     return f"[{address[0]}]:{address[1]}" if ":" in address[0] else f"{address[0]}:{address[1]}"
 
 
-def _store_root(start: Proc, procs: list[Proc], scan: rendezvous.Scan, store: rendezvous.Store | None) -> Proc:
+def _store_root(start: Proc | None, procs: list[Proc], scan: rendezvous.Scan) -> Proc:
     """The job's own process to show and watch: ``start`` when it is no rank (the driver, the
     store's host); else the process connected to every rank that is none itself and no Ray
     worker (a Ray driver holds a connection to each of its actors); else the lowest rank."""
     ranks = {p.pid for p in procs}
-    if start.pid not in ranks:
+    if start is not None and start.pid not in ranks:
         return start
     talking = set.intersection(*(set(scan.peers.get(pid, ())) for pid in ranks)) - ranks if ranks else set()
     for pid in sorted(talking):

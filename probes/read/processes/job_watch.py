@@ -67,7 +67,7 @@ class JobWatch:
                     continue
             except ProcessError:
                 continue  # gone: another of the job's processes still leads to its store
-            job = find_by_store(start, previous=self.job)
+            job = find_by_store(start, previous=self.job, address=self._elsewhere())
             if job is not None:
                 self.job = replace(job, root_pid=self.job.root_pid, cmdline=self.job.cmdline,
                                    started_at=self.job.started_at,
@@ -76,3 +76,11 @@ class JobWatch:
         # no store any more: the job is ending; the ranks still alive are what is left of it
         self.job = replace(self.job, ranks=tuple(alive))
         return self.job
+
+    def _elsewhere(self) -> tuple[str, int] | None:
+        """The store's address when another node serves it: the ranks here are the processes
+        connected to it (none of them serves it, so none leads to it)."""
+        rdzv = self.job.rendezvous
+        if rdzv is None or rdzv.served_here or not self.job.master_addr or not self.job.master_port:
+            return None
+        return self.job.master_addr, self.job.master_port

@@ -17,6 +17,7 @@ of a job (Python processes, Ray's workers, launchers), bounded; nothing is asked
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from . import procfs, sockets
@@ -43,10 +44,11 @@ class Store(Record):
     address: tuple[str, int]  # as a client dials it
     clients: tuple[int, ...]  # local PIDs connected to it, its host included
     remote_clients: tuple[str, ...] = ()  # the addresses of clients on other nodes, one per connection
+    reached_at: tuple[str, int] | None = None  # the address other nodes' clients dialled, where any did
 
     @property
     def text(self) -> str:
-        host, port = self.address
+        host, port = self.reached_at or self.address
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
@@ -81,6 +83,8 @@ class Scan(Record):
 
     def store_at(self, address: tuple[str, int]) -> Store | None:
         """The store served here at ``address`` (its port, on any of this node's addresses)."""
+        if address[0] not in self.local_ips and address[0] not in ("0.0.0.0", "::"):
+            return None
         return next((s for s in self.stores if s.port == address[1]), None)
 
     def clients_of(self, address: tuple[str, int]) -> tuple[int, ...]:
@@ -131,12 +135,18 @@ def scan(start: int) -> Scan:
     return _read_table(table, owner, notes)
 
 
-def _read_table(table: dict[int, sockets.TcpSocket], owner: dict[int, int], notes: list[str]) -> Scan:
+def _has_torch(pid: int) -> bool:
+    return procfs.maps_mention(pid, b"libtorch", b"/torch/_C")
+
+
+def _read_table(table: dict[int, sockets.TcpSocket], owner: dict[int, int], notes: list[str],
+                is_torch: Callable[[int], bool] = _has_torch) -> Scan:
     local_ips = {s.local[0] for s in table.values()} | LOOPBACK
     listening = {s.local[1]: s for s in table.values() if s.listening}
     clients: dict[int, set[int]] = {}
     dialled_at: dict[int, tuple[str, int]] = {}  # listening port -> an address a local client dialled
     remote: dict[int, list[str]] = {}
+    reached: dict[int, tuple[str, int]] = {}  # listening port -> the address other nodes dialled
     dialled: dict[int, set[tuple[str, int]]] = {}
     ends = {(s.local, s.remote): s for s in table.values() if s.established}
     peers: dict[int, set[int]] = {}
@@ -150,6 +160,7 @@ def _read_table(table: dict[int, sockets.TcpSocket], owner: dict[int, int], note
             dialled.setdefault(pid, set()).add(s.remote)  # a client end: what it dialled (here or elsewhere)
         if s.local[1] in listening and s.remote[0] not in local_ips:
             remote.setdefault(s.local[1], []).append(s.remote[0])
+            reached.setdefault(s.local[1], s.local)
         other = owner.get(ends[(s.remote, s.local)].inode) if (s.remote, s.local) in ends else None
         if pid is not None and other is not None and other != pid:
             peers.setdefault(pid, set()).add(other)
@@ -158,10 +169,10 @@ def _read_table(table: dict[int, sockets.TcpSocket], owner: dict[int, int], note
         host = owner.get(sock.inode)
         if host is None or host not in clients.get(port, ()):
             continue  # no process of its own connected to it: not a TCPStore's server
-        if not procfs.maps_mention(host, b"libtorch", b"/torch/_C"):
+        if not is_torch(host):
             continue  # a self-connected server that is not torch's
         stores.append(Store(port=port, host=host, address=dialled_at[port], clients=tuple(sorted(clients[port])),
-                            remote_clients=tuple(sorted(remote.get(port, ())))))
+                            remote_clients=tuple(sorted(remote.get(port, ()))), reached_at=reached.get(port)))
     return Scan(stores=tuple(stores), peers={p: frozenset(s) for p, s in peers.items()},
                 dialled={p: frozenset(s) for p, s in dialled.items()}, listening=frozenset(listening),
                 local_ips=frozenset(local_ips), notes=tuple(notes))
