@@ -25,9 +25,10 @@ FORMING = frozenset({"init_process_group", "rendezvous", "_create_c10d_store", "
 PEER_WAITS = frozenset({"collective", "gpu_wait"})
 
 
-def never_joined(ranks: Sequence[Rank], place: Callable[[Rank], str]) -> Verdict | None:
+def never_joined(ranks: Sequence[Rank], place: Callable[[Rank], str], job: Job | None = None) -> Verdict | None:
     """``rendezvous`` when the live ranks that are stuck in init wait for ranks that are elsewhere;
-    None when the rule does not apply. ``place``: where a rank sits, in words (``verdict.place``)."""
+    None when the rule does not apply. ``place``: where a rank sits, in words (``verdict.place``);
+    ``job``: its store, for ranks found through it (a missing one is not connected to it)."""
     live = [r for r in ranks if r.state in ("running", "stuck")]
     waiting = [r for r in live if r.phase == "init"]
     if not waiting or any(r.state != "stuck" for r in waiting):
@@ -48,7 +49,9 @@ def never_joined(ranks: Sequence[Rank], place: Callable[[Rank], str]) -> Verdict
         joined = "never joined"
     else:
         joined = f"{'has' if len(culprits) == 1 else 'have'} not reached {call}"
-    parts = [_where(r, place, alone=len(culprits) == 1) for r in culprits]
+    store = job.rendezvous.store if job is not None and job.rendezvous is not None and job.rendezvous.numbered_by \
+        else None
+    parts = [_where(r, place, alone=len(culprits) == 1, store=store) for r in culprits]
     subject = who(_numbers(culprits)) if _numbers(culprits) else f"PID {culprits[0].pid}"
     text = f"{subject} {joined}: " + "; ".join(parts) + f"; {waits}"
     return Verdict("rendezvous", tuple(_numbers(culprits)), text)
@@ -64,10 +67,12 @@ def _joining(waiting: Sequence[Rank]) -> str:
     return forming[-1] if forming else (lead.op or "init")
 
 
-def _where(rank: Rank, place: Callable[[Rank], str], alone: bool) -> str:
+def _where(rank: Rank, place: Callable[[Rank], str], alone: bool, store: str | None) -> str:
     """``it is at train.py:22 load_config (in recvfrom() on tcp …, 40 s)`` for one rank (``rank 2
-    is …`` where several are named)."""
+    is …`` where several are named). ``store``: where ranks found through it connect."""
     name = "it" if alone or rank.rank is None else who([rank.rank])
+    if rank.state == "missing" and store:
+        return f"no process is connected to the store at {store} as {who([rank.rank]) if rank.rank is not None else 'it'}"
     if rank.state == "missing":
         return f"{name} is missing (no process)"
     if rank.state == "unknown":

@@ -190,7 +190,7 @@ def _rendezvous(ranks: Sequence[Rank], job: Job | None) -> Verdict | None:
     init for ranks elsewhere, or every live rank in init while others never joined."""
     if job is not None and job.waiting_rendezvous:
         return launcher_waiting(job)
-    formed = never_joined(ranks, place)
+    formed = never_joined(ranks, place, job)
     if formed is not None:
         return formed
     live = [r for r in ranks if r.state in ("running", "stuck")]
