@@ -66,3 +66,29 @@ def test_the_store_is_the_server_its_own_process_is_connected_to():
 def test_a_self_connected_server_without_torch_is_no_store():
     table, owner = job_table()
     assert rendezvous._read_table(table, owner, [], is_torch=lambda pid: False).stores == ()
+
+
+def test_fds_that_may_not_be_read_give_a_note_not_a_crash(monkeypatch):
+    """Another user's process: its fds are refused; the scan says so and goes on."""
+    import errno
+    import os
+    import subprocess
+    import sys
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    real = os.listdir
+
+    def listdir(path):
+        if str(path) == f"/proc/{other.pid}/fd":
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return real(path)
+
+    try:
+        monkeypatch.setattr(sockets.os, "listdir", listdir)
+        assert sockets.socket_inodes(other.pid) is None
+        scan = rendezvous.scan(os.getpid())
+        assert any(str(other.pid) in n and "could not be read (another user's processes)" in n for n in scan.notes), \
+            scan.notes
+    finally:
+        other.kill()
+        other.wait()

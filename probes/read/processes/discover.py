@@ -139,7 +139,7 @@ def find_job(pid: int) -> JobProcesses:
             + (": `pgrep -af torchrun` lists launchers" if own else ""),
         )
     job = describe_job(root, launcher)
-    if _maybe_partial(job, root):
+    if maybe_partial(job, root):
         return find_by_store(root) or job
     return job
 
@@ -474,7 +474,7 @@ def _launcher_rendezvous(root: Proc, layout: dict[str, int]) -> Rendezvous | Non
                       missing_nodes=missing, missing_ranks=ranks)
 
 
-def _maybe_partial(job: JobProcesses, root: Proc) -> bool:
+def maybe_partial(job: JobProcesses, root: Proc) -> bool:
     """Whether the process tree alone may not hold the whole job, so its store is looked for: a
     process with no launcher above it (a Ray driver or actor, a rank started by hand) that has torch
     or Ray loaded, or ranks started apart (srun, mpirun, a script) fewer than their world."""

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from . import procfs
 from .proc import Proc, ProcessError, ProcessGone
-from .discover import describe_job, find_by_store, find_job
+from .discover import describe_job, find_by_store, find_job, maybe_partial
 from .process import JobProcesses
 
 # A job found through its store is looked for again when a rank is gone, and, while fewer ranks
@@ -42,6 +42,11 @@ class JobWatch:
             return self.job  # the same processes as last time: nothing to rediscover
         self._family = family
         job = describe_job(root, self.job.launcher)
+        if maybe_partial(job, root):  # a driver whose actors joined their store since (or a rank's peers)
+            found = find_by_store(root)
+            if found is not None:
+                self.job = found
+                return found
         old = self.job  # ranks that already exited no longer show their environment: keep the layout
         self.job = replace(job, notes=old.notes, world_size=job.world_size or old.world_size,
                            local_world_size=job.local_world_size or old.local_world_size,
