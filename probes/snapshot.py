@@ -355,7 +355,8 @@ class Rendezvous(Record):
     store: str | None = None  # "10.0.0.1:29500": the TCPStore's address
     served_here: bool = False  # its server runs on this node: every node's connection to it shows here
     host_pid: int | None = None  # the process serving it, on this node
-    numbered_by: str | None = None  # what says the ranks' numbers (their environment, their locals, start order)
+    # what numbered ranks found through their store (environment, locals, start order); None: not so found
+    numbered_by: str | None = None
     nodes_joined: int | None = None  # nodes connected to it (their launchers, or other addresses), when served here
     missing_nodes: tuple[int, ...] = ()  # node ranks no launcher has joined for (static rendezvous: by --node-rank)
     missing_ranks: tuple[int, ...] = ()  # the global ranks those nodes would run (nproc per node, as here)

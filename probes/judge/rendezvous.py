@@ -72,7 +72,8 @@ def _where(rank: Rank, place: Callable[[Rank], str], alone: bool, store: str | N
     is …`` where several are named). ``store``: where ranks found through it connect."""
     name = "it" if alone or rank.rank is None else who([rank.rank])
     if rank.state == "missing" and store:
-        return f"no process is connected to the store at {store} as {who([rank.rank]) if rank.rank is not None else 'it'}"
+        number = who([rank.rank]) if rank.rank is not None else "it"
+        return f"no process is connected to the store at {store} as {number}"
     if rank.state == "missing":
         return f"{name} is missing (no process)"
     if rank.state == "unknown":
@@ -115,7 +116,8 @@ def launcher_waiting(job: Job) -> Verdict:
         text = (f"{head}; other nodes have not joined: {named}{ranks} "
                 f"{'has' if len(labels) == 1 else 'have'} not connected to its store at {rdzv.store} "
                 f"({rdzv.nodes_joined} of {nodes} nodes joined): "
-                f"{'its launcher was' if len(labels) == 1 else 'their launchers were'} never started or cannot reach it")
+                f"{'its launcher was' if len(labels) == 1 else 'their launchers were'} "
+                "never started or cannot reach it")
         return Verdict("rendezvous", tuple(rdzv.missing_ranks), text)
     return Verdict("rendezvous", (), f"{head}; other nodes have not joined: {absent} of {nodes} nodes "
                                      f"{'has' if absent == 1 else 'have'} not connected to its store at {rdzv.store} "

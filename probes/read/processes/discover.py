@@ -470,7 +470,8 @@ def _launcher_rendezvous(root: Proc, layout: dict[str, int]) -> Rendezvous | Non
         missing = tuple(n for n in range(nnodes) if n not in joined)
         nproc = layout.get("nproc")
         ranks = tuple(n * nproc + i for n in missing for i in range(nproc)) if nproc else ()
-    return Rendezvous(store=store.text, served_here=True, host_pid=store.host, nodes_joined=len(launchers) + len(remote),
+    return Rendezvous(store=store.text, served_here=True, host_pid=store.host,
+                      nodes_joined=len(launchers) + len(remote),
                       missing_nodes=missing, missing_ranks=ranks)
 
 
@@ -513,24 +514,24 @@ def find_by_store(start: Proc, previous: JobProcesses | None = None,
     root = _store_root(start if address is None else None, procs, scan)
     served = store is not None
     where = store.text if store is not None else _address_text(address)
-    remote = store.remote_clients if store is not None else ()
-    peers = tuple(sorted(set(remote)))
+    nodes = tuple(sorted(set(store.remote_clients))) if store is not None else ()  # other nodes' ranks
     known_world = max((r.world_size or 0 for r in ranks), default=0)
     world = max(known_world, len(ranks)) or None
-    single = served and not remote
+    single = served and not nodes
     notes.insert(0, f"ranks found through their store at {where}: the processes connected to it"
                     + (f" (its server: PID {store.host})" if store is not None else " (served on another node)"))
     if numbered_by == "start order":
-        notes.append("rank numbers inferred from start order: nothing readable says their global ranks")
+        notes.append("rank numbers inferred from start order: nothing readable says their global ranks"
+                     + ("" if single else " (they count this node's ranks only)"))
     else:
         notes.append(f"rank numbers from {numbered_by}")
     for other in others:
         notes.append(f"another store at {other.text} holds {len(other.clients)} processes "
                      f"(PIDs {', '.join(map(str, other.clients[:8]))}): another worker group; give one of its PIDs")
-    if peers:
-        notes.append(f"the store has connections from {', '.join(peers)}: ranks on other nodes")
+    if nodes:
+        notes.append(f"the store has connections from {', '.join(nodes)}: ranks on other nodes")
     record = Rendezvous(store=where, served_here=served, host_pid=store.host if store is not None else None,
-                        numbered_by=numbered_by, nodes_joined=(1 + len(peers)) if served else None)
+                        numbered_by=numbered_by, nodes_joined=(1 + len(nodes)) if served else None)
     if single:  # every rank of the job is here: number them as one node's
         ranks = [replace(r, local_rank=r.rank if r.local_rank is None else r.local_rank) for r in ranks]
     host, port = ((store.reached_at or store.address) if store is not None else address) or (None, None)
@@ -538,11 +539,10 @@ def find_by_store(start: Proc, previous: JobProcesses | None = None,
         launcher=RAY_ACTORS if ray else "python", root_pid=root.pid, host=socket.gethostname(),
         ranks=tuple(sorted(ranks, key=lambda r: (r.rank is None, r.rank or 0, r.pid))),
         world_size=world, local_world_size=world if single else len(ranks),
-        nnodes=(1 + len(peers)) if served else None, master_addr=host, master_port=port,
-        job_id=next((r.env.get("TORCHELASTIC_RUN_ID") or r.env.get("SLURM_JOB_ID") for r in ranks
-                     if r.env.get("TORCHELASTIC_RUN_ID") or r.env.get("SLURM_JOB_ID")), None),
+        nnodes=(1 + len(nodes)) if served else None, master_addr=host, master_port=port,
+        job_id=next(filter(None, (r.env.get("TORCHELASTIC_RUN_ID") or r.env.get("SLURM_JOB_ID") for r in ranks)), None),
         cmdline=tuple(_safe(root.cmdline, [])), started_at=_safe(root.create_time, None),
-        notes=tuple(notes), peer_nodes=peers, rendezvous=record, found_by="store",
+        notes=tuple(notes), peer_nodes=nodes, rendezvous=record, found_by="store",
     )
 
 
@@ -604,7 +604,7 @@ def _store_ranks(procs: list[Proc], previous: JobProcesses | None,
         ranks = []
         for p in procs:
             rank, size = numbers[p.pid]
-            env = {**envs[p.pid], "RANK": str(rank), **({"WORLD_SIZE": str(size or world)})}
+            env = {**envs[p.pid], "RANK": str(rank), "WORLD_SIZE": str(size or world)}
             ranks.append(_rank_process(p, env, children=procfs.descendants(tree, p.pid)))
         return ranks, "their locals (py-spy --locals)"
     order = sorted(procs, key=lambda p: (_safe(p.create_time, 0.0), p.pid))
