@@ -51,7 +51,12 @@ def never_joined(ranks: Sequence[Rank], place: Callable[[Rank], str], job: Job |
         joined = f"{'has' if len(culprits) == 1 else 'have'} not reached {call}"
     store = job.rendezvous.store if job is not None and job.rendezvous is not None and job.rendezvous.numbered_by \
         else None
-    parts = [_where(r, place, alone=len(culprits) == 1, store=store) for r in culprits]
+    alone = len(culprits) == 1
+    parts = [_where(r, place, alone=alone) for r in culprits if r.state != "missing"]
+    if missing:
+        named = "it" if alone else who(_numbers(missing))
+        parts.append(f"no process is connected to the store at {store} as {who(_numbers(missing))}" if store
+                     else f"{named} {'is' if len(missing) == 1 else 'are'} missing (no process)")
     subject = who(_numbers(culprits)) if _numbers(culprits) else f"PID {culprits[0].pid}"
     text = f"{subject} {joined}: " + "; ".join(parts) + f"; {waits}"
     return Verdict("rendezvous", tuple(_numbers(culprits)), text)
@@ -67,15 +72,10 @@ def _joining(waiting: Sequence[Rank]) -> str:
     return forming[-1] if forming else (lead.op or "init")
 
 
-def _where(rank: Rank, place: Callable[[Rank], str], alone: bool, store: str | None) -> str:
-    """``it is at train.py:22 load_config (in recvfrom() on tcp …, 40 s)`` for one rank (``rank 2
-    is …`` where several are named). ``store``: where ranks found through it connect."""
+def _where(rank: Rank, place: Callable[[Rank], str], alone: bool) -> str:
+    """``it is at train.py:22 load_config (in recvfrom() on tcp …, 40 s)`` for one live or
+    unreadable rank (``rank 2 is …`` where several are named)."""
     name = "it" if alone or rank.rank is None else who([rank.rank])
-    if rank.state == "missing" and store:
-        number = who([rank.rank]) if rank.rank is not None else "it"
-        return f"no process is connected to the store at {store} as {number}"
-    if rank.state == "missing":
-        return f"{name} is missing (no process)"
     if rank.state == "unknown":
         return f"{name} (PID {rank.pid}) could not be read: it may be the one they wait for (see the notes)"
     spot = f"at {rank.where}" if rank.phase in ("unknown", "compute") and rank.where else f"in {place(rank)}"

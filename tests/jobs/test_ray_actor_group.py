@@ -37,8 +37,8 @@ def group(tmp_path_factory):
     with job:
         job.wait_for_log(r"\[rank 2\] step 10", timeout=150)
         driver = int((workdir / "driver.pid").read_text())
-        actors = {int(r): int(p) for r, p in (line.split() for line in (workdir / "ranks.txt").read_text().split("\n")
-                                               if line.strip())}
+        rows = [line.split() for line in (workdir / "ranks.txt").read_text().splitlines() if line.strip()]
+        actors = {int(row[0]): int(row[1]) for row in rows}
         yield job, driver, actors
 
 

@@ -8,7 +8,11 @@ for its address and a free port, then each actor sets ``MASTER_ADDR``, ``MASTER_
 ``stall-now`` appears in the working directory; then the last rank stops in its own code
 (``evaluate_forever``) while the others wait in all_reduce. Truth: healthy, then straggler, rank 2.
 
-The driver writes its PID to ``driver.pid`` and each actor its ``rank pid`` to ``ranks.txt``.
+The driver writes its PID to ``driver.pid`` and each actor its ``rank pid host`` to ``ranks.txt``.
+
+With ``RAY_ADDRESS`` set it joins that cluster instead (``TW_RAY_WORKERS`` actors, default 3):
+rank 0, which serves the store, is placed on the driver's node, the others where Ray puts them,
+and the store's address is rank 0's node address.
 """
 
 import os
@@ -16,7 +20,6 @@ import time
 
 from _jobkit import arm_deadline, log, start
 
-WORLD = 3
 
 
 def evaluate_forever() -> None:
@@ -50,9 +53,10 @@ def actor_class():  # noqa: ANN201 (ray is imported in main)
         def address(self) -> tuple[str, int]:
             import socket
 
+            host = ray.util.get_node_ip_address()  # rank 0's node address, as verl's workers take it
             with socket.socket() as sock:
-                sock.bind(("127.0.0.1", 0))
-                return "127.0.0.1", sock.getsockname()[1]
+                sock.bind((host, 0))
+                return host, sock.getsockname()[1]
 
         def train(self, rank: int, world: int, master: tuple[str, int], workdir: str, stop_at: float) -> None:
             import torch.distributed as dist
@@ -60,8 +64,10 @@ def actor_class():  # noqa: ANN201 (ray is imported in main)
             arm_deadline(stop_at - time.time() + 2)
             os.environ.update({"MASTER_ADDR": master[0], "MASTER_PORT": str(master[1]), "RANK": str(rank),
                                "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank)})
+            import socket
+
             with open(os.path.join(workdir, "ranks.txt"), "a") as out:
-                out.write(f"{rank} {os.getpid()}\n")
+                out.write(f"{rank} {os.getpid()} {socket.gethostname()}\n")
             dist.init_process_group("gloo")
             log(f"joined pid {os.getpid()}", who=rank)
             run_steps(workdir, rank, world, stop_at)
@@ -76,10 +82,21 @@ def main() -> None:
 
     with open("driver.pid", "w") as out:
         out.write(str(os.getpid()))
-    ray.init(num_cpus=WORLD, include_dashboard=False)
-    trainers = [actor_class().remote() for _ in range(WORLD)]
+    world = int(os.environ.get("TW_RAY_WORKERS", "3"))
+    trainer = actor_class()
+    if os.environ.get("RAY_ADDRESS"):  # a cluster started with `ray start`: the actors need the job's env
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        passed = {k: v for k, v in os.environ.items() if k.startswith(("GLOO_", "TW_"))}
+        ray.init(runtime_env={"env_vars": passed})
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        trainers = [trainer.options(scheduling_strategy=here).remote()]
+        trainers += [trainer.remote() for _ in range(world - 1)]
+    else:
+        ray.init(num_cpus=world, include_dashboard=False)
+        trainers = [trainer.remote() for _ in range(world)]
     master = ray.get(trainers[0].address.remote())
-    ray.get([t.train.remote(rank, WORLD, master, os.getcwd(), args.stop_at) for rank, t in enumerate(trainers)])
+    ray.get([t.train.remote(rank, world, master, os.getcwd(), args.stop_at) for rank, t in enumerate(trainers)])
 
 
 if __name__ == "__main__":

@@ -89,3 +89,13 @@ def test_a_synchronous_ray_actor_trains_on_its_main_thread():
     train_main = main(("get_next", f"{SITE}/ray/train/_internal/session.py", 400), ("main_loop", ray, 1069))
     training = ThreadStack("TrainingThread(train_func)", tid=3, frames=(Frame("loop", "/w/job.py", 10),))
     assert classify(train_main + (training,)).where == "job.py:10 loop"
+
+
+def test_ranks_never_connected_to_a_store_are_named_together():
+    job = Job(launcher="ray actors", pid=1, host="h", world_size=4,
+              rendezvous=Rendezvous(store="10.0.0.1:4000", served_here=True, numbered_by="their locals"))
+    missing = [Rank(n, state="missing") for n in (1, 3)]
+    v = judge([waiting(0), waiting(2), *missing], job)
+    assert (v.kind, v.culprits) == ("rendezvous", (1, 3)), v
+    assert v.summary == ("ranks 1,3 never joined: no process is connected to the store at 10.0.0.1:4000 as ranks 1,3; "
+                         "ranks 0,2 wait in init_process_group at train.py:39 main")

@@ -509,14 +509,14 @@ def find_by_store(start: Proc, previous: JobProcesses | None = None,
     if not procs or (len(procs) == 1 and procs[0].pid == start.pid and address is None):
         return None
     notes = list(scan.notes)
+    elsewhere = len(store.remote_clients) if store is not None else 0  # each rank on another node: one connection
     ranks, numbered_by = _store_ranks(procs, previous, notes)
     ray = all(ray_train.is_worker_title(_safe(p.cmdline, [])) for p in procs)
     root = _store_root(start if address is None else None, procs, scan)
     served = store is not None
     where = store.text if store is not None else _address_text(address)
     nodes = tuple(sorted(set(store.remote_clients))) if store is not None else ()  # other nodes' ranks
-    known_world = max((r.world_size or 0 for r in ranks), default=0)
-    world = max(known_world, len(ranks)) or None
+    world = max(max((r.world_size or 0 for r in ranks), default=0), len(ranks) + elsewhere) or None
     single = served and not nodes
     notes.insert(0, f"ranks found through their store at {where}: the processes connected to it"
                     + (f" (its server: PID {store.host})" if store is not None else " (served on another node)"))
@@ -538,7 +538,8 @@ def find_by_store(start: Proc, previous: JobProcesses | None = None,
     return JobProcesses(
         launcher=RAY_ACTORS if ray else "python", root_pid=root.pid, host=socket.gethostname(),
         ranks=tuple(sorted(ranks, key=lambda r: (r.rank is None, r.rank or 0, r.pid))),
-        world_size=world, local_world_size=world if single else len(ranks),
+        # on a node of several, the ranks here say nothing of which numbers should be here: none is missing
+        world_size=world, local_world_size=world if single else None,
         nnodes=(1 + len(nodes)) if served else None, master_addr=host, master_port=port,
         job_id=next(filter(None, (r.env.get("TORCHELASTIC_RUN_ID") or r.env.get("SLURM_JOB_ID") for r in ranks)), None),
         cmdline=tuple(_safe(root.cmdline, [])), started_at=_safe(root.create_time, None),
@@ -579,7 +580,7 @@ def _store_ranks(procs: list[Proc], previous: JobProcesses | None,
     """The processes connected to a store as ranks, and what numbered them: their environment
     (RANK), else their locals (read once per process: a rank found before keeps its number), else
     their start order. Numbers from locals count only when they differ from rank to rank and lie
-    within the world they give."""
+    within the world where one is said (ranks on other nodes hold the numbers not here)."""
     tree = procfs.parent_map()
     envs = {p.pid: job_env(p) or {} for p in procs}
     if all("RANK" in envs[p.pid] for p in procs):
@@ -598,13 +599,12 @@ def _store_ranks(procs: list[Proc], previous: JobProcesses | None,
     numbers = {**{pid: (_int(envs[pid].get("RANK")), _int(envs[pid].get("WORLD_SIZE")))
                   for pid in envs if "RANK" in envs[pid]}, **known, **read}
     values = [numbers.get(p.pid, (None, None))[0] for p in procs]
-    worlds = {w for _, w in numbers.values() if w}
-    world = max(worlds, default=len(procs))
-    if None not in values and len(set(values)) == len(values) and all(0 <= v < world for v in values):
+    world = max((w for _, w in numbers.values() if w), default=None)
+    if None not in values and len(set(values)) == len(values) and all(0 <= v < (world or v + 1) for v in values):
         ranks = []
         for p in procs:
             rank, size = numbers[p.pid]
-            env = {**envs[p.pid], "RANK": str(rank), "WORLD_SIZE": str(size or world)}
+            env = {**envs[p.pid], "RANK": str(rank), **({"WORLD_SIZE": str(size or world)} if size or world else {})}
             ranks.append(_rank_process(p, env, children=procfs.descendants(tree, p.pid)))
         return ranks, "their locals (py-spy --locals)"
     order = sorted(procs, key=lambda p: (_safe(p.create_time, 0.0), p.pid))

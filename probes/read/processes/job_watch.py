@@ -59,7 +59,7 @@ class JobWatch:
         """A job whose ranks were found through their store, not under a launcher: the same record
         while every rank lives and the world is whole; else found again from its store (bounded)."""
         alive = [r for r in self.job.ranks if procfs.state_letter(r.pid) not in (None, "Z", "X")]
-        whole = len(alive) == len(self.job.ranks) >= (self.job.local_world_size or 0)
+        whole = len(alive) == len(self.job.ranks) >= (self.job.local_world_size or len(self.job.ranks))
         now = time.monotonic()
         if whole or (len(alive) == len(self.job.ranks) and now - self._scanned < RESCAN_S):
             return self.job
