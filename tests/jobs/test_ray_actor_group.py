@@ -4,7 +4,8 @@ MASTER_PORT, RANK and WORLD_SIZE in their own ``os.environ`` at run time and cal
 ``init_process_group`` (their /proc/PID/environ holds none of it). trainwatch finds them through
 the TCPStore rank 0 serves: every rank's connection to it. One shared Ray job (a Ray cluster takes
 30-60 s to start here): healthy first, then rank 2 stops in its own code while ranks 0-1 wait in
-all_reduce. Judged by `trainwatch snapshot` from the driver's PID and from another actor's.
+all_reduce. Judged by `trainwatch snapshot` from the driver's PID, another actor's and a helper's
+that a rank forked (as a DataLoader worker is).
 """
 
 from __future__ import annotations
@@ -83,7 +84,8 @@ def test_the_straggler_is_named_from_the_driver_and_from_another_actor(group):
         found = snapshot(pid)
         return found if found["verdict"]["kind"] == "straggler" else None
 
-    for pid in (driver, actors[0]):
+    helper = int((job.workdir / "helper.pid").read_text())  # forked by rank 1: its copies of rank 1's sockets
+    for pid in (driver, actors[0], helper):
         found = wait_until(lambda: straggler(pid), 60, f"a straggler verdict from PID {pid}", interval=1)
         assert found["verdict"]["culprits"] == [2], found["verdict"]
         summary = found["verdict"]["summary"]

@@ -8,7 +8,9 @@ for its address and a free port, then each actor sets ``MASTER_ADDR``, ``MASTER_
 ``stall-now`` appears in the working directory; then the last rank stops in its own code
 (``evaluate_forever``) while the others wait in all_reduce. Truth: healthy, then straggler, rank 2.
 
-The driver writes its PID to ``driver.pid`` and each actor its ``rank pid host`` to ``ranks.txt``.
+The driver writes its PID to ``driver.pid`` and each actor its ``rank pid host`` to ``ranks.txt``;
+rank 1 forks a helper after its init (as a DataLoader worker is forked) and writes its PID to
+``helper.pid``.
 
 With ``RAY_ADDRESS`` set it joins that cluster instead (``TW_RAY_WORKERS`` actors, default 3):
 rank 0, which serves the store, is placed on the driver's node, the others where Ray puts them,
@@ -45,6 +47,17 @@ def run_steps(workdir: str, rank: int, world: int, stop_at: float) -> None:
         time.sleep(0.05)
 
 
+def fork_helper(workdir: str, stop_at: float) -> None:
+    """A child forked after init, as a DataLoader worker is: it holds copies of the rank's sockets.
+    Writes its PID to ``helper.pid``; exits at the deadline."""
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(max(0.0, stop_at - time.time()))
+        os._exit(0)
+    with open(os.path.join(workdir, "helper.pid"), "w") as out:
+        out.write(str(pid))
+
+
 def actor_class():  # noqa: ANN201 (ray is imported in main)
     import ray
 
@@ -70,6 +83,8 @@ def actor_class():  # noqa: ANN201 (ray is imported in main)
                 out.write(f"{rank} {os.getpid()} {socket.gethostname()}\n")
             dist.init_process_group("gloo")
             log(f"joined pid {os.getpid()}", who=rank)
+            if rank == 1:
+                fork_helper(workdir, stop_at)
             run_steps(workdir, rank, world, stop_at)
             dist.destroy_process_group()
 

@@ -23,6 +23,7 @@ LAUNCHER_MODULES = {
 }
 LAUNCHERS = ("torchrun", "accelerate", "deepspeed")
 LAUNCHER_SCRIPTS = {"torchrun": "torchrun", "accelerate": "accelerate", "deepspeed": "deepspeed"}
+MAX_HELPER_DEPTH = 2  # a rank's helper (DataLoader worker, its own children) is found through the rank
 
 
 def _int(value: str | None) -> int | None:
@@ -500,8 +501,14 @@ def find_by_store(start: Proc, previous: JobProcesses | None = None,
         store = scan.store_at(address)
         clients = store.clients if store is not None else scan.clients_of(address)
     else:
-        store, others = scan.store_for(start.pid)
-        if store is None:
+        # from a helper a rank forked (a DataLoader worker: its copies of the rank's sockets are the
+        # rank's), the rank it belongs to
+        for proc in [start, *_safe(start.parents, [])[:MAX_HELPER_DEPTH]]:
+            store, others = scan.store_for(proc.pid)
+            if store is not None:
+                start = proc
+                break
+        else:
             return None
         clients = store.clients
     procs = [p for p in map(_existing, clients) if p is not None and p.pid != os.getpid()
