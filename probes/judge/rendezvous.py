@@ -4,7 +4,8 @@ job is elsewhere, and a launcher waiting for nodes that never joined its store.
 * every live rank but some waits in init (``init_process_group``, the store, gloo/NCCL setup) and
   the others are anywhere but a collective (before their own init, blocked in I/O, unreadable, or
   missing): ``rendezvous``, those others named with where they are ("rank 2 never joined: it is at
-  train.py:22 load_config (in recvfrom() on tcp …, 40 s)");
+  train.py:22 load_config (in recvfrom() on tcp …, 40 s)"); in a subgroup's ``new_group`` of a
+  job that formed, the rank that has not reached it is a ``straggler``;
 * a launcher with no rank started yet whose store (served on this node) lacks the connections of
   some nodes: which nodes, and the ranks they would run (``Job.rendezvous``, read from the sockets).
 """
@@ -16,7 +17,7 @@ from collections.abc import Callable, Sequence
 from .kernel import CALL_WORDS
 from .phases import main_thread
 from ..frames import bare_name
-from ..snapshot import Job, Rank, Verdict, age_text, compact_ranks, who
+from ..snapshot import Job, Rank, Verdict, VerdictKind, age_text, compact_ranks, who
 
 # Calls that form the world: a rank inside one has not joined the job yet (``new_group`` and the
 # process group helper also run later, for a subgroup: the outer frames tell).
@@ -39,16 +40,15 @@ def never_joined(ranks: Sequence[Rank], place: Callable[[Rank], str], job: Job |
     missing = [r for r in ranks if r.state == "missing"]
     unread = [r for r in ranks if r.state == "unknown" and r.pid is not None]
     culprits = elsewhere + unread + missing
+    if not culprits:
+        return None  # every rank is in init: verdict._rendezvous words it
     call = _joining(waiting)
     lead = waiting[0]
     at = f" at {lead.where}" if lead.where else ""
     waits = f"{who(_numbers(waiting))} {'waits' if len(waiting) == 1 else 'wait'} in {call}{at}"
-    if not culprits:
-        return None  # every rank is in init: verdict._rendezvous words it
-    if call in FORMING:
-        joined = "never joined"
-    else:
-        joined = f"{'has' if len(culprits) == 1 else 'have'} not reached {call}"
+    # the world never formed; a subgroup's setup (new_group) in a job that formed has a straggler
+    kind: VerdictKind = "rendezvous" if call in FORMING else "straggler"
+    joined = "never joined" if call in FORMING else f"{'has' if len(culprits) == 1 else 'have'} not reached {call}"
     store = job.rendezvous.store if job is not None and job.rendezvous is not None and job.rendezvous.numbered_by \
         else None
     alone = len(culprits) == 1
@@ -59,7 +59,7 @@ def never_joined(ranks: Sequence[Rank], place: Callable[[Rank], str], job: Job |
                      else f"{named} {'is' if len(missing) == 1 else 'are'} missing (no process)")
     subject = who(_numbers(culprits)) if _numbers(culprits) else f"PID {culprits[0].pid}"
     text = f"{subject} {joined}: " + "; ".join(parts) + f"; {waits}"
-    return Verdict("rendezvous", tuple(_numbers(culprits)), text)
+    return Verdict(kind, tuple(_numbers(culprits)), text)
 
 
 def _joining(waiting: Sequence[Rank]) -> str:

@@ -57,9 +57,9 @@ def test_ranks_still_moving_through_init_or_one_past_it_are_not_a_job_that_never
     assert v.kind != "rendezvous", v  # a subgroup some rank skipped: the collectives disagree
 
 
-def test_a_subgroup_not_reached_is_said_as_such():
+def test_a_subgroup_not_reached_in_a_job_that_formed_has_a_straggler():
     v = judge([waiting(0, IN_NEW_GROUP), waiting(1, IN_NEW_GROUP), LATE], JOB)
-    assert (v.kind, v.culprits) == ("rendezvous", (2,)) and v.summary.startswith("rank 2 has not reached new_group")
+    assert (v.kind, v.culprits) == ("straggler", (2,)) and v.summary.startswith("rank 2 has not reached new_group")
 
 
 def test_a_launcher_names_the_nodes_its_store_waits_for():
