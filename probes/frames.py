@@ -14,6 +14,11 @@ LOOP_NAMES = ("global_step", "step", "iteration", "iter_num", "iter", "it", "bat
 HF_NAMES = ("epoch", "update_step", "num_update_steps_per_epoch", "total_batched_samples", "step",
             "steps_in_epoch")
 HF_FILE = "transformers/trainer.py"
+# A rank's global number and its world's size, as locals say them (read/processes/rendezvous.py):
+# the user's own names, and torch's while it sets up (``_env_rendezvous_handler`` reads RANK into
+# ``rank``). Not ``group_rank``/``local_rank``: numbers within a subgroup or a node.
+RANK_NAMES = ("global_rank", "world_rank", "rank")
+WORLD_NAMES = ("world_size",)
 HF_LOOPS = frozenset({"_inner_training_loop", "_run_epoch"})
 
 
@@ -41,4 +46,12 @@ def wanted_names(frame: Frame) -> frozenset[str]:
         return frozenset(HF_NAMES)
     if is_user(frame):
         return frozenset(LOOP_NAMES)
+    return frozenset()
+
+
+def rank_names(frame: Frame) -> frozenset[str]:
+    """The local names that may say a rank's global number and world size in ``frame``: the user's
+    own frames and torch.distributed's; empty elsewhere."""
+    if is_user(frame) or (not frame.native and "torch/distributed/" in frame.file.replace("\\", "/")):
+        return frozenset(RANK_NAMES + WORLD_NAMES)
     return frozenset()

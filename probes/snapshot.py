@@ -43,6 +43,7 @@ HEALTHY_VERDICTS: frozenset[VerdictKind] = frozenset({"healthy"})
 # Verdicts that say nothing is wrong, or nothing could be judged: never a reason to act.
 UNJUDGED_VERDICTS: frozenset[VerdictKind] = HEALTHY_VERDICTS | {"unknown"}
 RAY_TRAIN = "ray train"  # Job.launcher of a Ray Train run (its ranks are Ray actors, placed by Ray)
+RAY_ACTORS = "ray actors"  # Job.launcher of a worker group of plain Ray actors, found through its store
 
 
 @dataclass(frozen=True, repr=False)
@@ -356,6 +357,21 @@ class CollectiveState(Record):
 
 
 @dataclass(frozen=True, repr=False)
+class Rendezvous(Record):
+    """The job's rendezvous as this node's sockets show it (``read/processes/rendezvous.py``): its
+    TCPStore, how its ranks were numbered, and, for a launcher still waiting, the nodes it waits for."""
+
+    store: str | None = None  # "10.0.0.1:29500": the TCPStore's address
+    served_here: bool = False  # its server runs on this node: every node's connection to it shows here
+    host_pid: int | None = None  # the process serving it, on this node
+    # what numbered ranks found through their store (environment, locals, start order); None: not so found
+    numbered_by: str | None = None
+    nodes_joined: int | None = None  # nodes connected to it (their launchers, or other addresses), when served here
+    missing_nodes: tuple[int, ...] = ()  # node ranks no launcher has joined for (static rendezvous: by --node-rank)
+    missing_ranks: tuple[int, ...] = ()  # the global ranks those nodes would run (nproc per node, as here)
+
+
+@dataclass(frozen=True, repr=False)
 class Job(Record):
     """The job as discovered: its launcher, size, rendezvous and run directory."""
 
@@ -374,6 +390,7 @@ class Job(Record):
     run_dir: str | None = None  # set when started armed by `trainwatch run`
     # Who stopped the job from outside, where something says so: "SIGTERM to the launcher" (its log)
     stopped_by: str | None = None
+    rendezvous: Rendezvous | None = None  # its store and who is connected to it, where read
 
 
 @dataclass(frozen=True, repr=False)

@@ -109,8 +109,12 @@ def _only_waits_for_threads(thread: ThreadStack) -> bool:
     if not python or any(is_exiting(f) for f in python):
         return False  # interpreter shutdown waiting for threads is "exiting", judged as such
     inner = python[0]
+    # Ray's worker loop runs an actor's tasks: a synchronous actor's method runs on this very
+    # thread (a worker group of plain Ray actors trains there), Ray Train's hands its loop to a thread.
+    in_ray_loop = any(f.file.endswith("ray/_private/worker.py") and bare_name(f.function) == "main_loop"
+                      for f in python)
     return any(inner.file.endswith(path) and bare_name(inner.function) in names for path, names in _THREAD_WAITS) \
-        or any(f.file.endswith("ray/_private/worker.py") and bare_name(f.function) == "main_loop" for f in python)
+        or (in_ray_loop and not any(is_user(f) for f in python))
 
 
 def classify(threads: list[ThreadStack] | tuple[ThreadStack, ...],

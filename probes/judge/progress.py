@@ -52,7 +52,9 @@ MIN_WAKEUPS = 2
 SPIN_SHARE = 0.5
 QUIET_SHARE = 0.02  # of a stretch between two looks, the most CPU a thread that made no progress used
 TIMER_SLEEPS = frozenset({"nanosleep", "clock_nanosleep"})
-POLLED_PHASES = frozenset({"collective", "gpu_wait"})  # waits that end on an event: a timer in one is a poll loop
+# Waits that end on an event: a timer in one is a poll loop. ``init`` too: TCPStore's master polls
+# every 10 ms until all its workers joined (``TCPStore::waitForWorkers``, torch's TCPStore.cpp).
+POLLED_PHASES = frozenset({"collective", "gpu_wait", "init"})
 GAPS_KEPT = 16  # recent quiet stretches that set a rank's rhythm
 GAP_FACTOR = 2.0
 STEP_FACTOR = 3.0

@@ -10,6 +10,7 @@ from .exits import TEARDOWN_SIGNALS, raised_while_alive
 from .gpuwait import judge_gpu_wait, span
 from .groups import group_key
 from .kernel import from_kernel
+from .rendezvous import launcher_waiting, never_joined
 from .steps import step_note
 from ..observed import UNTOLD
 from ..snapshot import PROBLEM_VERDICTS, UNJUDGED_VERDICTS, CollectiveState, Job, Phase, Rank, Verdict, VerdictKind, age_text, who
@@ -190,11 +191,13 @@ def _raised(rank: Rank) -> str:
 
 
 def _rendezvous(ranks: Sequence[Rank], job: Job | None) -> Verdict | None:
+    """The job never formed (``judge/rendezvous.py``): a launcher waiting for nodes, ranks waiting in
+    init for ranks elsewhere, or every live rank in init while others never joined."""
     if job is not None and job.waiting_rendezvous:
-        others = ("other nodes have not joined" if (job.nnodes or 1) > 1 else
-                  "a single-node job: the launcher is still starting its workers")
-        return Verdict("rendezvous", (), f"{job.launcher} (PID {job.pid}) "
-                       f"is waiting in rendezvous: no rank has started on this node yet; {others}")
+        return launcher_waiting(job)
+    formed = never_joined(ranks, place, job)
+    if formed is not None:
+        return formed
     live = [r for r in ranks if r.state in ("running", "stuck")]
     missing = [r for r in ranks if r.state == "missing"]
     if live and all(r.phase == "init" and r.state == "stuck" for r in live):

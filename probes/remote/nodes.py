@@ -11,7 +11,7 @@ import subprocess
 from typing import Any
 
 from ..errors import TrainwatchError
-from ..snapshot import RAY_TRAIN
+from ..snapshot import RAY_ACTORS, RAY_TRAIN
 from .hostlist import (
     parse_hosts, read_hostfile, slurm_hostnames, slurm_job_nodelist, slurm_running_jobs, unique,
 )
@@ -74,12 +74,19 @@ def _slurm_remotes(spec: NodeSpec, job: Any) -> list[Remote]:
 
 def _ray_remotes(spec: NodeSpec, job: Any) -> list[Remote]:
     """``--ray auto``: the other nodes of a Ray Train run, from its worker group as the controller
-    logged it on this (the driver's) node; reached over ssh by the address Ray knows them by."""
-    if getattr(job, "launcher", None) != RAY_TRAIN:
-        raise TrainwatchError("--ray auto: this is not a Ray Train job",
+    logged it on this (the driver's) node; of a worker group of plain Ray actors, the nodes whose
+    ranks are connected to the store served here; reached over ssh by the address Ray knows them by."""
+    launcher = getattr(job, "launcher", None)
+    if launcher not in (RAY_TRAIN, RAY_ACTORS):
+        raise TrainwatchError("--ray auto: this is not a Ray Train job or a worker group of Ray actors",
                               remedy="point trainwatch at the driver or a RayTrainWorker, or name nodes with --hosts")
     peers = tuple(getattr(job, "peer_nodes", ()) or ())
     local = len(getattr(job, "ranks", ()) or ())
+    rdzv = getattr(job, "rendezvous", None)
+    if launcher == RAY_ACTORS and not peers and rdzv is not None and not rdzv.served_here:
+        raise TrainwatchError(
+            "--ray auto: the worker group's store is served on another node, which alone sees every node's ranks",
+            remedy=f"run trainwatch on the node at {rdzv.store} (rank 0's), or name the nodes with --hosts")
     if not peers and (getattr(job, "world_size", None) or 0) > local:
         raise TrainwatchError(
             "--ray auto: this node does not hold the run's controller log, which names the other nodes",

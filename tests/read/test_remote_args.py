@@ -198,3 +198,21 @@ def test_ray_auto_reaches_the_nodes_the_run_was_placed_on_and_only_for_ray_train
                                ranks=ray_job.ranks)
     with pytest.raises(TrainwatchError, match="controller log"):
         remotes_from_args(args, without_log)
+
+
+def test_ray_auto_reaches_the_nodes_whose_ranks_connect_to_a_worker_groups_store():
+    """Plain Ray actors: the store served here sees the other nodes' ranks connect; a node whose
+    ranks only dial a store served elsewhere cannot tell the other nodes and says where to run."""
+    from trainwatch.probes.snapshot import Rendezvous
+
+    ranks = (RankProcess(pid=10, rank=0), RankProcess(pid=11, rank=1))
+    here = JobProcesses(launcher="ray actors", root_pid=1, host="node1", world_size=4, local_world_size=2, ranks=ranks,
+                        master_addr="10.0.0.1", master_port=4000, peer_nodes=("10.0.0.2",),
+                        rendezvous=Rendezvous(store="10.0.0.1:4000", served_here=True, host_pid=10))
+    args = parse("1", "--ray", "auto")
+    assert [r.name for r in remotes_from_args(args, here)] == ["10.0.0.2"]
+    elsewhere = JobProcesses(launcher="ray actors", root_pid=1, host="node2", world_size=2, local_world_size=2,
+                             ranks=ranks, rendezvous=Rendezvous(store="10.0.0.1:4000", served_here=False))
+    with pytest.raises(TrainwatchError, match="served on another node") as caught:
+        remotes_from_args(args, elsewhere)
+    assert "10.0.0.1:4000" in (caught.value.remedy or "")

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ..processes.rendezvous import STORE_READER_TAG
 from ...record import Record
 
 
@@ -174,7 +175,8 @@ def debug_server_urls(master_addr: str | None, master_port: int | None, ranks: l
         return {}, "no MASTER_ADDR/MASTER_PORT: no TCPStore to ask for torch.distributed.debug servers"
     if importlib.util.find_spec("torch") is None:
         return {}, "torch is not importable by trainwatch: torch.distributed.debug servers not queried"
-    cmd = [sys.executable, "-c", _STORE_SCRIPT, master_addr, str(master_port), json.dumps(ranks), str(timeout)]
+    cmd = [sys.executable, "-c", _STORE_SCRIPT, master_addr, str(master_port), json.dumps(ranks), str(timeout),
+           STORE_READER_TAG]  # so discovery never takes this reader for a rank of the job
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 20)
     except subprocess.TimeoutExpired:

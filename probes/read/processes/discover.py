@@ -10,9 +10,9 @@ from pathlib import Path
 from ...errors import AccessDenied, NoSuchProcess, NotAJob
 from . import procfs
 from .proc import Proc, ProcessDenied, ProcessError, ProcessGone, all_processes
-from . import ray_train
+from . import ray_train, rendezvous
 from .process import JOB_ENV, JobProcesses, RankProcess
-from ...snapshot import RAY_TRAIN, who
+from ...snapshot import RAY_ACTORS, RAY_TRAIN, Rendezvous, who
 from ..stacks.pyspy import ptrace_remedy
 from ...rundir import hook_records, implicit_run_dir, rank_log_file
 
@@ -23,6 +23,7 @@ LAUNCHER_MODULES = {
 }
 LAUNCHERS = ("torchrun", "accelerate", "deepspeed")
 LAUNCHER_SCRIPTS = {"torchrun": "torchrun", "accelerate": "accelerate", "deepspeed": "deepspeed"}
+MAX_HELPER_DEPTH = 2  # a rank's helper (DataLoader worker, its own children) is found through the rank
 
 
 def _int(value: str | None) -> int | None:
@@ -115,6 +116,10 @@ def find_job(pid: int) -> JobProcesses:
         raise AccessDenied(f"permission denied reading PID {pid}") from None
     _refuse_self(start)
     _check_access(start)
+    if pid in _MATCHED:
+        found = find_by_store(start, address=_MATCHED[pid])
+        if found is not None:
+            return found
     # A launcher's job is its own ranks' rendezvous, whatever started the launcher: no Ray run is
     # looked for from it (nor its memory map read for Ray's library).
     ray = None if launcher_kind(_safe(start.cmdline, [])) else ray_train.find(start)
@@ -134,7 +139,10 @@ def find_job(pid: int) -> JobProcesses:
             "pass the PID of the launcher (torchrun, accelerate, deepspeed), a rank, or the shell that started it"
             + (": `pgrep -af torchrun` lists launchers" if own else ""),
         )
-    return describe_job(root, launcher)
+    job = describe_job(root, launcher)
+    if maybe_partial(job, root):
+        return find_by_store(root) or job
+    return job
 
 
 def _refuse_self(proc: Proc) -> None:
@@ -168,12 +176,29 @@ def find_job_matching(master: str | None = None, job_id: str | None = None) -> J
         same_id = job_id and job_id in (env.get("TORCHELASTIC_RUN_ID"), env.get("SLURM_JOB_ID"))
         if same_master or same_id:
             return find_job(proc.pid)
+    address = _parse_address(master) if master else None
+    if address is not None:  # ranks that set MASTER_ADDR at run time (Ray actors): their connections say
+        found = find_by_store(Proc(os.getpid()), address=address)
+        if found is not None:
+            _MATCHED[found.root_pid] = address
+            return found
     if job_id:  # a Ray Train run: its ranks carry no RANK in their environment, Ray's records name them
         ray = ray_train.find_run(job_id)
         if ray is not None:
             return describe_ray_job(ray)
     wanted = master or job_id
     raise NotAJob(f"no job with {'master ' if master else 'id '}{wanted} on {socket.gethostname()}")
+
+
+# PID -> the store address a job was matched by (``--match``, an agent on another node): the job is
+# found through the processes connected to it again when its PID is handed back to find_job.
+_MATCHED: dict[int, tuple[str, int]] = {}
+
+
+def _parse_address(text: str) -> tuple[str, int] | None:
+    host, _, port = text.rpartition(":")
+    number = _int(port)
+    return (host.strip("[]"), number) if host and number is not None else None
 
 
 def _find_root(start: Proc) -> tuple[Proc | None, str]:
@@ -353,6 +378,7 @@ def describe_job(root: Proc, launcher: str) -> JobProcesses:
         started_at=_safe(root.create_time, None),
         waiting_rendezvous=launcher in LAUNCHERS and not ranks,
         notes=tuple(notes),
+        rendezvous=_launcher_rendezvous(root, layout) if launcher in LAUNCHERS and not ranks else None,
     )
 
 
@@ -390,6 +416,207 @@ def describe_ray_job(ray: ray_train.RayTrainJob) -> JobProcesses:
         cmdline=tuple(_safe(root.cmdline, [])), started_at=_safe(root.create_time, None), notes=tuple(notes),
         peer_nodes=tuple(sorted(elsewhere)),
     )
+
+
+def _option(cmdline: list[str], *names: str) -> str | None:
+    """The value of the first of ``names`` on a command line (``--name value`` or ``--name=value``)."""
+    for i, arg in enumerate(cmdline):
+        key, eq, value = arg.partition("=")
+        if key in names:
+            return value if eq else (cmdline[i + 1] if i + 1 < len(cmdline) else None)
+    return None
+
+
+def launcher_store(cmdline: tuple[str, ...] | list[str]) -> tuple[str, int] | None:
+    """The store a torchrun-style launcher meets the other nodes at, from its command line:
+    ``--rdzv-endpoint host:port``, else ``--master-addr``/``--master-port`` (torchrun's defaults
+    127.0.0.1 and 29500)."""
+    args = list(cmdline)
+    endpoint = _option(args, "--rdzv-endpoint", "--rdzv_endpoint")
+    if endpoint:
+        host, _, port = endpoint.rpartition(":")
+        number = _int(port)
+        return (host.strip("[]") or "127.0.0.1", number) if number is not None else None
+    port_text = _option(args, "--master-port", "--master_port")
+    number = _int(port_text) if port_text is not None else 29500
+    return (_option(args, "--master-addr", "--master_addr") or "127.0.0.1", number) if number is not None else None
+
+
+def _launcher_rendezvous(root: Proc, layout: dict[str, int]) -> Rendezvous | None:
+    """A launcher with no rank yet, in a job of several nodes: its store and the nodes connected to
+    it (each node's launcher is a client of the store; where this node serves it, every node's
+    connection shows here). Node ranks come from the launchers' ``--node-rank`` (static
+    rendezvous), so the nodes missing, and the ranks they would run, can be named only when every
+    connected launcher is on this node; with ``--nproc-per-node`` as here on every node."""
+    nnodes = layout.get("nnodes") or 0
+    if nnodes <= 1:
+        return None
+    cmdline = _safe(root.cmdline, [])
+    address = launcher_store(cmdline)
+    static = _option(cmdline, "--rdzv-backend", "--rdzv_backend") in (None, "static")  # torchrun's default
+    scan = rendezvous.scan(root.pid)
+    store, _ = scan.store_for(root.pid)
+    if store is None:
+        if static and address is not None and layout.get("node_rank", 0) != 0 and scan.nothing_at(address):
+            nproc = layout.get("nproc")  # static rendezvous: node 0's launcher serves the store
+            return Rendezvous(store=_address_text(address), served_here=False, missing_nodes=(0,),
+                              missing_ranks=tuple(range(nproc)) if nproc else ())
+        return Rendezvous(store=_address_text(address), served_here=False)
+    launchers = [p for p in map(_existing, store.clients) if p is not None and launcher_kind(_safe(p.cmdline, []))]
+    remote = sorted(set(store.remote_clients))
+    joined = {launcher_layout(_safe(p.cmdline, [])).get("node_rank", 0) for p in launchers}
+    missing: tuple[int, ...] = ()
+    ranks: tuple[int, ...] = ()
+    if static and not remote and len(joined) == len(launchers):  # c10d numbers the nodes as they join
+        missing = tuple(n for n in range(nnodes) if n not in joined)
+        nproc = layout.get("nproc")
+        ranks = tuple(n * nproc + i for n in missing for i in range(nproc)) if nproc else ()
+    return Rendezvous(store=store.text, served_here=True, host_pid=store.host,
+                      nodes_joined=len(launchers) + len(remote),
+                      missing_nodes=missing, missing_ranks=ranks)
+
+
+def maybe_partial(job: JobProcesses, root: Proc) -> bool:
+    """Whether the process tree alone may not hold the whole job, so its store is looked for: a
+    process with no launcher above it (a Ray driver or actor, a rank started by hand) that has torch
+    or Ray loaded, or ranks started apart (srun, mpirun, a script) fewer than their world."""
+    if job.launcher in LAUNCHERS or job.launcher in ("mp.spawn", "lightning", RAY_TRAIN):
+        return False
+    if job.launcher == "python":
+        return procfs.maps_mention(root.pid, b"libtorch", b"/torch/_C", b"_raylet.so")
+    return bool(job.world_size and job.world_size > len(job.ranks))
+
+
+def find_by_store(start: Proc, previous: JobProcesses | None = None,
+                  address: tuple[str, int] | None = None) -> JobProcesses | None:
+    """The job ``start`` belongs to, found through its store (``rendezvous.py``): the ranks are the
+    processes connected to the TCPStore that ``start`` is connected to, serves, or whose clients it
+    talks to (a Ray driver); with ``address``, the processes connected to the store there (served
+    on this node or another). None when no such store holds two processes or more, or holds only
+    ``start`` (a job of one: the process tree says it). ``previous``: the job as found before, whose
+    ranks keep the numbers they had (no new read of their locals)."""
+    scan = rendezvous.scan(start.pid)
+    others: tuple[rendezvous.Store, ...] = ()
+    if address is not None:
+        store = scan.store_at(address)
+        clients = store.clients if store is not None else scan.clients_of(address)
+    else:
+        # from a helper a rank forked (a DataLoader worker: its copies of the rank's sockets are the
+        # rank's), the rank it belongs to
+        for proc in [start, *_safe(start.parents, [])[:MAX_HELPER_DEPTH]]:
+            store, others = scan.store_for(proc.pid)
+            if store is not None:
+                start = proc
+                break
+        else:
+            return None
+        clients = store.clients
+    procs = [p for p in map(_existing, clients) if p is not None and p.pid != os.getpid()
+             and not rendezvous.is_own_client(p.pid) and not launcher_kind(_safe(p.cmdline, []))]
+    if not procs or (len(procs) == 1 and procs[0].pid == start.pid and address is None):
+        return None
+    notes = list(scan.notes)
+    elsewhere = len(store.remote_clients) if store is not None else 0  # each rank on another node: one connection
+    ranks, numbered_by = _store_ranks(procs, previous, notes)
+    ray = all(ray_train.is_worker_title(_safe(p.cmdline, [])) for p in procs)
+    root = _store_root(start if address is None else None, procs, scan)
+    served = store is not None
+    where = store.text if store is not None else _address_text(address)
+    nodes = tuple(sorted(set(store.remote_clients))) if store is not None else ()  # other nodes' ranks
+    world = max(max((r.world_size or 0 for r in ranks), default=0), len(ranks) + elsewhere) or None
+    single = served and not nodes
+    notes.insert(0, f"ranks found through their store at {where}: the processes connected to it"
+                    + (f" (its server: PID {store.host})" if store is not None else " (served on another node)"))
+    if numbered_by == "start order":
+        notes.append("rank numbers inferred from start order: nothing readable says their global ranks"
+                     + ("" if single else " (they count this node's ranks only)"))
+    else:
+        notes.append(f"rank numbers from {numbered_by}")
+    for other in others:
+        notes.append(f"another store at {other.text} holds {len(other.clients)} processes "
+                     f"(PIDs {', '.join(map(str, other.clients[:8]))}): another worker group; give one of its PIDs")
+    if nodes:
+        notes.append(f"the store has connections from {', '.join(nodes)}: ranks on other nodes")
+    record = Rendezvous(store=where, served_here=served, host_pid=store.host if store is not None else None,
+                        numbered_by=numbered_by, nodes_joined=(1 + len(nodes)) if served else None)
+    if single:  # every rank of the job is here: number them as one node's
+        ranks = [replace(r, local_rank=r.rank if r.local_rank is None else r.local_rank) for r in ranks]
+    host, port = ((store.reached_at or store.address) if store is not None else address) or (None, None)
+    return JobProcesses(
+        launcher=RAY_ACTORS if ray else "python", root_pid=root.pid, host=socket.gethostname(),
+        ranks=tuple(sorted(ranks, key=lambda r: (r.rank is None, r.rank or 0, r.pid))),
+        # on a node of several, the ranks here say nothing of which numbers should be here: none is missing
+        world_size=world, local_world_size=world if single else None,
+        nnodes=(1 + len(nodes)) if served else None, master_addr=host, master_port=port,
+        job_id=next(filter(None, (r.env.get("TORCHELASTIC_RUN_ID") or r.env.get("SLURM_JOB_ID") for r in ranks)), None),
+        cmdline=tuple(_safe(root.cmdline, [])), started_at=_safe(root.create_time, None),
+        notes=tuple(notes), peer_nodes=nodes, rendezvous=record, found_by="store",
+    )
+
+
+def _existing(pid: int) -> Proc | None:
+    try:
+        return Proc(pid)
+    except ProcessError:
+        return None  # exited since the scan
+
+
+def _address_text(address: tuple[str, int] | None) -> str | None:
+    if address is None:
+        return None
+    return f"[{address[0]}]:{address[1]}" if ":" in address[0] else f"{address[0]}:{address[1]}"
+
+
+def _store_root(start: Proc | None, procs: list[Proc], scan: rendezvous.Scan) -> Proc:
+    """The job's own process to show and watch: ``start`` when it is no rank (the driver, the
+    store's host); else the process connected to every rank that is none itself and no Ray
+    worker (a Ray driver holds a connection to each of its actors); else the lowest rank."""
+    ranks = {p.pid for p in procs}
+    if start is not None and start.pid not in ranks:
+        return start
+    talking = set.intersection(*(set(scan.peers.get(pid, ())) for pid in ranks)) - ranks if ranks else set()
+    for pid in sorted(talking):
+        proc = _existing(pid)
+        if proc is not None and not ray_train.is_worker_title(_safe(proc.cmdline, [])):
+            return proc
+    return min(procs, key=lambda p: p.pid)
+
+
+def _store_ranks(procs: list[Proc], previous: JobProcesses | None,
+                 notes: list[str]) -> tuple[list[RankProcess], str]:
+    """The processes connected to a store as ranks, and what numbered them: their environment
+    (RANK), else their locals (read once per process: a rank found before keeps its number), else
+    their start order. Numbers from locals count only when they differ from rank to rank and lie
+    within the world where one is said (ranks on other nodes hold the numbers not here)."""
+    tree = procfs.parent_map()
+    envs = {p.pid: job_env(p) or {} for p in procs}
+    if all("RANK" in envs[p.pid] for p in procs):
+        return [_rank_process(p, envs[p.pid], children=procfs.descendants(tree, p.pid)) for p in procs], \
+            "their environment (RANK)"
+    before = {(r.pid, r.create_time): r for r in (previous.ranks if previous else ())}
+    known: dict[int, tuple[int | None, int | None]] = {}
+    for p in procs:
+        old = before.get((p.pid, _safe(p.create_time, 0.0)))
+        if old is not None and old.rank is not None and previous is not None and \
+                previous.rendezvous is not None and previous.rendezvous.numbered_by != "start order":
+            known[p.pid] = (old.rank, old.world_size)
+    unread = [p.pid for p in procs if p.pid not in known and "RANK" not in envs[p.pid]]
+    read, failed = rendezvous.numbers_from_locals(unread) if unread else ({}, [])
+    notes.extend(f"rank number not read from {line}" for line in failed[:4])
+    numbers = {**{pid: (_int(envs[pid].get("RANK")), _int(envs[pid].get("WORLD_SIZE")))
+                  for pid in envs if "RANK" in envs[pid]}, **known, **read}
+    values = [numbers.get(p.pid, (None, None))[0] for p in procs]
+    world = max((w for _, w in numbers.values() if w), default=None)
+    if None not in values and len(set(values)) == len(values) and all(0 <= v < (world or v + 1) for v in values):
+        ranks = []
+        for p in procs:
+            rank, size = numbers[p.pid]
+            env = {**envs[p.pid], "RANK": str(rank), **({"WORLD_SIZE": str(size or world)} if size or world else {})}
+            ranks.append(_rank_process(p, env, children=procfs.descendants(tree, p.pid)))
+        return ranks, "their locals (py-spy --locals)"
+    order = sorted(procs, key=lambda p: (_safe(p.create_time, 0.0), p.pid))
+    return [_rank_process(p, {**envs[p.pid], "RANK": str(i)}, children=procfs.descendants(tree, p.pid))
+            for i, p in enumerate(order)], "start order"
 
 
 def _numbered_by_start(ranks: list[RankProcess], known: list[RankProcess], single_node: bool,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...redact import redact_argv
-from ...snapshot import Job
+from ...snapshot import Job, Rendezvous
 from ...record import Record
 
 # Environment variables that identify a rank and its job. Only these are kept in memory;
@@ -57,9 +57,11 @@ class JobProcesses(Record):
     started_at: float | None = None
     waiting_rendezvous: bool = False
     notes: tuple[str, ...] = ()
-    # Other nodes that hold ranks, where the runtime records them (Ray Train's worker group): what
-    # ``--ray auto`` reaches. Empty where nothing on this node says.
+    # Other nodes that hold ranks, where the runtime records them (Ray Train's worker group) or the
+    # store served here sees their connections: what ``--ray auto`` reaches. Empty where nothing says.
     peer_nodes: tuple[str, ...] = ()
+    rendezvous: Rendezvous | None = None  # the store and who is connected to it, where read
+    found_by: str = "tree"  # "store": its ranks were found through their store (rediscovered so)
 
 
 def job_record(job: JobProcesses) -> Job:
@@ -69,6 +71,7 @@ def job_record(job: JobProcesses) -> Job:
         local_world_size=job.local_world_size, nnodes=job.nnodes, master_addr=job.master_addr,
         master_port=job.master_port, started_at=job.started_at, cmdline=tuple(redact_argv(list(job.cmdline))),
         job_id=job.job_id, waiting_rendezvous=job.waiting_rendezvous, run_dir=job.run_dir,
+        rendezvous=job.rendezvous,
     )
 
 

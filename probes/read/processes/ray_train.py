@@ -95,6 +95,11 @@ def _cmdline(proc: Proc) -> list[str]:
         return []
 
 
+def is_worker_title(cmdline: list[str]) -> bool:
+    """A Ray worker process (an actor, or a pooled worker for tasks): Ray titles it ``ray::<name>``."""
+    return bool(cmdline) and cmdline[0].startswith("ray::")
+
+
 def is_worker(proc: Proc) -> bool:
     cmd = _cmdline(proc)
     return bool(cmd) and cmd[0].startswith(WORKER_NAME)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Literal, overload
 
 from ...errors import AccessDenied, NoSuchProcess, ToolMissing, TrainwatchError
@@ -62,22 +63,26 @@ def _search_pyspy() -> str:
 
 @overload
 def dump_stacks(pid: int, native: bool = ..., timeout: float = ...,
-                locals: Literal[False] = ..., nonblocking: bool = ...) -> list[ThreadStack]: ...
+                locals: Literal[False] = ..., nonblocking: bool = ...,
+                wanted: Callable[[Frame], frozenset[str]] = ...) -> list[ThreadStack]: ...
 @overload
 def dump_stacks(pid: int, native: bool = ..., timeout: float = ..., *,
-                locals: Literal[True], nonblocking: bool = ...) -> tuple[list[ThreadStack], FrameInts]: ...
+                locals: Literal[True], nonblocking: bool = ...,
+                wanted: Callable[[Frame], frozenset[str]] = ...) -> tuple[list[ThreadStack], FrameInts]: ...
 
 
 def dump_stacks(pid: int, native: bool = False, timeout: float = DEFAULT_TIMEOUT, locals: bool = False,
-                nonblocking: bool = False) -> list[ThreadStack] | tuple[list[ThreadStack], FrameInts]:
+                nonblocking: bool = False, wanted: Callable[[Frame], frozenset[str]] = wanted_names,
+                ) -> list[ThreadStack] | tuple[list[ThreadStack], FrameInts]:
     """All threads' stacks of ``pid``, innermost frame first. Raises TrainwatchError subclasses.
 
     ``locals=True`` (not with ``native``) adds ``--locals`` and returns ``(stacks, ints)``: the main
     thread's step-like integer locals (:func:`parse_locals`); every other local is dropped.
+    ``wanted``: which names of which frame to keep instead (a rank's number: ``frames.rank_names``).
     ``nonblocking``: read the process's memory without pausing it (``--nonblocking``: no ptrace
     stop, so no interrupted syscall; reads ``/proc/PID/mem``, which works where ptrace is denied
     or already taken by a debugger); native frames need the pause and are not asked for."""
-    run = PySpyRun(pid, native=native, timeout=timeout, locals=locals, nonblocking=nonblocking)
+    run = PySpyRun(pid, native=native, timeout=timeout, locals=locals, nonblocking=nonblocking, wanted=wanted)
     while not run.ended:
         wait_any([run])
     stacks, ints = run.result()
@@ -89,7 +94,7 @@ class PySpyRun:
     (many runs from one thread: no thread per rank), then read by :meth:`result`."""
 
     def __init__(self, pid: int, native: bool = False, timeout: float = DEFAULT_TIMEOUT, locals: bool = False,
-                 nonblocking: bool = False) -> None:
+                 nonblocking: bool = False, wanted: Callable[[Frame], frozenset[str]] = wanted_names) -> None:
         cmd = [find_pyspy(), "dump", "--json", "--pid", str(pid)]
         if nonblocking:
             cmd.append("--nonblocking")
@@ -97,7 +102,7 @@ class PySpyRun:
             cmd.append("--native")
         if locals:
             cmd.append("--locals")
-        self.pid, self.locals, self.timeout = pid, locals, timeout
+        self.pid, self.locals, self.timeout, self.wanted = pid, locals, timeout, wanted
         self.was_stopped = procfs.state_letter(pid) in ("T", "t")
         self.started = time.time()
         self.deadline = time.monotonic() + timeout
@@ -166,7 +171,7 @@ class PySpyRun:
         try:
             data = json.loads(stdout)
             stacks = parse_dump(data, self.pid)
-            return stacks, (parse_locals(data, self.pid) if self.locals else None)
+            return stacks, (parse_locals(data, self.pid, self.wanted) if self.locals else None)
         except (json.JSONDecodeError, TypeError, KeyError, AttributeError) as exc:
             detail = type(exc).__name__ if self.locals else exc  # never echo a local's value
             raise TrainwatchError(f"py-spy printed something unreadable for PID {self.pid}: {detail}") from None
@@ -230,13 +235,15 @@ def parse_dump(data: list[dict], pid: int) -> list[ThreadStack]:
     return threads
 
 
-def parse_locals(data: list[dict], pid: int) -> FrameInts:
+def parse_locals(data: list[dict], pid: int,
+                 wanted_in: Callable[[Frame], frozenset[str]] = wanted_names) -> FrameInts:
     """The main thread's allowed integer locals, by frame index (innermost 0): only names
-    :func:`steps.wanted_names` allows for that frame, only int literals; nothing else is kept."""
+    ``wanted_in`` (:func:`frames.wanted_names`: step-like ones) allows for that frame, only int
+    literals; nothing else is kept."""
     main = next((item for item in data if item.get("os_thread_id") == pid), data[0] if data else None)
     out: FrameInts = {}
     for index, raw in enumerate(main.get("frames", []) if main else []):
-        wanted = wanted_names(Frame(function=raw.get("name") or "?", file=raw.get("filename") or "?",
+        wanted = wanted_in(Frame(function=raw.get("name") or "?", file=raw.get("filename") or "?",
                                     native=raw.get("module") is not None))
         if not wanted:
             continue
