@@ -105,6 +105,38 @@ def test_a_second_trainwatch_keeps_what_the_first_established(hung):
     assert min(r["stuck_for_s"] for r in data["ranks"]) >= data["taken_at"] - quiet_at - 1.0, data["ranks"]
 
 
+async def test_attach_shows_the_stuck_time_from_the_job_s_evidence(hung):
+    """The live view on a job hung before it opened: the culprit's state reads stuck for as long as
+    the job has been stuck, and its detail says what says so."""
+    import io
+    import re
+
+    from rich.console import Console
+
+    from trainwatch.probes.live import open_source
+    from trainwatch.tui.app import TrainwatchApp
+
+    job, _, quiet_at = hung
+    source = open_source(job.pid, window=2.0)
+    try:
+        app = TrainwatchApp(source, interval=2.0)
+        async with app.run_test(size=(120, 40)) as pilot:
+            for _ in range(300):
+                if app.snapshot is not None:
+                    break
+                await pilot.pause(0.1)
+            await pilot.pause(0.3)
+            console = Console(width=120, file=io.StringIO(), record=True, color_system=None, force_terminal=True)
+            console.print(app.screen._compositor.render_update(full=True))
+            screen = console.export_text()
+    finally:
+        source.close()
+    assert app.snapshot.verdict.kind == "straggler", app.snapshot.verdict
+    shown = [int(m) for m in re.findall(r"stuck ≥(\d+)s", screen)]
+    assert shown and min(shown) >= HUNG_FOR_S, screen  # the table: not the 2 s it watched
+    assert "stuck ≥" in screen and ("asleep in" in screen or "another trainwatch" in screen), screen  # the detail
+
+
 @pytest.mark.skipif(shutil.which("gdb") is None, reason="gdb not installed")
 def test_py_spy_and_gdb_looking_at_a_hung_job_change_nothing(hung):
     job, pids, _ = hung
