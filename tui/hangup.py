@@ -9,7 +9,6 @@ was ignored when trainwatch started (``nohup``) stays ignored.
 
 from __future__ import annotations
 
-import asyncio
 import signal
 from collections.abc import Callable
 
@@ -33,6 +32,8 @@ def install() -> None:
 def quit_loop_on_hangup(quit_app: Callable[[], object]) -> bool:
     """Inside the live view's running event loop: SIGHUP calls ``quit_app`` there (the app exits
     as with `q`, and the command's cleanup follows). False where SIGHUP is ignored."""
+    import asyncio  # the live view has it loaded; a one-shot command never needs it
+
     if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
         return False
     asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, quit_app)
@@ -42,6 +43,8 @@ def quit_loop_on_hangup(quit_app: Callable[[], object]) -> bool:
 def leave_loop() -> None:
     """The event loop is closing: SIGHUP raises :class:`Hangup` again (asyncio would leave it at
     its default, which kills the process before the cleanup)."""
+    import asyncio
+
     try:
         asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
     except RuntimeError:  # no loop running any more

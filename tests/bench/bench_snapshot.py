@@ -102,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--baseline", type=Path, help="another checkout whose `snapshot` is timed beside this one")
     args = parser.parse_args(argv)
+    # Each run times its own dumps: one must not take another's (read/stacks/shared_dumps.py).
+    os.environ["TRAINWATCH_SHARED_DUMPS"] = "0"
     with tempfile.TemporaryDirectory() as shim:
         env = baseline_env(args.baseline, Path(shim)) if args.baseline else None
         for ranks in (int(n) for n in args.ranks.split(",")):

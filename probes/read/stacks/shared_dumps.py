@@ -5,7 +5,8 @@ Each dump pauses the rank. Several trainwatch processes on one job (a `watch` gu
 its last dump of a rank in the node's runtime folder (``rundir.runtime_dir``), and one that wants
 the same rank within ``FRESH_S`` takes that instead of pausing the rank again. Only what a dump of
 its own would keep is written: the threads and the step-like integer locals (never other locals).
-Best effort: without a usable folder each process dumps for itself.
+Best effort: without a usable folder each process dumps for itself. ``TRAINWATCH_SHARED_DUMPS=0``
+turns it off (the benchmarks, which time each process's own dumps side by side).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ class SharedDump:
 
 
 def _path(pid: int) -> Path | None:
+    if os.environ.get("TRAINWATCH_SHARED_DUMPS") == "0":
+        return None
     return runtime_files.rank_file(PREFIX, pid)
 
 
