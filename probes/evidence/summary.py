@@ -13,6 +13,7 @@ from ..read.collectives import flightrec
 from ..judge.steps import step_label
 from ..judge.groups import group_what
 from ..read.logs import ranklog
+from ..observed import UNTOLD
 from ..snapshot import GpuDevice, Rank, Snapshot, compact_ranks, who
 from ..wording import NA, how_ended, na, pct, size
 
@@ -28,7 +29,8 @@ def render(snapshot: Snapshot, evidence: list[RankEvidence], host_notes: list[st
            reason: str | None, redacted: bool, sources: dict[str, list[str]]) -> str:
     """The whole summary. ``sources``: collective-state source -> ranks/where it worked."""
     job, verdict = snapshot.job, snapshot.verdict
-    out = [f"# trainwatch evidence: {job.launcher} job {job.pid} on {job.host}", ""]
+    title = f"{job.launcher} job {job.pid}" if job.pid else f"a job ({job.launcher})"
+    out = [f"# trainwatch evidence: {title} on {job.host}", ""]
     out.append(f"- taken: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(snapshot.taken_at or time.time()))}")
     if reason:
         out.append(f"- reason: {reason}")
@@ -160,7 +162,8 @@ def _rank_notes(evidence: list[RankEvidence]) -> list[str]:
 
 def _crash_lines(snapshot: Snapshot) -> list[str]:
     """One line per dead rank (first to die first): how it ended, the reason and the fatal message."""
-    dead = [r for r in snapshot.ranks if (r.state == "exited" and exits.abnormal(r.exit)) or exits.raised_while_alive(r)]
+    dead = [r for r in snapshot.ranks if (r.state == "exited" and exits.abnormal(r.exit) and r.exit.reason != UNTOLD)
+            or exits.raised_while_alive(r)]
     if not dead:
         return []
     out = ["", "## Crash", ""]

@@ -142,8 +142,9 @@ def _ended_while_hung(ranks: Sequence[Rank], collectives: CollectiveState | None
     held = [_as_left(r, collectives, now) for r in ranks]
     if not any(r.state == "stuck" and r.phase in PEER_WAITS for r in held) and not (collectives and collectives.divergence):
         if all(r.exit and r.exit.reason == UNTOLD for r in dead):
-            return Verdict("unknown", (), "these files do not say how the ranks ended, and no rank's last record "
-                                          "shows it waiting on its peers")
+            return Verdict("unknown", (), "nothing in these files says the job failed (no rank's error, no failure "
+                                          "report, no rank's last record waiting on its peers), nor how its ranks "
+                                          "ended")
         if all(r.phase == "unknown" for r in dead):
             ended = exits.how_they_ended([r.exit for r in dead if r.exit])
             return Verdict("unknown", (), f"every rank was stopped ({ended}) and none left its stacks or a Flight "
@@ -306,7 +307,7 @@ def _from_stacks(ranks: Sequence[Rank], collectives: CollectiveState | None,
     missing = [r for r in ranks if r.state == "missing"]
     stuck = [r for r in live if r.state == "stuck"]
     if not live:
-        return Verdict("unknown", (), "no rank could be sampled")
+        return Verdict("unknown", (), _none_live(ranks))
     if not stuck:
         text = f"{len(live)} rank{'s' if len(live) != 1 else ''} making progress"
         return Verdict("healthy", (), text + (f"; {who(_numbers(missing))} missing" if missing else ""))
@@ -346,6 +347,17 @@ def _from_stacks(ranks: Sequence[Rank], collectives: CollectiveState | None,
     others = _without(live, culprits)
     text += f" while {who(_numbers(others))} {verb(others, 'runs', 'run')} on"
     return Verdict("straggler", tuple(_numbers(culprits)), text)
+
+
+def _none_live(ranks: Sequence[Rank]) -> str:
+    """Why no rank is judged: none alive (each exited or missing), or none could be read."""
+    exited = [r for r in ranks if r.state == "exited"]
+    missing = [r for r in ranks if r.state == "missing"]
+    if not ranks or len(exited) + len(missing) < len(ranks):
+        return "no rank could be sampled"
+    parts = [f"{who(_numbers(exited))} exited normally"] if exited else []
+    parts += [f"{who(_numbers(missing))} {verb(missing, 'is', 'are')} missing"] if missing else []
+    return "no rank is running: " + "; ".join(parts)
 
 
 def _mismatch_or_hang(waiting: list[Rank], collectives: CollectiveState | None,
