@@ -88,6 +88,25 @@ def flight_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "flight"
 
 
+def runtime_dir() -> Path:
+    """trainwatch's own folder for small files that live while it runs (NCCL RAS query locks):
+    ``$XDG_RUNTIME_DIR/trainwatch``, else ``/tmp/trainwatch-<uid>``; made owner-only (0700).
+    Raises OSError when it cannot be made, or is not this user's own folder."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    base = Path(runtime) / "trainwatch" if runtime and os.path.isdir(runtime) else \
+        Path(tempfile.gettempdir()) / f"trainwatch-{os.getuid()}"
+    try:
+        base.mkdir(mode=0o700)
+    except FileExistsError:
+        pass  # looked at below: it must be ours
+    info = os.lstat(base)
+    if not os.path.isdir(base) or os.path.islink(base) or info.st_uid != os.getuid():
+        raise PermissionError(f"{base} is not a folder of this user's own")
+    if info.st_mode & 0o077:
+        os.chmod(base, 0o700)
+    return base
+
+
 def implicit_run_dir(uid: int, launcher_pid: int) -> Path:
     """Where a rank armed by ``import trainwatch.probes.hook`` (no ``trainwatch run``) keeps its
     evidence: one directory per launcher, shared by its local ranks."""

@@ -90,9 +90,12 @@ def test_demo_no_tui_prints_the_table_and_stops_its_job(monkeypatch, capsys):
 
     monkeypatch.setattr(demo.DemoJob, "stop", stop)
     assert main(["demo", "--no-tui", "--ranks", "2", "--scenario", "straggler", "--deadline", "60"]) == 0
-    out = capsys.readouterr().out
-    assert "torchrun" in out and "train.py" in out
+    captured = capsys.readouterr()
+    assert "torchrun" in captured.out and "train.py" in captured.out
     assert stopped and stopped[0] is not None  # the demo job is gone
+    steps = captured.err.splitlines()  # what the demo says while its job starts, a line per step
+    assert "torchrun started (PID" in steps[1] and "2 rank processes running; each imports torch" in steps[2], steps
+    assert "ranks in the process group: 2/2" in steps[-2] and "attaching: the first sample" in steps[-1], steps
 
 
 def test_snapshot_closes_the_multi_node_source_it_wrapped(monkeypatch, capsys):

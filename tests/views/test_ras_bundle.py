@@ -65,8 +65,10 @@ def test_no_ras_is_a_note():
     files, notes, worked, seen = bundle_ras(job(9, pids=(4101,)))  # port 9: nothing listens
     assert files == {} and worked == [] and seen is None
     assert notes and notes[0].startswith("NCCL RAS: no NCCL RAS at 127.0.0.1:9")
-    _, notes, _, _ = bundle_ras(job(pids=(1,), env={"NCCL_RAS_ENABLE": "0"}))
+    _, notes, _, _ = bundle_ras(job(pids=(1,), env={"NCCL_RAS_ENABLE": "0", "NCCL_RAS_ADDR": "127.0.0.1:9"}))
     assert notes == ["NCCL RAS: off in this job (NCCL_RAS_ENABLE=0)"]
+    _, notes, _, _ = bundle_ras(job(pids=(1,), env={"NCCL_RAS_ENABLE": "0"}))  # no NCCL in the job at all
+    assert notes == []
 
 
 def test_summary_shows_the_ras_state():

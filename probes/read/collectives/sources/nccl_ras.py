@@ -87,6 +87,8 @@ class Source(CollectiveSource):
         if not ranks:
             return
         envs = [self.env(p) for p in (ranks if self.options.bundle else ranks[:1])]
+        if not self._uses_nccl(ranks[0], envs[0]):
+            return  # a gloo (or CPU) job has no RAS to ask, nor anything to say about it
         if all(ras.disabled(env) for env in envs):
             if self.options.bundle:
                 self._notes.append("NCCL RAS: off in this job (NCCL_RAS_ENABLE=0)")
@@ -140,15 +142,21 @@ class Source(CollectiveSource):
             earlier = [a for r, a in self._replies if a < at and r.report is not None]
         return not earlier or at - max(earlier) > FOLLOW_UP_WITHIN_S
 
-    def _version(self, proc: RankProcess) -> tuple[str | None, tuple[int, ...]]:
+    def _version(self, proc: RankProcess) -> tuple[bool, str | None, tuple[int, ...]]:
+        """(libnccl mapped, its version, the version as numbers), read once per PID."""
         if proc.pid not in self._nccl:
             self._nccl[proc.pid] = procfacts.loaded_nccl(proc.pid)
-        version = self._nccl[proc.pid][1]
-        return version, ras_report.version_tuple(version)
+        mapped, version = self._nccl[proc.pid]
+        return mapped, version, ras_report.version_tuple(version)
+
+    def _uses_nccl(self, proc: RankProcess, env: dict[str, str]) -> bool:
+        """Whether the job uses NCCL, so RAS may run in it: the rank has libnccl mapped, or its
+        environment names a RAS address."""
+        return self._version(proc)[0] or "NCCL_RAS_ADDR" in env
 
     def _json_only(self, proc: RankProcess) -> bool:
         """A version whose text report can crash the job: ask for JSON only (whatever the policy)."""
-        return self._version(proc)[1] >= TEXT_UNSAFE_FROM
+        return self._version(proc)[2] >= TEXT_UNSAFE_FROM
 
     def _refused(self, proc: RankProcess) -> str | None:
         """Why RAS is not asked for this job: turned off, or an NCCL version a query can crash."""
@@ -157,7 +165,7 @@ class Source(CollectiveSource):
             return "not asked (TRAINWATCH_RAS=never)"
         if policy == "always" or not UNSAFE:
             return None
-        version, found = self._version(proc)
+        _, version, found = self._version(proc)
         for low, high, why in UNSAFE:
             if found and low <= found < high:
                 return (f"not asked: the job runs NCCL {version}, where a RAS client's query is known to {why}; "
