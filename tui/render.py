@@ -16,7 +16,7 @@ from rich.console import Group as RichGroup
 from rich.table import Table
 from rich.text import Text
 
-from ..probes import Rank, Snapshot, group_what, step_label
+from ..probes import Rank, Snapshot, group_what, step_label, who
 from .widgets import format as fmt
 from .widgets.lines import group_line, phase_style, phase_text, state_text, verdict_line
 
@@ -122,6 +122,23 @@ class RanksTable:
         yield from console.render(self.table(width), options)
 
 
+def waiting_lines(snapshot: Snapshot) -> list[Text]:
+    """``  ▶ rank 2: its child process PID 812 `sleep 3600` (running 41 s)``: what each rank waits
+    for, where it is named, ranks that wait for the same thing on one line."""
+    culprits = set(snapshot.verdict.culprits)
+    same: dict[str, list[int]] = {}
+    for rank in snapshot.ranks:
+        if rank.waits_for and rank.rank is not None:
+            same.setdefault(rank.waits_for, []).append(rank.rank)
+    lines = []
+    for what, numbers in same.items():
+        culprit = bool(culprits & set(numbers))
+        line = Text(("  ▶ " if culprit else "    ") + f"{who(numbers)}: ", style="bold" if culprit else "")
+        line.append(what)
+        lines.append(line)
+    return lines
+
+
 def render_table(snapshot: Snapshot, wide: bool = False) -> RichGroup:
     """Verdict, one row per rank, the stack groups, then warnings and notes. ``wide``: every
     column, whatever the width."""
@@ -133,6 +150,10 @@ def render_table(snapshot: Snapshot, wide: bool = False) -> RichGroup:
     parts: list = [head, verdict_line(snapshot), RanksTable(snapshot, wide=wide)]
     if not snapshot.ranks:
         parts.append(Text("no ranks in this snapshot", style="dim"))
+    waited = waiting_lines(snapshot)
+    if waited:
+        parts.append(Text("waiting for", style="bold underline"))
+        parts += waited
     parts.append(Text("stack groups", style="bold underline"))
     for group in snapshot.groups:
         parts.append(Text("  ") + group_line(group, group.culprit or bool(culprits & set(group.ranks))))

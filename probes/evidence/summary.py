@@ -76,6 +76,13 @@ def render(snapshot: Snapshot, evidence: list[RankEvidence], host_notes: list[st
         out.append(f"- {who(group.ranks)}: {group_what(group)}{where}{mark}")
     if not snapshot.groups:
         out.append(NA)
+    waited: dict[str, list[int]] = {}
+    for rank in snapshot.ranks:
+        if rank.waits_for and rank.rank is not None:
+            waited.setdefault(rank.waits_for, []).append(rank.rank)
+    if waited:
+        out += ["", "## What the ranks wait for", ""]
+        out += [f"- {who(numbers)}: {what}" for what, numbers in waited.items()]
 
     culprits = set(verdict.culprits) | set(state.culprits if state else ())
     for ev in evidence:

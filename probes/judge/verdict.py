@@ -55,14 +55,29 @@ def by_place(ranks: Sequence[Rank]) -> list[list[Rank]]:
 
 
 def each_at(ranks: Sequence[Rank], stuck: bool = False) -> str:
-    """Each group of ranks by its own place: ``rank 2 is in sleep at cb.py:9; rank 3 is missing``
-    (``rank 2 is stuck in sleep at …`` with ``stuck``)."""
+    """Each group of ranks by its own place, and what it waits for where that is known: ``rank 2 at
+    cb.py:9 upload waits for its child process PID 812 `sleep 3600` (running 41 s); rank 3 is
+    missing`` (``rank 2 is stuck in sleep at …`` with ``stuck``)."""
     parts = []
     for group in by_place(ranks):
-        lead = group[0]
-        where = "missing" if lead.state == "missing" else f"{'stuck ' if stuck else ''}in {place(lead)}"
-        parts.append(f"{who(_numbers(group))} {verb(group, 'is', 'are')} {where}")
+        for lead, members in _by_waited(group):
+            if lead.state == "missing":
+                parts.append(f"{who(_numbers(members))} {verb(members, 'is', 'are')} missing")
+            elif lead.waits_for:
+                at = f" at {lead.where}" if lead.where else ""
+                parts.append(f"{who(_numbers(members))}{at} {verb(members, 'waits', 'wait')} for {lead.waits_for}")
+            else:
+                where = f"{'stuck ' if stuck else ''}in {place(lead)}"
+                parts.append(f"{who(_numbers(members))} {verb(members, 'is', 'are')} {where}")
     return "; ".join(parts)
+
+
+def _by_waited(group: list[Rank]) -> list[tuple[Rank, list[Rank]]]:
+    """A place's ranks split by what each waits for (two ranks at one line may wait for two children)."""
+    split: dict[str | None, list[Rank]] = {}
+    for rank in group:
+        split.setdefault(rank.waits_for, []).append(rank)
+    return [(members[0], members) for members in split.values()]
 
 
 def _without(ranks: Sequence[Rank], drop: Sequence[Rank]) -> list[Rank]:
@@ -91,7 +106,8 @@ def judge(ranks: Sequence[Rank], job: Job | None = None,
     """
     familiar = familiar or {}
     verdict = (_ended_while_hung(ranks, collectives, familiar, now) or _crashed(ranks) or _rendezvous(ranks, job)
-               or from_kernel(ranks, lambda waiting: waits(by_place(waiting)[0], collectives, now))
+               or from_kernel(ranks, lambda waiting: waits(by_place(waiting)[0], collectives, now),
+                              lambda others: each_at(others, stuck=True))
                or _from_collectives(ranks, collectives, familiar, now)
                or _from_ras(ranks, collectives, familiar, now) or _from_stacks(ranks, collectives, familiar, now))
     # Which ranks are at another step; not said of a healthy job (ranks read a few ms apart straddle steps).
@@ -236,14 +252,14 @@ def source_words(source: str) -> str:
     return "; ".join(words + [SOURCE_NAMES.get(p, p) for p in parts if p not in FLIGHT_RECORDER_SOURCES])
 
 
-# A RAS finding (probes/judge/ras.py) as a verdict kind: ranks behind hold the others up; ranks
-# RAS cannot reach leave every other rank hung.
-# A rank with an NCCL error or an aborted communicator breaks it for all; a rank that left the
-# communicator (NOCOMM, finalizing) took another path than the ranks still in it; all ranks level
-# and still: a hang below the ranks, no rank to blame.
-RAS_VERDICTS: dict[str, VerdictKind] = {"behind": "straggler", "mismatch": "mismatch", "unreachable": "hang",
-                                        "dead": "hang", "error": "hang", "abort": "hang", "left": "mismatch",
-                                        "level": "hang"}
+# A RAS finding (probes/judge/ras.py) as a verdict kind (one meaning each: docs/how-trainwatch-decides.md):
+# named ranks that hold the others up (behind, unreachable, dead, with an NCCL error or an aborted
+# communicator) make a straggler verdict; a rank that left the communicator (NOCOMM, finalizing)
+# took another path than the ranks still in it (mismatch); all ranks level and still: a hang below
+# the ranks, no rank to blame.
+RAS_VERDICTS: dict[str, VerdictKind] = {"behind": "straggler", "mismatch": "mismatch", "unreachable": "straggler",
+                                        "dead": "straggler", "error": "straggler", "abort": "straggler",
+                                        "left": "mismatch", "level": "hang"}
 # Ops RAS does not count: a rank waiting in one makes "all ranks level" say nothing.
 _UNCOUNTED_OPS = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
 
@@ -337,13 +353,14 @@ def _from_stacks(ranks: Sequence[Rank], collectives: CollectiveState | None,
         text = (f"{who(_numbers(waiting))} {waits(by_place(waiting)[0], collectives, now)}; "
                 f"{who(_numbers(unread))} could not be read, so {'it' if len(unread) == 1 else 'they'} may be "
                 f"what {'it waits' if len(waiting) == 1 else 'they wait'} for (see the notes for why)")
-        return Verdict("hang", tuple(_numbers(unread)), text)
+        return Verdict("straggler", tuple(_numbers(unread)), text)  # as a missing rank: unaccounted for
     if waiting and len(waiting) == len(live):
         return _mismatch_or_hang(waiting, collectives, familiar, now)
     culprits = [r for r in stuck if r.phase not in PEER_WAITS]
     text = each_at(culprits, stuck=True)
-    if len(culprits) == len(live):
-        return Verdict("hang", tuple(_numbers(culprits)), text)
+    if len(culprits) == len(live):  # no rank waits for another: none holds the others up, so none is named
+        alone = "" if len(live) == 1 else ": every rank is stuck in its own work, none waits for another"
+        return Verdict("hang", (), text + alone)
     others = _without(live, culprits)
     text += f" while {who(_numbers(others))} {verb(others, 'runs', 'run')} on"
     return Verdict("straggler", tuple(_numbers(culprits)), text)

@@ -50,7 +50,7 @@ def test_bundle_keeps_text_and_json_reports_and_the_judge_names_the_dead_rank():
     assert "Process 5202 on node 10.0.0.12" in files["host/ras-summary.txt"]
     assert worked == [f"127.0.0.1:{server.port}"] and notes == []
     judged = rebundled(stuck_snapshot(), seen)  # through the one judge, as bundles are
-    assert judged.collectives.ras.kind == "dead" and judged.verdict.kind == "hang"
+    assert judged.collectives.ras.kind == "dead" and judged.verdict.kind == "straggler"
     assert judged.verdict.culprits == (5,) and "rank 5 (10.0.0.12, pid 5202)" in judged.verdict.summary
 
 
