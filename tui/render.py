@@ -3,7 +3,7 @@
 The ranks table fits the width it is printed at (an 80-column terminal, a pipe): rank, state (with
 the stuck time), phase, op and ``where`` stay; pid, RSS, GPU, CPU% and step go first, in that order;
 then phase and op share one column. ``where`` is never cut: it wraps. ``wide`` shows every column
-whatever the width (``snapshot --wide``).
+whatever the width (``snapshot --wide`` prints on a console of ``wide_width`` cells).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from rich.console import Group as RichGroup
 from rich.table import Table
 from rich.text import Text
 
-from ..probes import Rank, Snapshot, group_what, step_label, who
+from ..probes import Group, Rank, Snapshot, group_what, step_label, who
 from .widgets import format as fmt
 from .widgets.lines import group_line, phase_style, phase_text, state_text, verdict_line
 
@@ -113,13 +113,29 @@ class RanksTable:
             table.add_row(*(columns[key].cell(rank) for key in keys))
         return table
 
+    def full_width(self) -> int:
+        """Cells every column needs, each at its widest cell (what ``--wide`` prints at)."""
+        columns = _columns(self.snapshot)
+        return sum(self._natural(c) for c in columns.values()) + GAP * (len(columns) - 1)
+
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        width = options.max_width
-        if self.wide:
-            columns = _columns(self.snapshot)
-            width = max(width, sum(self._natural(c) for c in columns.values()) + GAP * (len(columns) - 1))
-            options = options.update(width=width)
-        yield from console.render(self.table(width), options)
+        yield from console.render(self.table(options.max_width), options)
+
+
+class GroupLine:
+    """A stack group's line at the width it is printed at: a ``where`` that does not fit goes on a
+    line of its own rather than wrap inside the frame's name."""
+
+    def __init__(self, group: Group, culprit: bool) -> None:
+        self.group, self.culprit = group, culprit
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield Text("  ") + group_line(self.group, self.culprit, width=options.max_width - 2)
+
+
+def wide_width(snapshot: Snapshot) -> int:
+    """The console width ``--wide`` needs for every column of the table, uncut."""
+    return RanksTable(snapshot, wide=True).full_width()
 
 
 def waiting_lines(snapshot: Snapshot) -> list[Text]:
@@ -156,7 +172,7 @@ def render_table(snapshot: Snapshot, wide: bool = False) -> RichGroup:
         parts += waited
     parts.append(Text("stack groups", style="bold underline"))
     for group in snapshot.groups:
-        parts.append(Text("  ") + group_line(group, group.culprit or bool(culprits & set(group.ranks))))
+        parts.append(GroupLine(group, group.culprit or bool(culprits & set(group.ranks))))
     for warning in snapshot.warnings:
         parts.append(Text(f"warning: {warning}", style="yellow"))
     for note in snapshot.notes:

@@ -85,8 +85,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         from rich.console import Console
 
-        from ..render import render_table
-        Console().print(render_table(snapshot, wide=args.wide))
+        from ..render import render_table, wide_width
+        console = Console()
+        if args.wide:  # every column, uncut: the terminal wraps what it cannot show
+            console = Console(width=max(console.width, wide_width(snapshot)))
+        console.print(render_table(snapshot, wide=args.wide))
     partial = any(h.error for h in snapshot.hosts)
     return PARTIAL_EXIT if partial else 0
 

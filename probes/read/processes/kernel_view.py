@@ -151,11 +151,19 @@ def _syscall(pid: int, base: str, wchan: str | None) -> _Call:
         return _Call(name, path)
     mount, fs_type = _mount_of(pid, path)
     return _Call(name, f"{path} ({fs_type} on {mount})" if mount else path, fs_type,
-                 kind="fifo" if _is_fifo(pid, path) else "file")
+                 kind="fifo" if _is_fifo(pid, path, fs_type) else "file")
 
 
-def _is_fifo(pid: int, path: str) -> bool:
-    """Whether ``path`` (as the rank sees it: through its root) is a named pipe."""
+# Filesystems whose stat never waits on a daemon or the network: a FIFO is told apart only there. A
+# stat on a hung FUSE or NFS mount would block trainwatch as it blocks the rank.
+LOCAL_FILESYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "ramfs", "overlay", "devtmpfs", "zfs",
+                               "f2fs", "bcachefs"})
+
+
+def _is_fifo(pid: int, path: str, fs_type: str | None) -> bool:
+    """Whether ``path`` (as the rank sees it: through its root) is a named pipe, on a local filesystem."""
+    if fs_type not in LOCAL_FILESYSTEMS:
+        return False
     try:
         return stat_mode.S_ISFIFO(os.stat(f"/proc/{pid}/root{path}").st_mode)
     except OSError:
