@@ -21,13 +21,13 @@ KERNEL_FILESYSTEMS = frozenset({"proc", "sysfs", "cgroup", "cgroup2", "devpts", 
                                 "pstore", "bpf", "configfs", "fusectl", "mqueue", "efivarfs", "binfmt_misc"})
 
 
-def check_out_dir(path: Path | str, option: str = "--out", what: str = "the bundle") -> Path:
+def check_out_dir(path: Path | str, option: str = "--out", action: str = "write the bundle into") -> Path:
     """``path`` as an absolute folder that exists or can be made, and written into; raises
-    :class:`OutputError` saying why not. Creates nothing."""
+    :class:`OutputError` saying why not ("cannot {action} {path}: {why}"). Creates nothing."""
     path = Path(path).expanduser().absolute()
     why = _why_not(path)
     if why:
-        raise OutputError(f"cannot write {what} into {path}: {why}", f"pass a writable folder as {option}")
+        raise OutputError(f"cannot {action} {path}: {why}", f"pass a writable folder as {option}")
     return path
 
 

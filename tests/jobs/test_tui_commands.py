@@ -43,7 +43,8 @@ def test_attach_out_that_cannot_be_written_fails_before_the_screen(capsys, termi
     blocker.write_text("")
     assert main(["attach", "1", "--out", str(blocker / "bundles")]) == 8
     err = capsys.readouterr().err
-    assert f"cannot create {blocker / 'bundles'}" in err and "pass a writable --out DIR" in err
+    assert f"cannot write evidence into {blocker / 'bundles'}: {blocker} is a file, not a folder" in err
+    assert "pass a writable folder as --out" in err
 
 
 def test_attach_closes_its_source_and_prints_the_bundles_on_exit(monkeypatch, capsys, terminal, tmp_path):

@@ -50,10 +50,10 @@ def require_terminal(command: str, instead: str) -> None:
                          "(redirected to a file or a pipe)", instead)
 
 
-def writable_dir(path: Path, option: str = "--out", what: str = "evidence") -> Path:
+def writable_dir(path: Path, option: str = "--out", action: str = "write evidence into") -> Path:
     """``path`` as an absolute directory that exists (created if needed) and can be written; a
     path that cannot be is refused with its reason before anything is made."""
-    path = check_out_dir(path, option, what)
+    path = check_out_dir(path, option, action)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         require_terminal("run --attach", "leave out --attach, and use `trainwatch watch PID` "
                                                     "or `trainwatch snapshot PID` on the job")
     if args.out is not None:
-        check_out_dir(args.out, what="the run's files")
+        check_out_dir(args.out, action="make the run directory")
     run_dir = (args.out or rundir.default_run_dir()).resolve()
     _make_run_dir(run_dir)
     base = dict(os.environ)

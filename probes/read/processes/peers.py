@@ -105,6 +105,29 @@ def _open_for_writing(pid: int, fd: str) -> bool:
     return True  # unreadable flags: it holds the file, which is what matters
 
 
+def listens_on(pid: int, port: int) -> bool:
+    """Whether ``pid`` holds a TCP socket listening on ``port`` (any address)."""
+    inodes = set()
+    for proto in ("tcp", "tcp6"):
+        for line in (procfs.read_text(f"/proc/net/{proto}") or "").splitlines()[1:]:
+            parts = line.split()
+            if len(parts) >= 10 and parts[3] == "0A" and parts[1].rsplit(":", 1)[-1] == f"{port:04X}":
+                inodes.add(f"socket:[{parts[9]}]")
+    if not inodes:
+        return False
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def tcp_peer_inode(local: str, remote: str) -> str | None:
     """The socket inode of a local TCP connection's other end: the entry whose local address is
     ``remote`` and whose remote address is ``local`` (addresses as ``procfacts`` writes them)."""

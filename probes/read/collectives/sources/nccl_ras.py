@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from . import CollectiveSource, FeedOptions, RankEnvs, Reading
 from .. import nccl_state, ras, ras_report
-from ...processes import procfacts
+from ...processes import peers, procfacts
 from ...processes.process import JobProcesses, RankProcess
 from ....observed import ObservedRas
 from ....record import Record
@@ -70,6 +70,7 @@ class Source(CollectiveSource):
         self._pending: _Pending | None = None
         self._skipped: str | None = None  # why the last fetch asked nothing (lock, gap, version)
         self._nccl: dict[int, tuple[bool, str | None]] = {}  # pid -> (libnccl mapped, version)
+        self._ras_seen: set[int] = set()  # PIDs seen using NCCL (RAS may answer for them)
         self._files: dict[str, bytes] = {}
         self._notes: list[str] = []
         self._worked: list[str] = []
@@ -150,9 +151,14 @@ class Source(CollectiveSource):
         return mapped, version, ras_report.version_tuple(version)
 
     def _uses_nccl(self, proc: RankProcess, env: dict[str, str]) -> bool:
-        """Whether the job uses NCCL, so RAS may run in it: the rank has libnccl mapped, or its
-        environment names a RAS address."""
-        return self._version(proc)[0] or "NCCL_RAS_ADDR" in env
+        """Whether the job uses NCCL, so RAS may run in it: the rank has libnccl mapped, its
+        environment names a RAS address, or it listens on the RAS port itself (NCCL linked into
+        another library). Once seen, remembered for the PID."""
+        if proc.pid in self._ras_seen or self._version(proc)[0] or "NCCL_RAS_ADDR" in env \
+                or peers.listens_on(proc.pid, ras.address(env)[1]):
+            self._ras_seen.add(proc.pid)
+            return True
+        return False
 
     def _json_only(self, proc: RankProcess) -> bool:
         """A version whose text report can crash the job: ask for JSON only (whatever the policy)."""
