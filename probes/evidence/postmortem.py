@@ -234,6 +234,9 @@ def _untold_notes(evidence: ObservedJob) -> list[str]:
     from ..snapshot import who
     untold = [r.rank for r in evidence.ranks if r.exit is not None and r.exit.reason == UNTOLD and r.rank is not None]
     notes = []
+    if not evidence.ranks:
+        notes.append("ranks: none named in these files (no `[rankN]:` lines, no rank's own log, no Flight Recorder "
+                     "dump, no error file): a log of a job that ran normally reads so too")
     if untold:
         notes.append(f"how {who(untold)} ended: not in these files (no exit status, no launcher failure report, "
                      "no last words)")

@@ -370,7 +370,9 @@ def _none_live(ranks: Sequence[Rank]) -> str:
     """Why no rank is judged: none alive (each exited or missing), or none could be read."""
     exited = [r for r in ranks if r.state == "exited"]
     missing = [r for r in ranks if r.state == "missing"]
-    if not ranks or len(exited) + len(missing) < len(ranks):
+    if not ranks:
+        return "no rank of the job was found in what was read"
+    if len(exited) + len(missing) < len(ranks):
         return "no rank could be sampled"
     parts = [f"{who(_numbers(exited))} exited normally"] if exited else []
     parts += [f"{who(_numbers(missing))} {verb(missing, 'is', 'are')} missing"] if missing else []
