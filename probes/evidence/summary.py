@@ -48,7 +48,8 @@ def render(snapshot: Snapshot, evidence: list[RankEvidence], host_notes: list[st
     out += ["", "## Collective state", ""]
     state = snapshot.collectives
     if state is None or (not state.ranks and state.ras is None):
-        out.append("No collective state: no Flight Recorder trace was obtainable (see below).")
+        out.append("No collective state: no source had this job's collectives (a Flight Recorder trace needs "
+                   "`trainwatch run`, NCCL's debug pipe or its dump files; see below for any that failed).")
     elif not state.ranks:
         out.append("No Flight Recorder trace was obtainable (see below); NCCL RAS answered.")
     else:
