@@ -268,7 +268,7 @@ def _explain(phase: Phase, main: ThreadStack, threads) -> str | None:
     """For a blocked main thread, point at other threads that are doing something."""
     if phase == "exiting":
         return lingering_detail(main, threads)
-    if phase not in ("lock", "unknown"):
+    if phase != "unknown":  # a lock's candidates are in what the rank waits for (judge/waits.py)
         return None
     others = []
     for thread in threads:
