@@ -47,7 +47,7 @@ def jobs(tmp_path_factory):
     """Every case's job at once (they start together: importing torch is most of the wait), each
     gone at its deadline and killed in teardown."""
     root = tmp_path_factory.mktemp("waits")
-    started = {name: PlantedJob(root / name, name, nproc=2, deadline=180).start() for name in CASES}
+    started = {name: PlantedJob(root / name, name, nproc=2, deadline=300).start() for name in CASES}
     try:
         for job in started.values():
             job.wait_for_ranks(timeout=120)
