@@ -32,6 +32,7 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("NodeSpec", "DEFAULT_TIMEOUT_S", "RELAY_FROM"), ".remote.node_spec"),
     **dict.fromkeys(("find_job_matching",), ".read.processes.discover"),
     "find_pyspy": ".read.stacks.pyspy",
+    "check_out_dir": ".outdir",
     "kill_groups": ".process_group",
     "run_agent": ".remote.node_agent",
     # evidence

@@ -1,6 +1,6 @@
 """Errors a person can act on: each carries the message shown and the exit status.
 
-Exit statuses of the ``trainwatch`` command (README "Exit status" has the same table):
+Exit statuses of the ``trainwatch`` command (docs/cli.md "Exit status" has the same table):
 
 ====  ==========================================================================
 0     done: the command did what was asked

@@ -20,7 +20,7 @@ from .judge.judgement import JudgeMemory, JudgeOptions, judge_job
 from .judge.phases import is_stdlib, is_user, main_thread, stack_signature, where_frame
 from .local_evidence import LocalEvidence
 from .observed import ObservedJob, ObservedRank, SharedStill
-from .read.processes import exit_events, procfs, stillness
+from .read.processes import exit_events, kernel_view, procfs, stillness
 from .read.collectives.collective_feed import CollectiveFeed
 from .read.processes.exits import ExitLedger
 from .read.gpus.gpu import GpuProbe
@@ -28,7 +28,7 @@ from .read.processes.job_watch import JobWatch
 from .read.processes.process import JobProcesses, job_record
 from .read.stacks.sampler import StackSample, sample_all
 from .sampling import Sampler, signature_digest
-from .snapshot import PROBLEM_VERDICTS, Rank, Snapshot
+from .snapshot import PROBLEM_VERDICTS, KernelState, Rank, Snapshot
 from .source import OneNodeSource
 
 if TYPE_CHECKING:
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 # A first window a viewer's call cuts short is watched for at least this share of it: agents that
 # started late answer with the others (streams.FIRST_CALL_S), not a whole window later.
 MIN_FIRST_LOOK = 0.5
+PEERS_FOR_S = 30.0  # who holds the other end of a blocked rank's pipe, FIFO or socket: looked for again after this
 
 
 class LocalSource(OneNodeSource):
@@ -71,6 +72,7 @@ class LocalSource(OneNodeSource):
         # threads would otherwise hold up the start of every run
         self._feed = CollectiveFeed(lambda: self.job, start=False)
         self._workers: dict[tuple[int, tuple], str | None] = {}  # (pid, stack) -> stuck DataLoader worker
+        self._peers: dict[tuple, tuple[float, KernelState]] = {}  # (pid, call, target) -> (when, who holds it)
         self._answer_now = answer_now
         self._looked: float | None = None  # the first window as watched, when a call cut it short
         self._polls = 0
@@ -170,9 +172,10 @@ class LocalSource(OneNodeSource):
         window = self._looked if self._looked is not None else self.window  # a first window cut short counts as watched
         options = JudgeOptions(window=window, stuck_after=self.stuck_after)
         judged = judge_job(evidence, self.memory, now, options)
-        if judged.read_workers:  # the judge asks who holds a rank up: read its DataLoader workers
-            read = tuple(self._with_worker(r, judged.read_workers) for r in evidence.ranks)
-            if any(r.dataloader_worker for r in read):  # one is busy somewhere: ask again, knowing it
+        if judged.read_workers or judged.read_peers:  # the judge asks who holds a rank up: read it, ask again
+            read = tuple(self._with_peers(self._with_worker(r, judged.read_workers), judged.read_peers)
+                         for r in evidence.ranks)
+            if read != evidence.ranks:
                 evidence = replace(evidence, ranks=read)
                 judged = judge_job(evidence, self.memory, now, options)
         ranked = judged.ranks
@@ -202,6 +205,19 @@ class LocalSource(OneNodeSource):
                 stillness.write_shared(rank.pid, still)
             elif rank.state == "running":
                 stillness.forget_shared(rank.pid)
+
+    def _with_peers(self, rank: ObservedRank, wanted: tuple[int, ...]) -> ObservedRank:
+        """Who holds the other end of the pipe, FIFO or socket a stuck rank is blocked on (read once
+        per thing it is blocked on)."""
+        if rank.pid not in wanted or rank.kernel is None:
+            return rank
+        key = (rank.pid, rank.kernel.syscall, rank.kernel.target)
+        now = time.monotonic()
+        self._peers = {k: v for k, v in self._peers.items() if now - v[0] < PEERS_FOR_S}  # holders may change
+        if key not in self._peers:
+            self._peers[key] = (now, kernel_view.with_peers(rank.pid, rank.kernel))
+        found = self._peers[key][1]
+        return replace(rank, kernel=replace(rank.kernel, peers=found.peers, peers_known=found.peers_known))
 
     def _with_worker(self, rank: ObservedRank, wanted: tuple[int, ...]) -> ObservedRank:
         """The busy DataLoader worker of a rank the judge asked about (read once per stack)."""

@@ -129,6 +129,7 @@ class ObservedRank(Record):
     exit: ExitInfo | None = None  # how it ended, or (alive) the exception its log shows
     children: tuple[int, ...] = ()
     dataloader_worker: str | None = None  # its busy DataLoader worker and where, read when the judge asked
+    waits_for: str | None = None  # as reported (bundles, other nodes); the judge words it again (judge/waits.py)
     log_path: str | None = None
     step: int | None = None
     step_period_s: float | None = None

@@ -88,25 +88,31 @@ def flight_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "flight"
 
 
+def runtime_dir() -> Path:
+    """trainwatch's own folder for small files that live while it runs and that the trainwatch
+    processes of this user on this node share (NCCL RAS query locks, a rank's last dump, what each
+    established of a rank's stillness):
+    ``$XDG_RUNTIME_DIR/trainwatch``, else ``/tmp/trainwatch-<uid>``; made owner-only (0700).
+    Raises OSError when it cannot be made, or is not this user's own folder."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    base = Path(runtime) / "trainwatch" if runtime and os.path.isdir(runtime) else \
+        Path(tempfile.gettempdir()) / f"trainwatch-{os.getuid()}"
+    try:
+        base.mkdir(mode=0o700)
+    except FileExistsError:
+        pass  # looked at below: it must be ours
+    info = os.lstat(base)
+    if not os.path.isdir(base) or os.path.islink(base) or info.st_uid != os.getuid():
+        raise PermissionError(f"{base} is not a folder of this user's own")
+    if info.st_mode & 0o077:
+        os.chmod(base, 0o700)
+    return base
+
+
 def implicit_run_dir(uid: int, launcher_pid: int) -> Path:
     """Where a rank armed by ``import trainwatch.probes.hook`` (no ``trainwatch run``) keeps its
     evidence: one directory per launcher, shared by its local ranks."""
     return Path(tempfile.gettempdir()) / f"trainwatch-{uid}" / f"job-{launcher_pid}"
-
-
-def runtime_dir() -> Path:
-    """This user's folder for what trainwatch processes on this node share (lock files, what each
-    saw of a rank): ``$XDG_RUNTIME_DIR/trainwatch`` where that is set, else
-    ``<tmp>/trainwatch-<uid>``; made owner-only. Raises OSError when it cannot be made, or is not
-    this user's own folder (another user's, or a link someone left in /tmp)."""
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    base = Path(xdg) / "trainwatch" if xdg and os.path.isdir(xdg) else \
-        Path(tempfile.gettempdir()) / f"trainwatch-{os.getuid()}"
-    base.mkdir(mode=0o700, parents=False, exist_ok=True)
-    info = os.lstat(base)
-    if not os.path.isdir(base) or os.path.islink(base) or info.st_uid != os.getuid():
-        raise OSError(f"{base} is not this user's own folder")
-    return base
 
 
 def default_run_dir(base: Path | None = None) -> Path:

@@ -114,7 +114,7 @@ class Sampler:
         (``take_native``) where a Python stack cannot say, and look at each rank's progress
         (``watch``). Recorded samples replayed by the tests come through here too."""
         self._read_steps(samples, now)
-        classified = {pid: classify(sample.threads, source_line) for pid, sample in samples.items()
+        classified = {pid: classify(sample.threads, source_line, sample.kernel) for pid, sample in samples.items()
                       if sample.threads is not None}
         if self.auto_native and resolve:
             samples, classified = resolve_natively(samples, classified, self.native, self.watch, now,

@@ -22,8 +22,10 @@ SCHEMA_VERSION = 1
 # gpu_wait: the host blocks on its GPU (stream/context/event synchronize, .item(), device-to-host copy),
 # or on a torch Future of asynchronous work.
 # exiting: the main thread is in interpreter shutdown (threading._shutdown, atexit).
-Phase = Literal["collective", "gpu_wait", "dataloader", "init", "checkpoint", "lock", "sleep", "compute", "exiting",
-                "unknown"]
+# subprocess: it waits for a child process it started; io: it is blocked reading or writing a file,
+# FIFO, pipe or socket (the kernel's view says which); native: it is in a C call that holds the GIL.
+Phase = Literal["collective", "gpu_wait", "dataloader", "init", "checkpoint", "lock", "sleep", "subprocess", "io",
+                "native", "compute", "exiting", "unknown"]
 State = Literal["running", "stuck", "exited", "missing", "unknown"]
 # A group is ranks in one place: a phase, or (ranks no longer running) how they ended.
 GroupPhase = Literal[Phase, "missing", "exited"]
@@ -34,7 +36,7 @@ GROUP_PHASES: tuple[GroupPhase, ...] = tuple(dict.fromkeys(typing.get_args(Group
 VERDICTS: tuple[VerdictKind, ...] = typing.get_args(VerdictKind)
 # A rank in one of these waits for something else: CPU it burns there is never progress.
 WAITING_PHASES: frozenset[Phase] = frozenset({"collective", "gpu_wait", "dataloader", "init", "lock", "sleep",
-                                                "exiting"})
+                                                "subprocess", "io", "native", "exiting"})
 # Verdicts that `watch` dumps evidence for once they persist; with "crashed", the problems.
 HANG_VERDICTS: frozenset[VerdictKind] = frozenset({"hang", "straggler", "mismatch", "rendezvous"})
 CRASH_VERDICTS: frozenset[VerdictKind] = frozenset({"crashed"})
@@ -97,6 +99,20 @@ FILE_SYSCALLS = frozenset({
 
 
 @dataclass(frozen=True, repr=False)
+class PeerProcess(Record):
+    """A local process at the other end of what a rank waits for: the child it waits for, a
+    holder of the pipe, FIFO or TCP connection it is blocked on (``read/processes/peers.py``)."""
+
+    pid: int
+    command: str = ""  # its command line, secrets masked, cut at 160 characters
+    age_s: float | None = None  # how long it had run when read
+
+
+# What a blocked call is on (KernelState.target_kind).
+TARGET_KINDS = ("file", "fifo", "pipe", "socket", "child")
+
+
+@dataclass(frozen=True, repr=False)
 class KernelState(Record):
     """What the kernel says a rank's main thread is doing (``read/processes/kernel_view.py``)."""
 
@@ -116,6 +132,12 @@ class KernelState(Record):
     # how long the wait has lasted only from a look before anyone else's (the first look, mostly).
     asleep_since: float | None = None
     tracer_since: float | None = None  # unix time the tracer process started (it attached after that)
+    target_kind: str | None = None  # what the call is on: file, fifo, pipe, socket, child (TARGET_KINDS)
+    # Who could answer it: the child waited for; the pipe's or FIFO's writers (its readers, for a
+    # write); the local process holding a TCP connection's other end. ``peers_known``: looked for
+    # (an empty ``peers`` then means none: "no process has it open for writing").
+    peers: tuple[PeerProcess, ...] = ()
+    peers_known: bool = False
 
 
 @dataclass(frozen=True, repr=False)
@@ -226,6 +248,9 @@ class Rank(Record):
     log_path: str | None = None
     detail: str | None = None  # one line that explains the phase, e.g. which thread holds it
     dataloader_worker: str | None = None  # the DataLoader worker holding it up, and where (read when judged stuck)
+    # What it waits for, named by mechanism (judge/waits.py): "its child process PID 812 `git push`
+    # (running 4 min)", "data from FIFO /run/x (tmpfs on /run): no process has it open for writing", …
+    waits_for: str | None = None
     step: int | None = None  # training step the rank is at (Flight Recorder, loop locals, HF Trainer)
     step_period_s: float | None = None  # the rank's observed time per step
     step_held_s: float | None = None  # how long its current step is known to have lasted (a lower bound; live)

@@ -83,6 +83,8 @@ class TrainwatchApp(App[None]):
     ENABLE_COMMAND_PALETTE = False
     BINDINGS = [
         Binding("q", "quit", "quit"),
+        # As in htop, k9s or nvitop: Ctrl-C quits (Textual's own would only say "press ctrl+q").
+        Binding("ctrl+c", "quit", "quit", show=False, priority=True),
         Binding("question_mark", "help", "help"),
         Binding("slash", "filter", "filter"),
         Binding("n", "native", "native", show=False),  # n, + and -: in the help screen (?)
@@ -119,6 +121,7 @@ class TrainwatchApp(App[None]):
         self.history = History()
         self.native_for: set[int] = set()
         self.paused = False
+        self._paused_at: float | None = None  # the clock when sampling was paused: durations stop there
         self.filter_text = ""
         self.error: str | None = None
         self.polls = 0
@@ -275,9 +278,16 @@ class TrainwatchApp(App[None]):
         return text
 
     def durations_now(self) -> float:
-        """The time durations are measured to: a bundle's are as at its dump, live ones as of now."""
-        if not self.live and self.snapshot is not None and self.snapshot.taken_at:
-            return self.snapshot.taken_at
+        """The time durations ("up", "for 42s") are measured to: a bundle's are as at its dump; a
+        job that ended, as when it ended; while paused, as when sampling was paused; else now."""
+        snapshot = self.snapshot
+        if not self.live and snapshot is not None and snapshot.taken_at:
+            return snapshot.taken_at
+        if self.job_ended():
+            ended = [r.exit.at for r in snapshot.ranks if r.exit is not None and r.exit.at]
+            return max(ended) if ended else snapshot.taken_at or self.clock()
+        if self.paused and self._paused_at is not None:
+            return self._paused_at
         return self.clock()
 
     def _redraw(self) -> None:
@@ -290,16 +300,25 @@ class TrainwatchApp(App[None]):
             table = self.query_one(RanksTable)
             ranks = self.visible_ranks()
             table.show(ranks, culprits, self.history, default=culprit_key(snapshot, ranks))
-            table.border_title = f"ranks · filter: {self.filter_text}" if self.filter_text else "ranks"
+            table.border_title = self._ranks_title(snapshot, ranks)
             self.query_one(GroupsPane).show(snapshot)
             self._redraw_detail()
+
+    def _ranks_title(self, snapshot: Snapshot | None, shown: list[Rank]) -> str:
+        if not self.filter_text:
+            return "ranks"
+        if snapshot is not None and snapshot.ranks and not shown:
+            return f"ranks · filter: {self.filter_text} · no rank matches (Esc clears)"
+        return f"ranks · filter: {self.filter_text}"
 
     def _redraw_detail(self) -> None:
         rank = self.selected_rank()
         native = rank is not None and native_id(rank) in self.native_for
         key = rank.key if rank else None
         fresh, self._detail_key = key != self._detail_key, key
-        self.query_one(DetailPane).show(rank, self.durations_now(), native, fresh=fresh)
+        # "exited 2m ago" is the age of an event: it keeps counting (a bundle's, as at its dump)
+        ages_to = self.snapshot.taken_at if not self.live and self.snapshot and self.snapshot.taken_at else self.clock()
+        self.query_one(DetailPane).show(rank, ages_to, native, fresh=fresh)
         if fresh and rank is not None and rank.rank is not None:
             self.query_one(GroupsPane).follow(rank.rank)
             self.source.select(frozenset({rank.rank}))  # other nodes send every thread of it from now on
@@ -359,12 +378,13 @@ class TrainwatchApp(App[None]):
 
     def action_pause(self) -> None:
         self.paused = not self.paused
+        self._paused_at = self.clock() if self.paused else None
         if self.paused:
             self._cancel_timer()
             self.notify("sampling paused; p resumes", timeout=3)
         else:
             self._begin_poll()
-        self._tick()
+        self._redraw()  # durations stop (or run again) in every pane
 
     def _set_interval(self, step: int) -> None:
         steps = [i for i in INTERVALS if (i > self.interval if step > 0 else i < self.interval)]

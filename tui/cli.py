@@ -8,16 +8,26 @@ import gc
 import importlib
 import os
 import sys
+from typing import NoReturn
 
 from ..probes import TrainwatchError
 from . import hangup
 from .commands import COMMANDS
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with a usage error said in one line and where to read more, by the parser of the
+    command it concerns (``trainwatch snapshot: …`` then ``try 'trainwatch snapshot --help'``);
+    the full usage is what ``--help`` is for."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message}\ntry '{self.prog} --help'\n")
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole command line, or with ``only`` the one command about to run: importing every
     command module costs start-up time that a one-shot `snapshot` should not pay."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="trainwatch",
         description="See which rank of a distributed training job is stuck where, and why.",
     )
@@ -47,9 +57,13 @@ def version() -> str:
         return "unknown"
 
 
+def _subparsers(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+
+
 def command_list(parser: argparse.ArgumentParser) -> str:
     """Usage, then one line per command: what ``trainwatch`` alone prints."""
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    sub = _subparsers(parser)
     width = max(len(choice.dest) for choice in sub._choices_actions)
     lines = [parser.format_usage().rstrip(), "", "commands:"]
     lines += [f"  {choice.dest:<{width}}  {choice.help}" for choice in sub._choices_actions]
@@ -64,7 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(command_list(parser))
         return 2
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # said by the command's own parser: its --help is the one that helps
+            command = _subparsers(parser).choices.get(args.command, parser)
+            command.error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as exc:  # argparse's own exit: a usage error (2), or --help/--version (0)
         return exc.code if isinstance(exc.code, int) else 2
     if getattr(args, "ras", None):

@@ -19,7 +19,7 @@ import time
 SCENARIOS = (
     "healthy", "straggler", "mismatch", "uneven", "dataloader", "lock",
     "segfault", "assert", "slowstep", "skipstep", "raise", "linger", "longstep", "sigkill", "oom",
-    "checkpoint", "async", "pipeline", "sendrecv", "subgroup",
+    "checkpoint", "async", "pipeline", "sendrecv", "subgroup", "child", "fifo", "socket", "gil",
 )
 STALL_STEP = 40  # skipstep: the culprit stalls when its own counter reaches this
 
@@ -188,6 +188,44 @@ def start_uploader(stop_at: float) -> None:
     threading.Thread(target=upload_metrics, args=(stop_at,), name="uploader").start()
 
 
+def wait_for_child(stop_at: float) -> None:
+    """An upload that never ends: the rank waits in subprocess.run for a child that sleeps."""
+    import subprocess
+    subprocess.run(["sleep", str(max(1, int(stop_at - time.time())))])
+
+
+def read_fifo() -> None:
+    """Blocked opening a FIFO for reading: nothing ever opens it for writing (a `ready` flag file
+    made a named pipe). The deadline thread still ends the rank."""
+    path = os.path.join(os.getcwd(), f"ready-{os.getpid()}.fifo")
+    os.mkfifo(path)
+    with open(path) as fifo:
+        fifo.read()
+
+
+def recv_from_peer(stop_at: float) -> None:
+    """Blocked in recv() on a connection to a local helper process that never sends (a metrics or
+    parameter server stand-in)."""
+    import socket
+    import subprocess
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    seconds = max(1, int(stop_at - time.time()))
+    code = (f"import socket, time; s = socket.create_connection(('127.0.0.1', {server.getsockname()[1]})); "
+            f"time.sleep({seconds})")
+    subprocess.Popen([sys.executable, "-c", code])
+    conn, _ = server.accept()
+    conn.recv(1)
+
+
+def hold_gil(stop_at: float) -> None:
+    """A C call that never releases the GIL: libc's sleep() through ctypes.PyDLL (which keeps the
+    GIL, as a careless C extension does). Bounded by the deadline itself: no Python thread runs meanwhile."""
+    import ctypes
+    ctypes.PyDLL(None).sleep(max(1, int(stop_at - time.time())))
+
+
 def dump_flight_recorder(rank: int) -> None:
     """What NCCL's TORCH_NCCL_DUMP_ON_TIMEOUT does, for gloo (which never dumps by itself): the
     generic Flight Recorder as a pickle at ``${TORCH_FR_DUMP_TEMP_FILE}<rank>``."""
@@ -257,6 +295,14 @@ def train(scenario: str, step_s: float, stop_at: float, ddp: bool = False, timeo
             ctypes.string_at(0)  # SIGSEGV
         if scenario == "checkpoint" and rank == culprit and step == 3:  # into $TW_CKPT_DIR (a mount that may hang)
             torch.save(model.state_dict(), os.path.join(os.environ.get("TW_CKPT_DIR", "."), "ckpt.pt"))
+        if scenario == "child" and rank == culprit and step == 3:
+            wait_for_child(stop_at)
+        if scenario == "fifo" and rank == culprit and step == 3:
+            read_fifo()
+        if scenario == "socket" and rank == culprit and step == 3:
+            recv_from_peer(stop_at)
+        if scenario == "gil" and rank == culprit and step == 3:
+            hold_gil(stop_at)
         if scenario == "sigkill" and rank == culprit and step == 3:
             os.kill(os.getpid(), 9)  # as a watchdog or a person's `kill -9` does: nothing runs after it
         if scenario == "oom" and rank == culprit and step == 3:

@@ -261,12 +261,11 @@ def write_bundle(source_pid: int, snapshot: Snapshot, out_dir: Path, *, tar: boo
             job = None
             notes.append(f"job discovery failed at dump time ({exc.message}); used the snapshot's ranks")
         debug_urls: dict[int, str] = {}
+        no_debug_server = None
         if job is not None:
             ranks = [r.rank for r in job.ranks if r.rank is not None]
             result, why = bounded(lambda: nccl_state.debug_server_urls(job.master_addr, job.master_port, ranks), 30)
-            debug_urls, why = result if result else ({}, why)
-            if why:
-                notes.append(f"torch.distributed.debug: {why}")
+            debug_urls, no_debug_server = result if result else ({}, why)
         feed = _collective_evidence(job or _snapshot_job(snapshot), debug_urls)
         try:
             evidence = _collect_all(_plans(job, snapshot, native, fault_signal, debug_urls, early_stacks or {}), native)
@@ -280,6 +279,8 @@ def write_bundle(source_pid: int, snapshot: Snapshot, out_dir: Path, *, tar: boo
             for note in collective.rank_notes.get(ev.rank, ()) if ev.rank is not None else ():
                 ev.note(note)
         notes += collective.notes
+        if no_debug_server and not set(collective.worked) - {"ras"}:  # said only where no other source had a trace
+            notes.append(f"torch.distributed.debug: {no_debug_server}")
         host_files, host_notes = _host_files(snapshot)
         notes += host_notes
 

@@ -32,6 +32,7 @@ from .bundle_rank import RankEvidence
 from .summary import render
 
 SOURCE_PREFIX = "post-mortem:"
+UNNAMED_LAUNCHER = "launcher not named in these files"
 
 
 class PostMortemSource(OneNodeSource):
@@ -47,7 +48,8 @@ class PostMortemSource(OneNodeSource):
                                                 watchdog=_ageless(self.evidence.watchdog))
         now = now or self.left.newest or time.time()
         judged = judge_job(self.evidence, JudgeMemory(), now)
-        notes = [*self.left.notes, *(n for r in self.left.ranks.values() for n in r.notes), *_missing_notes(self.evidence)]
+        notes = [*self.left.notes, *(n for r in self.left.ranks.values() for n in r.notes), *_missing_notes(self.evidence),
+                 *_untold_notes(self.evidence)]
         self.snapshot = Snapshot(job=self.evidence.job, ranks=judged.ranks, groups=judged.groups,
                                  verdict=judged.verdict, collectives=judged.collectives, warnings=judged.warnings,
                                  notes=tuple(dict.fromkeys(scrub(n) for n in notes)), taken_at=now,
@@ -94,7 +96,7 @@ def observed_job(left: Leftovers) -> tuple[ObservedJob, dict[int, tuple[str, str
         threads, origin, text = _last_stacks(found)
         if text:
             stacks[number] = (origin, text)
-        rank = _rank(found, threads, by_rank.get(number), host)
+        rank = _rank(found, threads, by_rank.get(number), host, _launcher_status(left))
         ranks.append(dataclasses.replace(rank, log_tail=logs.shown_tail(rank.log_path, number, None)))
     run = left.run or {}
     job = Job(launcher=_launcher(left), pid=int(run.get("pid") or left.launcher_pid or 0), host=host,
@@ -146,19 +148,27 @@ def _last_stacks(found: RankLeft) -> tuple[tuple[ThreadStack, ...], str, str]:
     return (), "none", ""
 
 
-def _rank(found: RankLeft, threads: tuple[ThreadStack, ...], failure, host: str) -> ObservedRank:  # noqa: ANN001
+def _launcher_status(left: Leftovers) -> int | None:
+    """The exit status ``trainwatch run`` recorded for the launcher (negative: killed by that signal)."""
+    status = (left.launcher_exit or {}).get("status")
+    return status if isinstance(status, int) and not isinstance(status, bool) else None
+
+
+def _rank(found: RankLeft, threads: tuple[ThreadStack, ...], failure, host: str,  # noqa: ANN001
+          launcher_status: int | None = None) -> ObservedRank:
     cls = classify(threads, source_line) if threads else None
     return ObservedRank(
         rank=found.rank, pid=found.pid or (failure.pid if failure else None), host=found.host or host,
         seen="exited", phase=cls.phase if cls else "unknown", op=cls.op if cls else None,
         where=cls.where if cls else None, user_frame=cls.user_frame if cls else None,
-        detail=cls.detail if cls else None, threads=threads, exit=_exit(found, failure),
+        detail=cls.detail if cls else None, threads=threads, exit=_exit(found, failure, launcher_status),
         log_path=found.own_log or (found.log_files[0] if found.log_files else None))
 
 
-def _exit(found: RankLeft, failure) -> ExitInfo:  # noqa: ANN001
+def _exit(found: RankLeft, failure, launcher_status: int | None = None) -> ExitInfo:  # noqa: ANN001
     """How the rank ended, from everything that says: the launcher's report, its last words, its
-    uncaught exception, a fatal signal's faulthandler dump, its log's fatal line."""
+    uncaught exception, a fatal signal's faulthandler dump, its log's fatal line; with none of
+    them, a launcher that exited 0 (torchrun does only when every rank did)."""
     code = signal = at = reason = message = frame = None
     source = None
     if failure is not None:
@@ -184,7 +194,10 @@ def _exit(found: RankLeft, failure) -> ExitInfo:  # noqa: ANN001
     if code is None and signal is None and (said is not None and said.raised or found.exit_record):
         code = 1  # an uncaught exception ends the interpreter with status 1
     if code is None and signal is None and not (reason or message or frame):
-        reason = UNTOLD
+        if launcher_status == 0:
+            code, source = 0, "the launcher's exit status"
+        else:
+            reason = UNTOLD
     return ExitInfo(code=code, signal=signal, at=at, reason=reason, frame=frame,
                     message=scrub(message) if message else None, source=source)
 
@@ -213,7 +226,23 @@ def _launcher(left: Leftovers) -> str:
         return "trainwatch run"
     if left.failures:
         return "torchrun"
-    return "dead job"
+    return UNNAMED_LAUNCHER
+
+
+def _untold_notes(evidence: ObservedJob) -> list[str]:
+    """What these files do not hold: how ranks ended, and their stacks (a plain log has neither)."""
+    from ..snapshot import who
+    untold = [r.rank for r in evidence.ranks if r.exit is not None and r.exit.reason == UNTOLD and r.rank is not None]
+    notes = []
+    if not evidence.ranks:
+        notes.append("ranks: none named in these files (no `[rankN]:` lines, no rank's own log, no Flight Recorder "
+                     "dump, no error file): a log of a job that ran normally reads so too")
+    if untold:
+        notes.append(f"how {who(untold)} ended: not in these files (no exit status, no launcher failure report, "
+                     "no last words)")
+    if evidence.ranks and not any(r.threads for r in evidence.ranks):
+        notes.append("stacks: none in these files (`trainwatch run` keeps each rank's last stacks)")
+    return notes
 
 
 def _missing_notes(evidence: ObservedJob) -> list[str]:

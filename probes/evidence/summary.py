@@ -13,6 +13,7 @@ from ..read.collectives import flightrec
 from ..judge.steps import step_label
 from ..judge.groups import group_what
 from ..read.logs import ranklog
+from ..observed import UNTOLD
 from ..snapshot import GpuDevice, Rank, Snapshot, age_text, compact_ranks, who
 from ..wording import NA, how_ended, na, pct, size
 
@@ -28,7 +29,8 @@ def render(snapshot: Snapshot, evidence: list[RankEvidence], host_notes: list[st
            reason: str | None, redacted: bool, sources: dict[str, list[str]]) -> str:
     """The whole summary. ``sources``: collective-state source -> ranks/where it worked."""
     job, verdict = snapshot.job, snapshot.verdict
-    out = [f"# trainwatch evidence: {job.launcher} job {job.pid} on {job.host}", ""]
+    title = f"{job.launcher} job {job.pid}" if job.pid else f"a job ({job.launcher})"
+    out = [f"# trainwatch evidence: {title} on {job.host}", ""]
     out.append(f"- taken: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(snapshot.taken_at or time.time()))}")
     if reason:
         out.append(f"- reason: {reason}")
@@ -46,7 +48,8 @@ def render(snapshot: Snapshot, evidence: list[RankEvidence], host_notes: list[st
     out += ["", "## Collective state", ""]
     state = snapshot.collectives
     if state is None or (not state.ranks and state.ras is None):
-        out.append("No collective state: no Flight Recorder trace was obtainable (see below).")
+        out.append("No collective state: no source had this job's collectives (a Flight Recorder trace needs "
+                   "`trainwatch run`, NCCL's debug pipe or its dump files; see below for any that failed).")
     elif not state.ranks:
         out.append("No Flight Recorder trace was obtainable (see below); NCCL RAS answered.")
     else:
@@ -74,6 +77,13 @@ def render(snapshot: Snapshot, evidence: list[RankEvidence], host_notes: list[st
         out.append(f"- {who(group.ranks)}: {group_what(group)}{where}{mark}")
     if not snapshot.groups:
         out.append(NA)
+    waited: dict[str, list[int]] = {}
+    for rank in snapshot.ranks:
+        if rank.waits_for and rank.rank is not None:
+            waited.setdefault(rank.waits_for, []).append(rank.rank)
+    if waited:
+        out += ["", "## What the ranks wait for", ""]
+        out += [f"- {who(numbers)}: {what}" for what, numbers in waited.items()]
 
     culprits = set(verdict.culprits) | set(state.culprits if state else ())
     for ev in evidence:
@@ -163,7 +173,8 @@ def _rank_notes(evidence: list[RankEvidence]) -> list[str]:
 
 def _crash_lines(snapshot: Snapshot) -> list[str]:
     """One line per dead rank (first to die first): how it ended, the reason and the fatal message."""
-    dead = [r for r in snapshot.ranks if (r.state == "exited" and exits.abnormal(r.exit)) or exits.raised_while_alive(r)]
+    dead = [r for r in snapshot.ranks if (r.state == "exited" and exits.abnormal(r.exit) and r.exit.reason != UNTOLD)
+            or exits.raised_while_alive(r)]
     if not dead:
         return []
     out = ["", "## Crash", ""]

@@ -665,6 +665,8 @@ def fr_trace() -> dict:
     errors: dict[str, str] = {}
     for name, function, kwargs in FR_DUMPS:
         dump = getattr(c10d, function, None)
+        if dump is None and name == "nccl" and not hasattr(c10d, "ProcessGroupNCCL"):
+            continue  # a torch built without NCCL (CPU): the job cannot use NCCL, nothing to say of it
         if dump is None:
             errors[name] = (f"this torch has no torch._C._distributed_c10d.{function} "
                             "(built without it, or the private API changed)")

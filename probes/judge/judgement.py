@@ -16,6 +16,7 @@ from .groups import group_ranks
 from .progress import CompletedCollectives, ProgressTracker, quiet_between
 from .ras import RasTracker, across_nodes, progress_pids
 from .verdict import judge
+from .waits import waits_for
 from .warnings import job_warnings
 from ..observed import FirstLook, ObservedJob, ObservedRank, SharedStill
 from ..snapshot import (HANG_VERDICTS, UNJUDGED_VERDICTS, CollectiveState, Group, RasState, Rank, Snapshot, Verdict,
@@ -75,6 +76,9 @@ class Judgement(Record):
     # PIDs of ranks stuck waiting for their DataLoader whose workers were not read: the caller reads
     # them (``dataloader_worker``) and asks again; the answer then explains the rank.
     read_workers: tuple[int, ...] = ()
+    # PIDs of stuck ranks blocked on a pipe, FIFO or socket whose other end was not looked for: the
+    # caller reads who holds it (``KernelState.peers``) and asks again.
+    read_peers: tuple[int, ...] = ()
     notes: tuple[str, ...] = ()  # where the evidence contradicts itself (nodes' RAS views)
 
 
@@ -93,6 +97,7 @@ def judge_job(evidence: ObservedJob, memory: JudgeMemory, now: float,
     _hold_still(evidence, pending, memory.progress, now)
     ranks = _first_to_die([_reported_stillness(rank_state(ev, memory.progress, now, options), pending, now)
                            for ev in evidence.ranks])
+    ranks = [_held_up_by_worker(replace(r, waits_for=waits_for(r))) for r in ranks]
     collectives, notes = _with_nodes_ras(evidence, ranks, collectives)
     for rank in ranks:  # where each rank goes while it makes progress: breaks ties between waiting ranks
         if rank.state == "running" and rank.where and rank.rank is not None:
@@ -109,11 +114,10 @@ def judge_job(evidence: ObservedJob, memory: JudgeMemory, now: float,
                     default=verdict.since)
         verdict = replace(verdict, since=min(verdict.since, began))
     memory.verdict = verdict
-    ranks = [_held_up_by_worker(r) for r in ranks]
     return Judgement(ranks=tuple(ranks), groups=group_ranks(ranks, verdict.culprits), verdict=verdict,
                      collectives=collectives, warnings=job_warnings(evidence.job, ranks, options.window),
                      read_workers=tuple(r.pid for r in ranks if _waits_on_worker(r) and r.dataloader_worker is None),
-                     notes=tuple(notes))
+                     read_peers=tuple(r.pid for r in ranks if _peers_unread(r)), notes=tuple(notes))
 
 
 def _take_progress(evidence: ObservedJob, progress: ProgressTracker) -> None:
@@ -192,6 +196,12 @@ def _reported_stillness(rank: Rank, pending: dict[int, tuple[float, str]], now: 
 
 def _waits_on_worker(rank: Rank) -> bool:
     return rank.state == "stuck" and rank.phase == "dataloader" and bool(rank.children) and rank.pid is not None
+
+
+def _peers_unread(rank: Rank) -> bool:
+    kernel = rank.kernel
+    return (rank.state == "stuck" and rank.pid is not None and kernel is not None and not kernel.peers_known
+            and kernel.target_kind in ("pipe", "fifo", "socket"))
 
 
 def _held_up_by_worker(rank: Rank) -> Rank:

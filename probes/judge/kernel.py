@@ -20,15 +20,22 @@ STALL_SLACK_S = 5.0  # a tracer started within this of the stall may have caused
 CALL_WORDS = {"newfstatat": "stat", "statx": "stat", "lstat": "stat", "fstat": "stat", "openat": "open",
               "openat2": "open", "pread64": "read", "readv": "read", "pwrite64": "write", "writev": "write",
               "fdatasync": "fsync", "renameat": "rename", "renameat2": "rename", "unlinkat": "unlink",
-              "mkdirat": "mkdir", "getdents64": "getdents"}
+              "mkdirat": "mkdir", "getdents64": "getdents", "recvfrom": "recv", "recvmsg": "recv", "sendto": "send",
+              "sendmsg": "send", "accept4": "accept", "ppoll": "poll"}
 
 
 def from_kernel(ranks: Sequence[Rank], waits_text: Callable[[list[Rank]], str],
-                now: float | None = None) -> Verdict | None:
+                others_text: Callable[[list[Rank]], str] | None = None, now: float | None = None) -> Verdict | None:
     """The kernel's verdict, or None when it shows nothing wrong. ``waits_text``: how the ranks
-    waiting for the culprits wait, in words (``verdict.waits``). ``now``: when the ranks were read;
-    with it, a rank a tracer holds that was already stuck before the tracer started is no culprit:
-    someone looked at a hang (``gdb -p``), they did not cause it."""
+    waiting for the culprits wait, in words (``verdict.waits``); ``others_text``: where ranks that
+    are neither culprits nor waiting for them are stuck (``verdict.each_at``). ``now``: when the
+    ranks were read; with it, a rank a tracer holds is no culprit if the job had stalled before the
+    tracer started: someone looked at a hang (``gdb -p``), they did not cause it.
+
+    One meaning per kind: culprits with ranks waiting for them, or running on without them, make
+    a ``straggler``; every rank blocked on its storage is a ``hang`` that names no rank (the
+    storage holds the job, not one rank). A rank held a moment (stopped, traced) that nothing
+    waits on and that is not stuck itself is no verdict: the job goes on."""
     local = [r for r in ranks if r.state in ("running", "stuck", "unknown") and r.kernel is not None]
     if not local:
         return None
@@ -41,12 +48,24 @@ def from_kernel(ranks: Sequence[Rank], waits_text: Callable[[list[Rank]], str],
     culprits = stopped + blocked
     if not culprits:
         return None
-    waiting = [r for r in local if r not in culprits and r.state == "stuck" and r.phase in ("collective", "gpu_wait")]
+    live = [r for r in ranks if r.state in ("running", "stuck", "unknown")]  # a rank read without its kernel's view too
+    waiting = [r for r in live if r not in culprits and r.state == "stuck" and r.phase in ("collective", "gpu_wait")]
     text = "; ".join(_why(r) for r in culprits)
     if waiting:
         return Verdict("straggler", _numbers(culprits), f"{text} while {who(_numbers(waiting))} {waits_text(waiting)}")
-    if blocked or any(r.state == "stuck" for r in stopped):  # a rank held a moment that nothing waits on is no hang
-        return Verdict("hang", _numbers(culprits), text)
+    others = [r for r in live if r not in culprits]
+    if not others:
+        if stopped:
+            return None  # stopped and traced ranks alone: the stack rules say where they are
+        return Verdict("hang", (), f"{text}: every rank waits on its storage, not on another rank")
+    if not blocked and not any(r.state == "stuck" for r in stopped):
+        return None  # held a moment, nothing waits on it yet (a py-spy or gdb attach): no verdict of its own
+    running = [r for r in others if r.state == "running"]
+    if len(running) == len(others):
+        return Verdict("straggler", _numbers(culprits),
+                       f"{text} while {who(_numbers(running))} {'runs' if len(running) == 1 else 'run'} on")
+    if others_text is not None:
+        return Verdict("straggler", _numbers(culprits), f"{text}; {others_text(others)}")
     return None
 
 
@@ -67,8 +86,10 @@ def looked_at_after(rank: Rank, stalled_since: float | None) -> bool:
 
 
 def _on_storage(rank: Rank) -> bool:
+    """In an uninterruptible wait, or a file call on a file (a FIFO waits for a process, not storage)."""
     kernel = rank.kernel
-    return kernel is not None and (kernel.letter == "D" or (kernel.syscall in FILE_SYSCALLS and bool(kernel.fs_type)))
+    return kernel is not None and (kernel.letter == "D" or (kernel.syscall in FILE_SYSCALLS and bool(kernel.fs_type)
+                                                            and kernel.target_kind in (None, "file")))
 
 
 def _why(rank: Rank) -> str:

@@ -33,7 +33,8 @@ from ..record import Record
 
 # A "lock" read from the Python line alone (``work.wait()``, ``.acquire(``) may be a c10d work wait:
 # the native frames tell (``c10d::Work::wait``, ``ProcessGroupGloo::RecvWork::wait``).
-AMBIGUOUS_PHASES: frozenset[Phase] = frozenset({"compute", "unknown", "lock"})
+# A "native" one (idle, holding the GIL) is named by its native frames: the C function it is in.
+AMBIGUOUS_PHASES: frozenset[Phase] = frozenset({"compute", "unknown", "lock", "native"})
 RECHECK_COMPUTE_S = 15.0
 MAX_PER_POLL = 8
 PARALLEL = 4
@@ -112,7 +113,7 @@ def resolve_natively(samples: dict[int, StackSample], classified: dict[int, Clas
         signature = representatives[pid]
         if native.threads is None or stack_signature(main_thread(native.threads)) != signature:
             continue  # no sample, or it moved while we looked: the plain sample stands
-        cls = classify(native.threads, source_line)
+        cls = classify(native.threads, source_line, plain.kernel)
         cache.taken += 1
         cache.store(pid, signature, native.threads, cls, now)
         samples[pid] = replace(plain, threads=native.threads)

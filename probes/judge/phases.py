@@ -7,8 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..frames import bare_name, is_stdlib, is_user
-from ..snapshot import Frame, Phase, ThreadStack
+from ..snapshot import Frame, KernelState, Phase, ThreadStack
 from ..record import Record
+from .kernel import CALL_WORDS
 
 COLLECTIVE_OPS = frozenset({
     "all_reduce", "all_gather", "all_gather_into_tensor", "_allgather_base", "all_gather_object",
@@ -44,6 +45,13 @@ PLUMBING = re.compile(
     r"megatron/core/parallel_state|functorch|_pytest)/(?!\.)"
 )
 _SOURCE_TORCH = re.compile(r"/torch/(?:distributed|nn|autograd|utils|cuda|optim|_tensor\.py|_dynamo|amp)")
+# subprocess.py's waits for a child (run, call, check_output, communicate, wait).
+SUBPROCESS_WAITS = frozenset({"wait", "_wait", "_try_wait", "communicate", "_communicate", "run", "call",
+                              "check_call", "check_output"})
+# Native frames of the interpreter's own call machinery (ctypes, libffi, pybind11, CPython): the C
+# function a Python line called is the first native frame past them.
+_INTERPRETER_FILES = re.compile(r"libpython|/python3?\.\d+$|_ctypes|libffi|/Modules/|/Objects/|/Python/|pybind11")
+_INTERPRETER_FUNCS = ("0x", "Py", "_Py", "pybind11::", "ffi_", "cfunction_", "method_vectorcall", "_call_function")
 LOCK_LINE = re.compile(r"\bwith\b.*\b(lock|mutex|cond|_lock|rlock)\b|\.acquire\(|\.wait\(", re.I)
 SLEEP_LINE = re.compile(r"\bsleep\(")
 
@@ -118,22 +126,25 @@ def _only_waits_for_threads(thread: ThreadStack) -> bool:
 
 
 def classify(threads: list[ThreadStack] | tuple[ThreadStack, ...],
-             source_line: SourceLine | None = None) -> Classification:
+             source_line: SourceLine | None = None, kernel: KernelState | None = None) -> Classification:
     """Phase of the main thread, its op, the telling frame, and the user's frame. ``source_line``:
     the text of a frame's line (``read/stacks/source_lines.py``), which tells a sleep or a lock wait in
-    plain Python; without it such a frame counts as compute."""
+    plain Python; without it such a frame counts as compute. ``kernel``: the kernel's view of the
+    main thread when sampled, which tells a wait for a child process or a blocked read or write
+    (a file, FIFO, pipe or socket) that the Python line alone cannot."""
     main = main_thread(threads)
     if main is None or not main.frames:
         return Classification("unknown", None, None, None, "no Python stack (not a Python process, or exiting)")
     frames = main.frames
     where = where_frame(frames)
     user = next((f for f in frames if is_user(f)), None)
-    phase, op = _phase_of(main, source_line or _no_source)
+    phase, op = _phase_of(main, source_line or _no_source, kernel if main.is_main else None)
     detail = _explain(phase, main, threads)
     return Classification(phase, op, where.label() if where else None, user.label() if user else None, detail)
 
 
-def _phase_of(main: ThreadStack, source_line: SourceLine) -> tuple[Phase, str | None]:
+def _phase_of(main: ThreadStack, source_line: SourceLine,
+              kernel: KernelState | None = None) -> tuple[Phase, str | None]:
     python = [f for f in main.frames if not f.native]
     if any(f.native and f.function.startswith(FINALIZE_SYMBOLS) for f in main.frames):
         return "exiting", "shutdown"
@@ -171,14 +182,44 @@ def _phase_of(main: ThreadStack, source_line: SourceLine) -> tuple[Phase, str | 
     innermost = python[0] if python else None
     if innermost is None:
         return ("compute" if main.active else "unknown"), None
+    if _in_subprocess(python) or (kernel is not None and kernel.target_kind == "child"):
+        return "subprocess", None
     if innermost.file.endswith(("threading.py", "queue.py")) or "concurrent/futures" in innermost.file:
         return "lock", innermost.function
+    if main.active is False and kernel is not None and kernel.letter in ("S", "D") \
+            and kernel.target_kind in ("file", "fifo", "pipe", "socket"):
+        return "io", CALL_WORDS.get(kernel.syscall or "", kernel.syscall)
+    if main.owns_gil and main.active is False:  # idle holding the GIL: inside a C call that never let it go
+        callee = native_callee(main.frames)
+        return "native", callee.split(" in ", 1)[0] if callee else None
     line = source_line(innermost) if innermost.line else ""
     if SLEEP_LINE.search(line):
         return "sleep", "sleep"
     if main.active is False and LOCK_LINE.search(line):
         return "lock", "acquire"
     return ("compute" if main.active is not False else "unknown"), None
+
+
+def _in_subprocess(python: list[Frame]) -> bool:
+    """The innermost frames (the standard library's, up to the caller's own) wait in subprocess.py."""
+    for frame in python:
+        if frame.file.endswith("/subprocess.py") and bare_name(frame.function) in SUBPROCESS_WAITS:
+            return True
+        if not is_stdlib(frame):
+            return False
+    return False
+
+
+def native_callee(frames: tuple[Frame, ...]) -> str | None:
+    """``sleep() in libc.so.6``: the C function the innermost Python frame called, from a native
+    sample (the first native frame past ctypes', libffi's, pybind11's and CPython's own); None
+    without native frames."""
+    first_python = next((i for i, f in enumerate(frames) if not f.native), len(frames))
+    for frame in reversed(frames[:first_python]):  # from the Python frame inwards
+        if frame.function.startswith(_INTERPRETER_FUNCS) or _INTERPRETER_FILES.search(frame.file):
+            continue
+        return f"{frame.function}() in {frame.file.rsplit('/', 1)[-1]}"
+    return None
 
 
 _CALL = re.compile(r"\.(\w+)\(")
@@ -231,7 +272,7 @@ def _explain(phase: Phase, main: ThreadStack, threads) -> str | None:
     """For a blocked main thread, point at other threads that are doing something."""
     if phase == "exiting":
         return lingering_detail(main, threads)
-    if phase not in ("lock", "unknown"):
+    if phase != "unknown":  # a lock's candidates are in what the rank waits for (judge/waits.py)
         return None
     others = []
     for thread in threads:

@@ -56,14 +56,29 @@ def by_place(ranks: Sequence[Rank]) -> list[list[Rank]]:
 
 
 def each_at(ranks: Sequence[Rank], stuck: bool = False) -> str:
-    """Each group of ranks by its own place: ``rank 2 is in sleep at cb.py:9; rank 3 is missing``
-    (``rank 2 is stuck in sleep at …`` with ``stuck``)."""
+    """Each group of ranks by its own place, and what it waits for where that is known: ``rank 2 at
+    cb.py:9 upload waits for its child process PID 812 `sleep 3600` (running 41 s); rank 3 is
+    missing`` (``rank 2 is stuck in sleep at …`` with ``stuck``)."""
     parts = []
     for group in by_place(ranks):
-        lead = group[0]
-        where = "missing" if lead.state == "missing" else f"{'stuck ' if stuck else ''}in {place(lead)}"
-        parts.append(f"{who(_numbers(group))} {verb(group, 'is', 'are')} {where}")
+        for lead, members in _by_waited(group):
+            if lead.state == "missing":
+                parts.append(f"{who(_numbers(members))} {verb(members, 'is', 'are')} missing")
+            elif lead.waits_for:
+                at = f" at {lead.where}" if lead.where else ""
+                parts.append(f"{who(_numbers(members))}{at} {verb(members, 'waits', 'wait')} for {lead.waits_for}")
+            else:
+                where = f"{'stuck ' if stuck else ''}in {place(lead)}"
+                parts.append(f"{who(_numbers(members))} {verb(members, 'is', 'are')} {where}")
     return "; ".join(parts)
+
+
+def _by_waited(group: list[Rank]) -> list[tuple[Rank, list[Rank]]]:
+    """A place's ranks split by what each waits for (two ranks at one line may wait for two children)."""
+    split: dict[str | None, list[Rank]] = {}
+    for rank in group:
+        split.setdefault(rank.waits_for, []).append(rank)
+    return [(members[0], members) for members in split.values()]
 
 
 def _without(ranks: Sequence[Rank], drop: Sequence[Rank]) -> list[Rank]:
@@ -92,7 +107,8 @@ def judge(ranks: Sequence[Rank], job: Job | None = None,
     """
     familiar = familiar or {}
     verdict = (_ended_while_hung(ranks, collectives, familiar, now, job) or _crashed(ranks) or _rendezvous(ranks, job)
-               or from_kernel(ranks, lambda waiting: waits(by_place(waiting)[0], collectives, now), now)
+               or from_kernel(ranks, lambda waiting: waits(by_place(waiting)[0], collectives, now),
+                              lambda others: each_at(others, stuck=True), now=now)
                or _from_collectives(ranks, collectives, familiar, now)
                or _from_ras(ranks, collectives, familiar, now) or _from_stacks(ranks, collectives, familiar, now))
     # Which ranks are at another step; not said of a healthy job (ranks read a few ms apart straddle steps).
@@ -148,8 +164,9 @@ def _ended_while_hung(ranks: Sequence[Rank], collectives: CollectiveState | None
     held = [_as_left(r, collectives, now) for r in ranks]
     if not any(r.state == "stuck" and r.phase in PEER_WAITS for r in held) and not (collectives and collectives.divergence):
         if all(r.exit and r.exit.reason == UNTOLD for r in dead):
-            return Verdict("unknown", (), "these files do not say how the ranks ended, and no rank's last record "
-                                          "shows it waiting on its peers")
+            return Verdict("unknown", (), "nothing in these files says the job failed (no rank's error, no failure "
+                                          "report, no rank's last record waiting on its peers), nor how its ranks "
+                                          "ended")
         if all(r.phase == "unknown" for r in dead):
             return Verdict("unknown", (), f"every rank was stopped ({ended}) and none left its stacks or a Flight "
                                           "Recorder trace: nothing shows which one the others waited for (start it "
@@ -243,14 +260,14 @@ def source_words(source: str) -> str:
     return "; ".join(words + [SOURCE_NAMES.get(p, p) for p in parts if p not in FLIGHT_RECORDER_SOURCES])
 
 
-# A RAS finding (probes/judge/ras.py) as a verdict kind: ranks behind hold the others up; ranks
-# RAS cannot reach leave every other rank hung.
-# A rank with an NCCL error or an aborted communicator breaks it for all; a rank that left the
-# communicator (NOCOMM, finalizing) took another path than the ranks still in it; all ranks level
-# and still: a hang below the ranks, no rank to blame.
-RAS_VERDICTS: dict[str, VerdictKind] = {"behind": "straggler", "mismatch": "mismatch", "unreachable": "hang",
-                                        "dead": "hang", "error": "hang", "abort": "hang", "left": "mismatch",
-                                        "level": "hang"}
+# A RAS finding (probes/judge/ras.py) as a verdict kind (one meaning each: docs/how-trainwatch-decides.md):
+# named ranks that hold the others up (behind, unreachable, dead, with an NCCL error or an aborted
+# communicator) make a straggler verdict; a rank that left the communicator (NOCOMM, finalizing)
+# took another path than the ranks still in it (mismatch); all ranks level and still: a hang below
+# the ranks, no rank to blame.
+RAS_VERDICTS: dict[str, VerdictKind] = {"behind": "straggler", "mismatch": "mismatch", "unreachable": "straggler",
+                                        "dead": "straggler", "error": "straggler", "abort": "straggler",
+                                        "left": "mismatch", "level": "hang"}
 # Ops RAS does not count: a rank waiting in one makes "all ranks level" say nothing.
 _UNCOUNTED_OPS = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
 
@@ -314,7 +331,7 @@ def _from_stacks(ranks: Sequence[Rank], collectives: CollectiveState | None,
     missing = [r for r in ranks if r.state == "missing"]
     stuck = [r for r in live if r.state == "stuck"]
     if not live:
-        return Verdict("unknown", (), "no rank could be sampled")
+        return Verdict("unknown", (), _none_live(ranks))
     if not stuck:
         text = f"{len(live)} rank{'s' if len(live) != 1 else ''} making progress"
         return Verdict("healthy", (), text + (f"; {who(_numbers(missing))} missing" if missing else ""))
@@ -344,16 +361,30 @@ def _from_stacks(ranks: Sequence[Rank], collectives: CollectiveState | None,
         text = (f"{who(_numbers(waiting))} {waits(by_place(waiting)[0], collectives, now)}; "
                 f"{who(_numbers(unread))} could not be read, so {'it' if len(unread) == 1 else 'they'} may be "
                 f"what {'it waits' if len(waiting) == 1 else 'they wait'} for (see the notes for why)")
-        return Verdict("hang", tuple(_numbers(unread)), text)
+        return Verdict("straggler", tuple(_numbers(unread)), text)  # as a missing rank: unaccounted for
     if waiting and len(waiting) == len(live):
         return _mismatch_or_hang(waiting, collectives, familiar, now)
     culprits = [r for r in stuck if r.phase not in PEER_WAITS]
     text = each_at(culprits, stuck=True)
-    if len(culprits) == len(live):
-        return Verdict("hang", tuple(_numbers(culprits)), text)
+    if len(culprits) == len(live):  # no rank waits for another: none holds the others up, so none is named
+        alone = "" if len(live) == 1 else ": every rank is stuck in its own work, none waits for another"
+        return Verdict("hang", (), text + alone)
     others = _without(live, culprits)
     text += f" while {who(_numbers(others))} {verb(others, 'runs', 'run')} on"
     return Verdict("straggler", tuple(_numbers(culprits)), text)
+
+
+def _none_live(ranks: Sequence[Rank]) -> str:
+    """Why no rank is judged: none alive (each exited or missing), or none could be read."""
+    exited = [r for r in ranks if r.state == "exited"]
+    missing = [r for r in ranks if r.state == "missing"]
+    if not ranks:
+        return "no rank of the job was found in what was read"
+    if len(exited) + len(missing) < len(ranks):
+        return "no rank could be sampled"
+    parts = [f"{who(_numbers(exited))} exited normally"] if exited else []
+    parts += [f"{who(_numbers(missing))} {verb(missing, 'is', 'are')} missing"] if missing else []
+    return "no rank is running: " + "; ".join(parts)
 
 
 def _mismatch_or_hang(waiting: list[Rank], collectives: CollectiveState | None,

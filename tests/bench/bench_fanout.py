@@ -50,7 +50,7 @@ from trainwatch.probes.remote.launches import Launch  # noqa: E402
 from trainwatch.probes.remote.wire import bundle_lines, decode_line, encode_line  # noqa: E402
 from trainwatch.probes.snapshot import HostInfo, Job, Snapshot, Verdict  # noqa: E402
 
-BEFORE_8192_S = 18.4  # decode + merge + judgement at 8,192 ranks before issue 16 (README)
+BEFORE_8192_S = 18.4  # decode + merge + judgement at 8,192 ranks before issue 16 (docs/benchmarks.md)
 
 
 def node_snapshots(nodes: int, per_node: int) -> list[Snapshot]:

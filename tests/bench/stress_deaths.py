@@ -1,5 +1,5 @@
 """Stress: every rank death under `watch` gives a `crashed` alert naming the rank that died first and
-how. Not in CI (each round is a real 3-rank job); the result goes in the README as n/N.
+how. Not in CI (each round is a real 3-rank job); the result goes in docs/deaths.md as n/N.
 
 For each scenario, N rounds of: a real gloo job (torchrun reaps dead ranks within 0.1 s), `trainwatch
 watch --json --on-event` attached from the start, rank 2 (or its DataLoader worker) killed. A round

@@ -22,10 +22,45 @@ def assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> None
         assert needle in proc.stderr, proc.stderr
 
 
+def free_pid() -> int:
+    """A PID this kernel could give that no process has now."""
+    from trainwatch.tui.commands.common import largest_pid
+    return next(pid for pid in range(largest_pid(), 1, -1) if not os.path.exists(f"/proc/{pid}"))
+
+
 def test_no_such_pid():
-    proc = trainwatch("snapshot", "999999999")
-    assert_clean_error(proc, "no process with PID 999999999")
+    pid = free_pid()
+    proc = trainwatch("snapshot", str(pid))
+    assert_clean_error(proc, f"no process with PID {pid}")
     assert proc.returncode == 3
+
+
+def usage_error(proc: subprocess.CompletedProcess, command: str, words: str) -> None:
+    """A usage error: exit 2, one line from the command's own parser, then where to read more."""
+    assert proc.returncode == 2 and proc.stdout == "", proc
+    assert proc.stderr.splitlines() == [f"trainwatch {command}: {words}", f"try 'trainwatch {command} --help'"], \
+        proc.stderr
+
+
+@pytest.mark.parametrize("args, words", [
+    (["snapshot", "abc"], "argument pid: a PID is a positive whole number, not 'abc'"),
+    (["snapshot", "0"], "argument pid: a PID is a positive whole number, not 0"),
+    (["snapshot", "99999999999999999999"], "argument pid: 99999999999999999999 is too large for a PID: no process "
+                                           "can have it (PIDs here go up to {largest})"),
+    (["snapshot", "1", "--bogus"], "unrecognized arguments: --bogus"),
+    (["dump", "1", "--window", "x"], "argument --window: seconds, not 'x'"),
+    (["attach"], "the following arguments are required: pid"),
+    (["watch", "1", "--dump-on", "nothing"], None),
+    (["open"], "the following arguments are required: PATH"),
+])
+def test_usage_errors_are_one_line_and_the_commands_help(args, words):
+    from trainwatch.tui.commands.common import largest_pid
+    proc = trainwatch(*args)
+    if words is None:  # the message is the parser's own: only its shape is checked
+        assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 2, proc.stderr
+        assert proc.stderr.startswith(f"trainwatch {args[0]}: ") and proc.stderr.endswith("--help'\n")
+        return
+    usage_error(proc, args[0], words.format(largest=largest_pid()))
 
 
 def test_not_a_job():
@@ -259,3 +294,61 @@ def test_watch_dump_on_speaks_the_verdict_vocabulary():
     assert set(DUMP_ON_WORDS) == set(PROBLEM_VERDICTS) and set(DUMP_ON_WORDS) <= set(VERDICTS)
     assert dump_on_kinds("all") == PROBLEM_VERDICTS and dump_on_kinds("none") == frozenset()
     assert dump_on_kinds("straggler, crashed") == {"straggler", "crashed"}
+
+
+@pytest.fixture(scope="module")
+def not_a_job():
+    """A process that is no training job: were --out checked after the job is looked for (and sampled),
+    the error would say so instead."""
+    sleeper = subprocess.Popen(["sleep", "60"])
+    yield sleeper.pid
+    sleeper.kill()
+    sleeper.wait()
+
+
+def test_dump_out_a_file_is_refused_before_the_job_is_looked_at(tmp_path, not_a_job):
+    target = tmp_path / "bundle"
+    target.write_text("")
+    proc = trainwatch("dump", str(not_a_job), "--out", str(target))
+    assert_clean_error(proc, f"cannot write the bundle into {target}: it is a file, not a folder")
+    assert proc.returncode == 8 and "training job" not in proc.stderr
+
+
+def test_dump_out_in_proc_says_it_is_the_kernels(not_a_job):
+    proc = trainwatch("dump", str(not_a_job), "--out", "/proc/x")
+    assert_clean_error(proc, "cannot write the bundle into /proc/x: /proc is in the kernel's proc filesystem")
+    assert proc.returncode == 8 and "No such file" not in proc.stderr
+
+
+def test_dump_out_on_a_read_only_mount(tmp_path, not_a_job):
+    """A read-only tmpfs in a mount namespace of the test's own (root), and a folder nobody may write
+    into for an unprivileged user."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o ro tmpfs {ro} && exec "
+                           f"{sys.executable} -m trainwatch.tui.cli dump {not_a_job} --out {ro}/b"],
+                          capture_output=True, text=True, timeout=60)
+    if "unshare" in proc.stderr or "mount:" in proc.stderr:
+        pytest.skip(f"no mount namespace here: {proc.stderr.strip()}")
+    assert_clean_error(proc, f"cannot write the bundle into {ro}/b: {ro} is on a read-only filesystem (tmpfs)")
+    assert proc.returncode == 8
+
+
+def test_dump_out_without_permission(not_a_job):
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    top = Path(tempfile.mkdtemp())  # in /tmp: an unprivileged user can reach it, pytest's own folder is 0700
+    closed = top / "closed"
+    closed.mkdir(mode=0o555)
+    top.chmod(0o755)
+    try:
+        proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
+                               "trainwatch.tui.cli", "dump", str(not_a_job), "--out", str(closed / "b")],
+                              capture_output=True, text=True, timeout=60, cwd="/")
+    finally:
+        shutil.rmtree(top)
+    if "setpriv" in proc.stderr and proc.returncode == 127:
+        pytest.skip("setpriv unavailable")
+    assert_clean_error(proc, f"no permission to write in {closed} (owned by root, mode 555)")

@@ -133,7 +133,9 @@ def _dump_nccl_trace_json(includeCollectives=None, onlyActive=None):
 def _dump_fr_trace_json():
     return open(generic_json, "rb").read()
 c10d._dump_fr_trace_json = _dump_fr_trace_json
-if mode != "no-nccl":
+if mode != "no-nccl":  # a torch built with NCCL has its process group, and (but for "no-dump") the dump
+    c10d.ProcessGroupNCCL = type("ProcessGroupNCCL", (), {})
+if mode not in ("no-nccl", "no-dump"):
     c10d._dump_nccl_trace_json = _dump_nccl_trace_json
 sys.modules["torch"] = types.ModuleType("torch")
 sys.modules["torch._C._distributed_c10d"] = c10d
@@ -142,10 +144,11 @@ print(json.dumps({"reply": hook.fr_trace(), "calls": calls}))
 """
 
 
-@pytest.mark.parametrize("mode", ["both", "no-nccl", "nccl-fails"])
+@pytest.mark.parametrize("mode", ["both", "no-nccl", "no-dump", "nccl-fails"])
 def test_fr_trace_asks_both_recorders(tmp_path, mode):
     """torch's private c10d module is replaced (no GPU here); the dumps it returns are the real
-    H100 recordings: NCCL's own recorder, and the generic one that is empty on NCCL jobs."""
+    H100 recordings: NCCL's own recorder, and the generic one that is empty on NCCL jobs. A torch
+    built without NCCL (CPU) says nothing of NCCL's recorder: the job cannot use NCCL."""
     h100 = Path(__file__).parents[1] / "fixtures" / "fr" / "h100"
     nccl = h100 / "hook-dump_nccl_trace_json-hung.json"
     gloo = Path(__file__).parents[1] / "fixtures" / "fr" / "gloo-2.13" / "mismatch" / "rank0.json"
@@ -165,15 +168,18 @@ def test_fr_trace_asks_both_recorders(tmp_path, mode):
         assert (row.pending_seq, row.pending_op, row.last_completed) == (544, "all_reduce", 543)
     else:
         assert [name for name, _ in traces] == ["generic"]
-        assert ("no torch._C._distributed_c10d._dump_nccl_trace_json" if mode == "no-nccl"
-                else "RuntimeError: no NCCL process group") in notes[0]
+        if mode == "no-nccl":
+            assert notes == [], notes
+        else:
+            assert ("no torch._C._distributed_c10d._dump_nccl_trace_json" if mode == "no-dump"
+                    else "RuntimeError: no NCCL process group") in notes[0]
     assert hook.FR_FORMAT == flightrec.HOOK_FORMAT
 
 
 @pytest.mark.parametrize("setup, error", [
     ("", "torch is not imported in this process"),
     ("import sys, types; sys.modules['torch'] = types.ModuleType('torch')\n",  # no torch.distributed
-     "no torch._C._distributed_c10d._dump_nccl_trace_json"),
+     "no torch._C._distributed_c10d._dump_fr_trace_json"),
 ])
 def test_fr_trace_without_a_recorder_is_an_error_not_a_crash(setup, error):
     code = setup + "import json\nfrom trainwatch.probes import hook\nprint(json.dumps(hook.fr_trace()))"

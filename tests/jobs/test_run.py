@@ -41,7 +41,7 @@ def test_unwritable_run_dir(tmp_path):
     blocker.write_text("")
     out = subprocess.run([*TRAINWATCH, "run", "--out", str(blocker / "run"), "--", "true"],
                          capture_output=True, text=True, timeout=30)
-    assert out.returncode == 8 and "cannot write the run directory" in out.stderr
+    assert out.returncode == 8 and f"cannot make the run directory {blocker / 'run'}: {blocker} is a file" in out.stderr
 
 
 def test_exit_code_signal_and_output_pass_through(tmp_path):

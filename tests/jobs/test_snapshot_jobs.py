@@ -105,7 +105,7 @@ def test_lock_deadlock_points_at_the_other_thread(planted):
     assert data["verdict"]["culprits"] == [1], data["verdict"]
     culprit = by_rank(data)[1]
     assert culprit["phase"] == "lock"
-    assert "metrics-writer" in (culprit["detail"] or "")
+    assert "which one of thread 'metrics-writer'" in (culprit["waits_for"] or ""), culprit["waits_for"]
     assert any(t["name"] == "metrics-writer" for t in culprit["threads"])
 
 

@@ -43,7 +43,8 @@ def test_attach_out_that_cannot_be_written_fails_before_the_screen(capsys, termi
     blocker.write_text("")
     assert main(["attach", "1", "--out", str(blocker / "bundles")]) == 8
     err = capsys.readouterr().err
-    assert f"cannot create {blocker / 'bundles'}" in err and "pass a writable --out DIR" in err
+    assert f"cannot write evidence into {blocker / 'bundles'}: {blocker} is a file, not a folder" in err
+    assert "pass a writable folder as --out" in err
 
 
 def test_attach_closes_its_source_and_prints_the_bundles_on_exit(monkeypatch, capsys, terminal, tmp_path):
@@ -90,9 +91,12 @@ def test_demo_no_tui_prints_the_table_and_stops_its_job(monkeypatch, capsys):
 
     monkeypatch.setattr(demo.DemoJob, "stop", stop)
     assert main(["demo", "--no-tui", "--ranks", "2", "--scenario", "straggler", "--deadline", "60"]) == 0
-    out = capsys.readouterr().out
-    assert "torchrun" in out and "train.py" in out
+    captured = capsys.readouterr()
+    assert "torchrun" in captured.out and "train.py" in captured.out
     assert stopped and stopped[0] is not None  # the demo job is gone
+    steps = captured.err.splitlines()  # what the demo says while its job starts, a line per step
+    assert "torchrun started (PID" in steps[1] and "2 rank processes running; each imports torch" in steps[2], steps
+    assert "ranks in the process group: 2/2" in steps[-2] and "attaching: the first sample" in steps[-1], steps
 
 
 def test_snapshot_closes_the_multi_node_source_it_wrapped(monkeypatch, capsys):

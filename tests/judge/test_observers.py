@@ -133,10 +133,10 @@ def test_a_debugger_that_attached_to_a_hung_job_is_not_its_culprit():
     now = 1000.0
     # ranks 1-2 have waited 5 minutes; gdb started a second ago on rank 0, which waited with them
     ranks = [kernel_rank(0, "t", 3.0, tracer_since=999.0), kernel_rank(1, "S", 300.0), kernel_rank(2, "S", 300.0)]
-    assert from_kernel(ranks, waits, now) is None  # the stacks judge it, as before gdb came
+    assert from_kernel(ranks, waits, now=now) is None  # the stacks judge it, as before gdb came
     # gdb holds rank 0 since before the others stopped: it holds them up
     ranks = [kernel_rank(0, "t", 3.0, tracer_since=600.0), kernel_rank(1, "S", 300.0), kernel_rank(2, "S", 300.0)]
-    verdict = from_kernel(ranks, waits, now)
+    verdict = from_kernel(ranks, waits, now=now)
     assert verdict.kind == "straggler" and verdict.culprits == (0,)
     assert verdict.summary.startswith("rank 0 is held by gdb (PID 9)")
 
@@ -145,4 +145,4 @@ def test_a_rank_held_a_moment_that_nothing_waits_on_is_no_hang():
     ranks = [kernel_rank(0, "t", None, tracer_since=999.0), kernel_rank(1, "S", None), kernel_rank(2, "S", None)]
     ranks = [r if r.rank == 0 else Rank(rank=r.rank, pid=r.pid, state="running", kernel=r.kernel) for r in ranks]
     ranks[0] = Rank(rank=0, pid=100, state="running", kernel=ranks[0].kernel)
-    assert from_kernel(ranks, lambda r: "", 1000.0) is None
+    assert from_kernel(ranks, lambda r: "", now=1000.0) is None

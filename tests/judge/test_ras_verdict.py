@@ -149,9 +149,10 @@ def test_a_running_job_is_not_judged_by_ras():
     assert verdict.kind == "healthy"
 
 
-def test_dead_remote_rank_is_a_hang_with_its_culprit():
+def test_dead_remote_rank_is_the_culprit_the_others_wait_for():
+    """A rank RAS declared dead holds the others up: a straggler verdict naming it (a hang names none)."""
     verdict = judge(local_ranks(), None, with_ras("dead", "txt"))
-    assert verdict.kind == "hang" and verdict.culprits == (5,)
+    assert verdict.kind == "straggler" and verdict.culprits == (5,)
     assert verdict.summary.startswith("rank 5 (10.0.0.12, pid 5202) is considered dead by NCCL RAS")
 
 

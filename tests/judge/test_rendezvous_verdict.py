@@ -35,7 +35,7 @@ LATE = Rank(2, pid=102, state="stuck", phase="unknown", where="train.py:22 load_
 def test_the_rank_not_in_init_never_joined():
     v = judge([waiting(0), waiting(1), LATE], JOB)
     assert (v.kind, v.culprits) == ("rendezvous", (2,)), v
-    assert v.summary == ("rank 2 never joined: it is at train.py:22 load_config (in recvfrom() on "
+    assert v.summary == ("rank 2 never joined: it is at train.py:22 load_config (in recv() on "
                          "tcp 127.0.0.1:41000 -> 10.0.0.9:443, 40 s); ranks 0-1 wait in init_process_group "
                          "at train.py:39 main")
 

@@ -196,3 +196,42 @@ def test_the_nccl_version_of_a_wheel_is_read_from_its_dist_info(fake_libnccl, tm
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_the_lock_lives_in_an_owner_only_runtime_folder_and_stale_ones_go(tmp_path, monkeypatch):
+    """Lock files go to $XDG_RUNTIME_DIR/trainwatch (0700), not /tmp; one nobody used for an hour is
+    removed by the next query, unless someone holds it."""
+    import fcntl
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    folder = tmp_path / "trainwatch"
+    folder.mkdir(mode=0o755)  # made by someone else's umask: tightened
+    stale, held, fresh = (folder / f"ras-10.0.0.{n}-28028.lock" for n in (1, 2, 3))
+    for path in (stale, held, fresh):
+        path.write_text("1.0")
+    hour_ago = time.time() - ras.STALE_LOCK_S - 60
+    for path in (stale, held):
+        os.utime(path, (hour_ago, hour_ago))
+    holder = os.open(held, os.O_RDONLY)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    try:
+        lock = ras.QueryLock("127.0.0.1", 28028)
+        assert lock.acquire() is None
+        lock.release()
+    finally:
+        os.close(holder)
+    assert lock.path == str(folder / "ras-127.0.0.1-28028.lock") and os.path.exists(lock.path)
+    assert (folder.stat().st_mode & 0o777) == 0o700
+    assert not stale.exists() and held.exists() and fresh.exists()
+
+
+def test_a_job_without_nccl_is_not_asked_and_nothing_is_said(tmp_path, monkeypatch):
+    """A gloo job (no libnccl mapped, no NCCL_RAS_ADDR): no query, no lock file, no note about RAS."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    job = JobProcesses(launcher="torchrun", root_pid=1, host="h", ranks=(RankProcess(pid=os.getpid(), rank=0, env={}),))
+    for options in (FeedOptions(), FeedOptions(bundle=True)):
+        source = nccl_ras.Source(options)
+        source.fetch(job)
+        reading = source.reading(job)
+        assert not reading.value and not reading.notes and not reading.files, reading
+    assert not (tmp_path / "trainwatch").exists() or not list((tmp_path / "trainwatch").iterdir())

@@ -80,15 +80,19 @@ def test_every_rank_field_survives_the_wire():
     collective timeout once were, and the same node then merged to another verdict)."""
     import dataclasses
 
-    from trainwatch.probes.snapshot import KernelState, LogActivity
+    from trainwatch.probes.snapshot import KernelState, LogActivity, PeerProcess
 
     full = Rank(rank=3, pid=103, host="n2", local_rank=1, state="stuck", phase="collective", op="all_reduce",
                 where="c10d.py:9 all_reduce", user_frame="train.py:5 step", stuck_for_s=42.0,
                 stuck_source="asleep in futex() for 42 s", cpu_pct=3.5,
                 rss_bytes=1 << 30, threads=WAIT, gpu=RankGpu(index=1, util_pct=99.0), exit=ExitInfo(code=1, reason="x"),
-                children=(301,), log_path="/job/log", detail="d", dataloader_worker="DataLoader worker PID 301 is in x", step=7, step_period_s=0.5, step_held_s=9.1, native=True,
+                children=(301,), log_path="/job/log", detail="d", dataloader_worker="DataLoader worker PID 301 is in x",
+                waits_for="its DataLoader worker PID 301, in x", step=7, step_period_s=0.5, step_held_s=9.1, native=True,
                 log=LogActivity(age_s=30.0, every_s=1.0, longest_s=2.0, own=False, bar_s=0.5), longest_quiet_s=4.0,
-                collective_timeout_s=600.0, kernel=KernelState(letter="S", wchan="futex_wait", syscall="futex"),
+                collective_timeout_s=600.0, kernel=KernelState(letter="S", wchan="do_wait", syscall="wait4",
+                                                               target="child PID 9", target_kind="child",
+                                                               peers=(PeerProcess(9, "git push", 3.0),),
+                                                               peers_known=True),
                 log_tail=("── error ──", "RuntimeError: x", "── last output ──", "step 7"))
     defaults = Rank(rank=None)
     unset = [f.name for f in dataclasses.fields(Rank) if getattr(full, f.name) == getattr(defaults, f.name)]

@@ -50,7 +50,7 @@ def test_bundle_keeps_text_and_json_reports_and_the_judge_names_the_dead_rank():
     assert "Process 5202 on node 10.0.0.12" in files["host/ras-summary.txt"]
     assert worked == [f"127.0.0.1:{server.port}"] and notes == []
     judged = rebundled(stuck_snapshot(), seen)  # through the one judge, as bundles are
-    assert judged.collectives.ras.kind == "dead" and judged.verdict.kind == "hang"
+    assert judged.collectives.ras.kind == "dead" and judged.verdict.kind == "straggler"
     assert judged.verdict.culprits == (5,) and "rank 5 (10.0.0.12, pid 5202)" in judged.verdict.summary
 
 
@@ -65,8 +65,10 @@ def test_no_ras_is_a_note():
     files, notes, worked, seen = bundle_ras(job(9, pids=(4101,)))  # port 9: nothing listens
     assert files == {} and worked == [] and seen is None
     assert notes and notes[0].startswith("NCCL RAS: no NCCL RAS at 127.0.0.1:9")
-    _, notes, _, _ = bundle_ras(job(pids=(1,), env={"NCCL_RAS_ENABLE": "0"}))
+    _, notes, _, _ = bundle_ras(job(pids=(1,), env={"NCCL_RAS_ENABLE": "0", "NCCL_RAS_ADDR": "127.0.0.1:9"}))
     assert notes == ["NCCL RAS: off in this job (NCCL_RAS_ENABLE=0)"]
+    _, notes, _, _ = bundle_ras(job(pids=(1,), env={"NCCL_RAS_ENABLE": "0"}))  # no NCCL in the job at all
+    assert notes == []
 
 
 def test_summary_shows_the_ras_state():

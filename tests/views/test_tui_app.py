@@ -11,6 +11,7 @@ from dataclasses import replace
 from rich.console import Console
 
 from trainwatch.probes.errors import NoSuchProcess
+from trainwatch.probes.snapshot import ExitInfo
 from trainwatch.probes.read.logs.ranklog import RankLogs
 from trainwatch.tui.app import TrainwatchApp
 from trainwatch.tui.widgets.help import HelpScreen
@@ -145,18 +146,90 @@ async def test_interval_keys():
         assert "every 1s" in screen_text(app)
 
 
+# How the help names each key an app binding (or a widget's) reacts to.
+KEY_NAMES = {"question_mark": "?", "slash": "/", "plus": "+", "minus": "-", "enter": "Enter", "escape": "Esc",
+             "ctrl+z": "Ctrl+Z", "ctrl+c": "Ctrl+C", "ctrl+q": "Ctrl+Q", "tab": "Tab", "shift+tab": "Shift+Tab",
+             "up": "↑", "down": "↓", "left": "←", "right": "→", "pageup": "PgUp", "pagedown": "PgDn",
+             "home": "Home", "end": "End", "ctrl+home": "Home", "ctrl+end": "End"}
+
+
 async def test_help_overlay_lists_every_key():
+    """Every key that does something in the live view is in `?`: the app's bindings (Textual's own
+    Ctrl+Q and Tab included) and the ranks table's."""
+    from textual.app import App
+    from textual.screen import Screen
+
     app, _ = make_app(healthy())
-    async with app.run_test(size=(80, 24)) as pilot:
+    async with app.run_test(size=(100, 30)) as pilot:
         await pilot.press("question_mark")
         await pilot.pause()
         assert isinstance(app.screen, HelpScreen)
         text = screen_text(app)
-        for words in ("select a rank", "native", "sample now", "pause", "filter", "dump hang evidence",
+        for words in ("select a rank", "native", "sample now", "pause", "filter", "dump evidence",
                       "quit", "suspend"):
             assert words in text
+        bound = [b.key for b in (*App.BINDINGS, *TrainwatchApp.BINDINGS, *Screen.BINDINGS, *RanksTable.BINDINGS)
+                 if b.action not in ("help_quit", "screen.copy_text")]  # Textual's, replaced by Ctrl+C's quit
+        keys = {KEY_NAMES.get(key, key) for binding in bound for key in binding.split(",") if "super" not in key}
+        missing = sorted(k for k in keys if not re.search(rf"(^|\s|│){re.escape(k)}(\s|$)", text, re.M))
+        assert not missing, text
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)
+
+
+async def test_ctrl_c_quits_as_q_does():
+    """Ctrl+C quits at once (no "press ctrl+q" hint), from the main screen and from the help."""
+    for keys in (("ctrl+c",), ("question_mark", "ctrl+c")):
+        app, source = make_app(healthy())
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(pilot, lambda: app.polls == 1)
+            await pilot.press(*keys)
+            await pilot.pause()
+            assert not app.is_running, keys
+            assert not list(app._notifications), keys  # Textual's own Ctrl+C only says "press ctrl+q to quit"
+        assert not source.closed  # the source belongs to whoever opened it
+
+
+async def test_durations_stop_while_paused_and_once_the_job_ended():
+    now = [clock()]
+    app, _ = make_app(straggler())
+    app.clock = lambda: now[0]
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.polls == 1)
+        assert "for 42s" in screen_text(app) and "up 12m34s" in screen_text(app)
+        await pilot.press("p")
+        now[0] += 30
+        app._tick()
+        await pilot.pause()
+        assert "for 42s" in screen_text(app) and "up 12m34s" in screen_text(app)
+        await pilot.press("p")
+        await until(pilot, lambda: app.polls == 2)
+        assert "for 1m12s" in screen_text(app)
+
+    ended = replace(straggler(), ranks=tuple(replace(r, state="exited", exit=ExitInfo(code=0, at=clock() - 4))
+                                             for r in straggler().ranks))
+    now = [clock()]
+    app, _ = make_app(ended)
+    app.clock = lambda: now[0]
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.polls == 1)
+        before = screen_text(app)
+        now[0] += 600
+        app._tick()
+        await pilot.pause()
+        assert "job ended" in before and "up 12m30s" in before and "for 38s" in before  # as when it ended
+        assert "up 12m30s" in screen_text(app) and "for 38s" in screen_text(app)
+
+
+async def test_a_filter_that_matches_nothing_says_so():
+    app, _ = make_app(straggler())
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.polls == 1)
+        await pilot.press("slash", *"nothing-like-this", "enter")
+        assert row_keys(app) == []
+        assert "filter: nothing-like-this · no rank matches (Esc clears)" in screen_text(app)
+        await pilot.press("escape")
+        assert len(row_keys(app)) == 4 and "no rank matches" not in screen_text(app)
 
 
 async def test_exited_rank_stays_with_signal_and_job_end_keeps_screen():
@@ -370,7 +443,7 @@ async def test_help_says_what_q_does_in_each_mode():
     attach_help, attach_footer = await shown(make_app(healthy())[0])
     assert "quit; the job keeps running (trainwatch only reads it)" in attach_help
     open_help, _ = await shown(make_app(healthy(), live=False)[0])
-    assert open_help.split("q", 1)[1].strip().startswith("quit") and "job" not in open_help
+    assert open_help.split("Ctrl+Q", 1)[1].strip().startswith("quit") and "job" not in open_help
     args = argparse.Namespace(interval=60.0, scenario="straggler")
     demo = demo_app(ListSource(healthy()), args)
     demo.clock = clock

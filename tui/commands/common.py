@@ -3,24 +3,38 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
-from ...probes import OutputError, UsageError
+from ...probes import OutputError, UsageError, check_out_dir
 
 PID_MAX = 2**31 - 1  # pid_t; larger numbers are no PID at all
+PID_MAX_FILE = "/proc/sys/kernel/pid_max"  # the largest PID this kernel hands out, plus one
 
 
 def pid_arg(text: str) -> int:
-    """argparse ``type`` for a PID: a positive whole number (``-1``, ``0`` and ``abc`` are refused)."""
+    """argparse ``type`` for a PID: a positive whole number (``-1``, ``0`` and ``abc`` are refused),
+    no larger than this kernel's PIDs go."""
     try:
         value = int(text, 10)
     except ValueError:
         raise argparse.ArgumentTypeError(f"a PID is a positive whole number, not {text!r}") from None
-    if not 0 < value <= PID_MAX:
+    if value <= 0:
         raise argparse.ArgumentTypeError(f"a PID is a positive whole number, not {text}")
+    largest = largest_pid()
+    if value > largest:
+        raise argparse.ArgumentTypeError(f"{text} is too large for a PID: no process can have it "
+                                         f"(PIDs here go up to {largest})")
     return value
+
+
+def largest_pid() -> int:
+    """The largest PID this kernel gives (``kernel.pid_max`` less one; pid_t's limit where unreadable)."""
+    try:
+        with open(PID_MAX_FILE) as handle:
+            return min(PID_MAX, int(handle.read().strip()) - 1)
+    except (OSError, ValueError):
+        return PID_MAX
 
 
 def stdout_is_terminal() -> bool:
@@ -36,15 +50,14 @@ def require_terminal(command: str, instead: str) -> None:
                          "(redirected to a file or a pipe)", instead)
 
 
-def writable_dir(path: Path, option: str = "--out") -> Path:
-    """``path`` as an absolute directory that exists (created if needed) and can be written."""
-    path = path.expanduser().resolve()
+def writable_dir(path: Path, option: str = "--out", action: str = "write evidence into") -> Path:
+    """``path`` as an absolute directory that exists (created if needed) and can be written; a
+    path that cannot be is refused with its reason before anything is made."""
+    path = check_out_dir(path, option, action)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OutputError(f"cannot create {path}: {exc.strerror or exc}", f"pass a writable {option} DIR") from None
-    if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
-        raise OutputError(f"cannot write into {path}", f"pass a writable {option} DIR")
     return path
 
 

@@ -54,13 +54,21 @@ class DemoJob:
                                          stdin=subprocess.DEVNULL, start_new_session=True)
         return self
 
-    def wait_for_ranks(self, timeout: float = 90.0) -> None:
-        """Every rank prints a ``scenario`` line once it has joined the process group."""
+    def wait_for_ranks(self, timeout: float = 90.0, say=None) -> None:  # noqa: ANN001
+        """Wait until every rank printed its ``scenario`` line (it has joined the process group),
+        saying each step as it happens through ``say`` (one line a step): the launcher up, the rank
+        processes started (each then imports torch: the slow part), the ranks joined."""
         assert self.proc is not None
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
+        say = say or (lambda line: None)
+        started = time.monotonic()
+        steps = DemoSteps(self.ranks, lambda line: say(f"[{time.monotonic() - started:4.1f}s] {line}"))
+        steps.launcher(self.proc.pid)
+        while time.monotonic() - started < timeout:
             text = self.log.read_text(errors="replace")
-            if text.count(" scenario ") >= self.ranks:
+            steps.processes(self._rank_processes())
+            joined = text.count(" scenario ")
+            steps.joined(joined)
+            if joined >= self.ranks:
                 time.sleep(1.0)  # a few steps, so the first sample sees the job at work
                 return
             if self.proc.poll() is not None:
@@ -69,6 +77,15 @@ class DemoJob:
             time.sleep(0.2)
         raise TrainwatchError(f"the demo job's ranks did not start within {timeout:.0f}s",
                               remedy=f"see its log: {self.log}")
+
+    def _rank_processes(self) -> int:
+        """How many rank processes the launcher has started so far."""
+        import psutil
+
+        try:
+            return len(psutil.Process(self.proc.pid).children())
+        except psutil.Error:
+            return 0
 
     def stop(self) -> None:
         if self.proc is None:
@@ -82,6 +99,30 @@ class DemoJob:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+class DemoSteps:
+    """The demo job's start, a line per step as it happens (the ranks' start takes a while)."""
+
+    def __init__(self, ranks: int, say) -> None:  # noqa: ANN001
+        self.ranks, self.say = ranks, say
+        self._started = self._joined = 0
+
+    def launcher(self, pid: int) -> None:
+        self.say(f"torchrun started (PID {pid}); it starts {self.ranks} rank processes")
+
+    def processes(self, count: int) -> None:
+        if count > self._started:
+            self._started = count
+            if count >= self.ranks:
+                self.say(f"{count} rank processes running; each imports torch, then joins the gloo "
+                         "process group (the slow part)")
+
+    def joined(self, count: int) -> None:
+        if count > self._joined:
+            self._joined = min(count, self.ranks)
+            done = "; training a few steps before the first sample" if count >= self.ranks else ""
+            self.say(f"ranks in the process group: {self._joined}/{self.ranks}{done}")
+
+
 def require_torch() -> None:
     if importlib.util.find_spec("torch") is None:
         raise TrainwatchError("demo needs PyTorch in this environment: pip install torch")
@@ -93,8 +134,10 @@ def run(args: argparse.Namespace) -> int:
     require_torch()
     job = DemoJob(args.scenario, args.ranks, args.deadline).start()
     try:
-        print(f"trainwatch: starting a {args.ranks}-rank '{args.scenario}' demo job…", file=sys.stderr)
-        job.wait_for_ranks()
+        print(f"trainwatch: starting a {args.ranks}-rank '{args.scenario}' demo job (torchrun, gloo on this CPU) "
+              f"in {job.dir}", file=sys.stderr)
+        job.wait_for_ranks(say=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
+        print(f"  attaching: the first sample watches the job for {WINDOW_DEFAULTS['attach']:g} s", file=sys.stderr)
         from ...probes import open_source
         source = open_source(job.proc.pid, window=WINDOW_DEFAULTS["attach"])
         try:

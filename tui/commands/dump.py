@@ -7,7 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
-from ...probes import PARTIAL_EXIT, UsageError
+from ...probes import PARTIAL_EXIT, UsageError, check_out_dir
 from .common import add_ras, add_window, pid_arg
 from .snapshot import add_remote, resolve_pid, wrap_remote
 
@@ -17,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("pid", type=pid_arg, nargs="?", help="launcher, rank, or any ancestor of the job")
     parser.add_argument("--match", metavar="ADDR:PORT", help="find the local job by MASTER_ADDR:MASTER_PORT")
     parser.add_argument("--match-job-id", metavar="ID", help="find the local job by TORCHELASTIC_RUN_ID/SLURM_JOB_ID")
-    parser.add_argument("--out", type=Path, default=Path.cwd(), help="directory to write the bundle in")
+    parser.add_argument("--out", type=Path, default=None, help="folder to write the bundle in (default: this one)")
     parser.add_argument("--tar", action="store_true", help="write one .tar.gz instead of a directory")
     parser.add_argument("--no-redact", action="store_true",
                         help="write environment values and secrets as they are (do not share the result)")
@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from ...probes import open_source
 
     fault_signal = parse_signal(args.signal)
+    out = check_out_dir(args.out or Path.cwd())  # before any sampling: a bad --out fails at once, saying why
     if args.no_redact:
         print("trainwatch: --no-redact: environment values, tokens and passwords are written UNMASKED; "
               "do not share this bundle", file=sys.stderr)
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         source = wrap_remote(args, source)
         snapshot = source.poll()
-        path = write_bundle(pid, snapshot, args.out, tar=args.tar, redact=not args.no_redact,
+        path = write_bundle(pid, snapshot, out, tar=args.tar, redact=not args.no_redact,
                             reason=args.reason, native=not args.no_native, fault_signal=fault_signal)
         if not args.tar:
             for note in source.collect_bundles(path):  # other nodes' bundles land in <bundle>/hosts/<node>/

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from ...probes import OutputError, TrainwatchError, UsageError, rundir, signal_name, torch_env
+from ...probes import OutputError, TrainwatchError, UsageError, check_out_dir, rundir, signal_name, torch_env
 from .common import add_window, require_terminal
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -43,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
     if args.attach:
         require_terminal("run --attach", "leave out --attach, and use `trainwatch watch PID` "
                                                     "or `trainwatch snapshot PID` on the job")
+    if args.out is not None:
+        check_out_dir(args.out, action="make the run directory")
     run_dir = (args.out or rundir.default_run_dir()).resolve()
     _make_run_dir(run_dir)
     base = dict(os.environ)

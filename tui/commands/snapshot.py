@@ -25,6 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--samples", type=count_between(1, 100), default=3,
                         help="stack samples per rank within the window (1-100; default: 3)")
     parser.add_argument("--json", action="store_true", help="print one JSON document (the public snapshot schema)")
+    parser.add_argument("--wide", action="store_true",
+                        help="print every column of the table, however wide (default: fit the terminal, "
+                             "keeping rank, state, phase, op and where)")
     parser.add_argument("--native", action="store_true", help="include native (C/C++) frames")
     parser.add_argument("--match", metavar="ADDR:PORT", help="find the local job by MASTER_ADDR:MASTER_PORT")
     parser.add_argument("--match-job-id", metavar="ID", help="find the local job by TORCHELASTIC_RUN_ID/SLURM_JOB_ID")
@@ -82,8 +85,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         from rich.console import Console
 
-        from ..render import render_table
-        Console().print(render_table(snapshot))
+        from ..render import render_table, wide_width
+        console = Console()
+        if args.wide:  # every column, uncut: the terminal wraps what it cannot show
+            console = Console(width=max(console.width, wide_width(snapshot)))
+        console.print(render_table(snapshot, wide=args.wide))
     partial = any(h.error for h in snapshot.hosts)
     return PARTIAL_EXIT if partial else 0
 

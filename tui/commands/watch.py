@@ -7,7 +7,7 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ...probes import PROBLEM_VERDICTS, VERDICTS, OutputError
+from ...probes import PROBLEM_VERDICTS, VERDICTS, OutputError, check_out_dir
 from .common import add_ras, add_stuck_after, add_window, pid_arg, positive_seconds
 from .event_command import EventCommand, print_json
 from .snapshot import add_remote, wrap_remote
@@ -21,7 +21,7 @@ One line per event on stdout (--json: one JSON object per line). Exit status:
   10  a hang, straggler, mismatch or rendezvous problem was seen (and bundled)
   11  a rank crashed (crash records under OUT/crashes, and a 'crashed' bundle)
   1-8 trainwatch itself could not watch (2 bad arguments, 3 no such PID, 4 not a job,
-      5 permissions, ...: see `Exit status` in the README)
+      5 permissions, ...: see `Exit status` in docs/cli.md)
 
 --on-event CMD runs through /bin/sh on each problem that persisted --hang-after and on
 the first crash, with TRAINWATCH_EVENT (problem|crashed), TRAINWATCH_VERDICT,
@@ -78,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
     # here, not at the top: building the parser must stay cheap (and must not bind the source opener)
     from ...probes import Watcher, WatchEvent, open_source
 
+    if args.out is not None:  # before the job is even looked at: a bad --out fails at once, saying why
+        check_out_dir(args.out, action="write evidence into")
     local = open_source(args.pid, args.window, catch_crashes=False, stuck_after=args.stuck_after)  # the watcher runs its own catcher
     job = local.job  # found from any PID, `trainwatch run`'s own included
     run_dir = Path(job.run_dir) if job.run_dir else None

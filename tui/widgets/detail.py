@@ -139,7 +139,9 @@ def detail_text(rank: Rank | None, now: float, native: bool = False) -> tuple[Te
         parts.append(Text.assemble(("where: ", "dim"), rank.where))
     if rank.user_frame and rank.user_frame != rank.where:
         parts.append(Text.assemble(("your code: ", "dim"), (rank.user_frame, "yellow")))
-    if rank.detail:
+    if rank.waits_for:
+        parts.append(Text.assemble(("waits for: ", "dim"), (rank.waits_for, "bold")))
+    if rank.detail and rank.detail != rank.dataloader_worker:  # the worker is said in "waits for"
         parts.append(Text(rank.detail, style="italic"))
     kernel = kernel_words(rank.kernel)
     if kernel:

@@ -9,24 +9,26 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 KEYS = (
-    ("↑ ↓  j k", "select a rank (in the groups pane: a group, and its first rank)"),
-    ("Enter  Tab", "move focus between panes (ranks, groups, detail)"),
-    ("n", "toggle native (C/C++) stacks for the selected rank"),
+    ("↑ ↓  j k", "select a rank (groups pane: a group)"),
+    ("PgUp PgDn Home End", "a page up / down; the first / last"),
+    ("← →", "scroll the ranks table sideways"),
+    ("Enter Tab Shift+Tab", "next / previous pane"),
+    ("n", "native (C/C++) stacks of the selected rank"),
     ("s", "sample now"),
     ("p", "pause / resume sampling"),
     ("+  -", "longer / shorter refresh interval"),
-    ("/", "filter ranks: a rank list (0-3,7) or words (stuck, dataloader)"),
+    ("/", "filter: ranks (0-3,7) or words (stuck)"),
     ("Esc", "clear the filter"),
-    ("d", "dump hang evidence to a bundle in {dump_dir}"),
+    ("d", "dump evidence into {dump_dir}"),
     ("?", "this help"),
-    ("q", "{quit}"),
-    ("ctrl+z", "suspend to the shell"),
+    ("q  Ctrl+C  Ctrl+Q", "{quit}"),
+    ("Ctrl+Z", "suspend to the shell (fg resumes)"),
 )
 LIVE_ONLY = {"n", "s", "p", "+  -", "d"}
 
 
 class HelpScreen(ModalScreen[None]):
-    """A modal list of keys; any of Esc, ? or q closes it."""
+    """A modal list of keys; any of Esc, ? or q closes it (Ctrl+C still quits the app)."""
 
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }

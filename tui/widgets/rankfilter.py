@@ -31,6 +31,6 @@ def matches(rank: Rank, query: str) -> bool:
     if numbers is not None:
         return rank.rank in numbers
     fields = (rank.state, rank.phase, rank.op, rank.where, rank.user_frame, rank.host,
-              rank.detail, str(rank.pid), rank.exit.signal if rank.exit else None)
+              rank.detail, rank.waits_for, str(rank.pid), rank.exit.signal if rank.exit else None)
     text = " ".join(f for f in fields if f).lower()
     return all(word in text for word in query.lower().split())

@@ -35,6 +35,7 @@ from typing import Iterable
 
 from . import ras_report
 from .ras_report import PartialReport, RasReport, ReportError
+from ... import rundir
 from ...record import Record
 
 DEFAULT_PORT = 28028
@@ -45,7 +46,7 @@ LEGS = 5  # NCCL's collective may add RAS_COLLECTIVE_LEG_TIMEOUT_SEC (5) x the t
 EXTRA_S = 2.0  # our read deadline beyond the longest NCCL's server can take
 MAX_BYTES = 64 * 1024 * 1024
 MIN_GAP_S = 1.5  # between two queries to one address from any trainwatch process on the node
-LOCK_DIR = "/tmp"
+STALE_LOCK_S = 3600.0  # a lock file not used for this long is removed (when nobody holds it)
 
 
 def reply_bound(ras_timeout: float = RAS_TIMEOUT_S, factor: float = 1.0) -> float:
@@ -229,37 +230,45 @@ def _other_note(pids: list[int], why: str) -> str:
 
 
 class QueryLock:
-    """One RAS query at a time per address across every trainwatch process on this node, and at
-    most one every ``MIN_GAP_S``: an advisory ``flock`` on a file named for the address, which
-    holds when the last query started (unix time, as text). Asking RAS has crashed and wedged jobs
-    (NVIDIA/nccl #1669, #1718, #1762, #1996, #2346): never two at once."""
+    """One RAS query at a time per address across every trainwatch process of this user on the
+    node, and at most one every ``MIN_GAP_S``: an advisory ``flock`` on a file named for the
+    address, which holds when the last query started (unix time, as text). Asking RAS has crashed
+    and wedged jobs (NVIDIA/nccl #1669, #1718, #1762, #1996, #2346): never two at once.
 
-    def __init__(self, host: str, port: int, directory: str = LOCK_DIR) -> None:
+    The files live in trainwatch's runtime folder (``rundir.runtime_dir``: owner-only); one unused
+    for ``STALE_LOCK_S`` is removed by the next query, while holding its lock."""
+
+    def __init__(self, host: str, port: int, directory: str | None = None) -> None:
         safe = re.sub(r"[^A-Za-z0-9.]", "_", host)
-        self.path = os.path.join(directory, f"trainwatch-ras-{safe}-{port}.lock")
+        self.directory = directory
+        self.name = f"ras-{safe}-{port}.lock"
+        self.path = os.path.join(directory, self.name) if directory else self.name
         self._fd: int | None = None
 
     def acquire(self, timeout: float = 0.0) -> str | None:
         """None once held; else why not (held by another trainwatch, asked too recently, no lock file)."""
         try:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
-        except PermissionError:
-            try:
-                self._fd = os.open(self.path, os.O_RDONLY)  # flock needs no write access
-            except OSError as exc:
-                return f"cannot open the RAS lock {self.path} ({exc.strerror}): not asked"
+            directory = self.directory or str(rundir.runtime_dir())
         except OSError as exc:
-            return f"cannot open the RAS lock {self.path} ({exc.strerror}): not asked"
+            return f"no folder for the RAS query lock ({exc.strerror or exc}): not asked"
+        self.path = os.path.join(directory, self.name)
         deadline = time.monotonic() + timeout
         while True:
             try:
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            except OSError as exc:
+                return f"cannot open the RAS lock {self.path} ({exc.strerror}): not asked"
+            try:
                 fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
             except BlockingIOError:
+                self.release()
                 if time.monotonic() >= deadline:
-                    self.release()
                     return "another trainwatch process is asking NCCL RAS at this address: not asked this time"
                 time.sleep(0.05)
+                continue
+            if _same_file(self._fd, self.path):
+                break
+            self.release()  # removed as stale meanwhile: lock the file that is there now
         try:
             last = float(os.pread(self._fd, 64, 0).decode() or "nan")
         except (OSError, ValueError):
@@ -272,13 +281,47 @@ class QueryLock:
             os.ftruncate(self._fd, 0)
             os.pwrite(self._fd, f"{time.time():.3f}".encode(), 0)
         except OSError:
-            pass  # another user's lock file, read-only to us: queries are still one at a time, the gap unrecorded
+            pass  # a full disk: queries are still one at a time, the gap unrecorded
+        _remove_stale(directory, keep=self.path)
         return None
 
     def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)  # closing drops the flock
             self._fd = None
+
+
+def _same_file(fd: int, path: str) -> bool:
+    """Whether ``path`` still names the file open at ``fd`` (a stale one may have been removed)."""
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except OSError:
+        return False
+
+
+def _remove_stale(directory: str, keep: str) -> None:
+    """Remove lock files nobody used for ``STALE_LOCK_S``, each while holding its lock (a process
+    that opened it before then finds the path gone, and locks the new file)."""
+    try:
+        names = [n for n in os.listdir(directory) if n.startswith("ras-") and n.endswith(".lock")]
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            if path == keep or time.time() - os.stat(path).st_mtime < STALE_LOCK_S:
+                continue
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue  # gone meanwhile
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if _same_file(fd, path):
+                os.unlink(path)
+        except OSError:
+            pass  # held: in use, it stays
+        finally:
+            os.close(fd)
 
 
 class _Closed(Exception):

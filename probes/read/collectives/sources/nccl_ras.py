@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from . import CollectiveSource, FeedOptions, RankEnvs, Reading
 from .. import nccl_state, ras, ras_report
-from ...processes import procfacts
+from ...processes import peers, procfacts
 from ...processes.process import JobProcesses, RankProcess
 from ....observed import ObservedRas
 from ....record import Record
@@ -70,6 +70,7 @@ class Source(CollectiveSource):
         self._pending: _Pending | None = None
         self._skipped: str | None = None  # why the last fetch asked nothing (lock, gap, version)
         self._nccl: dict[int, tuple[bool, str | None]] = {}  # pid -> (libnccl mapped, version)
+        self._ras_seen: set[int] = set()  # PIDs seen using NCCL (RAS may answer for them)
         self._files: dict[str, bytes] = {}
         self._notes: list[str] = []
         self._worked: list[str] = []
@@ -87,6 +88,8 @@ class Source(CollectiveSource):
         if not ranks:
             return
         envs = [self.env(p) for p in (ranks if self.options.bundle else ranks[:1])]
+        if not self._uses_nccl(ranks[0], envs[0]):
+            return  # a gloo (or CPU) job has no RAS to ask, nor anything to say about it
         if all(ras.disabled(env) for env in envs):
             if self.options.bundle:
                 self._notes.append("NCCL RAS: off in this job (NCCL_RAS_ENABLE=0)")
@@ -140,15 +143,26 @@ class Source(CollectiveSource):
             earlier = [a for r, a in self._replies if a < at and r.report is not None]
         return not earlier or at - max(earlier) > FOLLOW_UP_WITHIN_S
 
-    def _version(self, proc: RankProcess) -> tuple[str | None, tuple[int, ...]]:
+    def _version(self, proc: RankProcess) -> tuple[bool, str | None, tuple[int, ...]]:
+        """(libnccl mapped, its version, the version as numbers), read once per PID."""
         if proc.pid not in self._nccl:
             self._nccl[proc.pid] = procfacts.loaded_nccl(proc.pid)
-        version = self._nccl[proc.pid][1]
-        return version, ras_report.version_tuple(version)
+        mapped, version = self._nccl[proc.pid]
+        return mapped, version, ras_report.version_tuple(version)
+
+    def _uses_nccl(self, proc: RankProcess, env: dict[str, str]) -> bool:
+        """Whether the job uses NCCL, so RAS may run in it: the rank has libnccl mapped, its
+        environment names a RAS address, or it listens on the RAS port itself (NCCL linked into
+        another library). Once seen, remembered for the PID."""
+        if proc.pid in self._ras_seen or self._version(proc)[0] or "NCCL_RAS_ADDR" in env \
+                or peers.listens_on(proc.pid, ras.address(env)[1]):
+            self._ras_seen.add(proc.pid)
+            return True
+        return False
 
     def _json_only(self, proc: RankProcess) -> bool:
         """A version whose text report can crash the job: ask for JSON only (whatever the policy)."""
-        return self._version(proc)[1] >= TEXT_UNSAFE_FROM
+        return self._version(proc)[2] >= TEXT_UNSAFE_FROM
 
     def _refused(self, proc: RankProcess) -> str | None:
         """Why RAS is not asked for this job: turned off, or an NCCL version a query can crash."""
@@ -157,7 +171,7 @@ class Source(CollectiveSource):
             return "not asked (TRAINWATCH_RAS=never)"
         if policy == "always" or not UNSAFE:
             return None
-        version, found = self._version(proc)
+        _, version, found = self._version(proc)
         for low, high, why in UNSAFE:
             if found and low <= found < high:
                 return (f"not asked: the job runs NCCL {version}, where a RAS client's query is known to {why}; "

@@ -1,0 +1,122 @@
+"""What a rank waits for, named by mechanism: the words after "rank 2 waits for …". Pure.
+
+From the rank's phase and the kernel's view of its main thread (``KernelState``: the call it is
+blocked in, what that call is on, who holds the other end), its threads and its DataLoader worker:
+
+* a child process: ``its child process PID 812 `git push origin main` (running 4 min)``;
+* a FIFO or a pipe: ``data from FIFO /run/job/ready (tmpfs on /run): no process has it open for
+  writing``, ``data from a pipe whose write end PID 812 `tar czf …` (running 9 s) holds``;
+* a socket: ``data on tcp 127.0.0.1:41234 -> 127.0.0.1:5555, whose other end PID 900 `python
+  peer.py` (running 2 min) holds``;
+* a file: ``read() on /mnt/ckpt/x.pt (fuse on /mnt/ckpt)``;
+* a lock: ``a lock, which thread 'writer' (at train.py:175 _hold, the only other thread in your
+  code) may hold`` (a ``threading.Lock`` records no owner: the threads that could hold it are named);
+* a C call holding the GIL: ``a native call that holds the GIL: sleep() in libc.so.6``;
+* its DataLoader: ``its DataLoader worker PID 812, in dataset.py:40 __getitem__``.
+
+None when the rank is not waiting for a thing of its own (a collective, its GPU: the verdict says
+those), or nothing more is known than its phase.
+"""
+
+from __future__ import annotations
+
+from ..frames import is_user
+from ..snapshot import KernelState, PeerProcess, Rank, ThreadStack, age_text
+from .kernel import CALL_WORDS
+from .phases import main_thread, native_callee, where_frame
+
+WRITE_CALLS = frozenset({"write", "writev", "pwrite64", "sendto", "sendmsg"})
+CANDIDATE_THREADS = 3
+
+
+def waits_for(rank: Rank) -> str | None:
+    """The thing ``rank`` waits for, in words (see the module's list); None when none is named."""
+    if rank.state in ("exited", "missing"):
+        return None
+    kernel = rank.kernel
+    if rank.phase == "dataloader" and rank.dataloader_worker:
+        return "its " + rank.dataloader_worker.replace(" is in ", ", in ", 1)
+    if rank.phase == "subprocess" or (kernel is not None and kernel.target_kind == "child"):
+        return _child(kernel)
+    if rank.phase == "native":
+        callee = _callee(rank.threads)
+        return f"a native call that holds the GIL: {callee}" if callee else \
+            "a native (C/C++) call that holds the GIL (a native sample names it: `n` in the live view, or --native)"
+    if rank.phase == "lock":
+        return _lock(rank.threads)
+    if kernel is not None and rank.phase in ("io", "checkpoint", "unknown", "compute") and kernel.target:
+        return _on(kernel)
+    return None
+
+
+def process_words(peer: PeerProcess) -> str:
+    """``PID 812 `git push origin main` (running 4 min)``."""
+    running = f" (running {age_text(peer.age_s)})" if peer.age_s is not None else ""
+    return f"PID {peer.pid} `{peer.command}`{running}" if peer.command else f"PID {peer.pid}{running}"
+
+
+def _processes(peers: tuple[PeerProcess, ...]) -> str:
+    return ", ".join(process_words(p) for p in peers)
+
+
+def _child(kernel: KernelState | None) -> str:
+    peers = kernel.peers if kernel is not None and kernel.target_kind == "child" else ()
+    if not peers:
+        return "a child process it started (which one was not read)"
+    noun = "its child process" if len(peers) == 1 else "its child processes"
+    return f"{noun} {_processes(peers)}"
+
+
+def _on(kernel: KernelState) -> str | None:
+    """A blocked call on a file, FIFO, pipe or socket, and who could answer it."""
+    call = CALL_WORDS.get(kernel.syscall or "", kernel.syscall or "a call")
+    kind, target, peers = kernel.target_kind, kernel.target or "", kernel.peers
+    writes = kernel.syscall in WRITE_CALLS
+    if kind == "fifo":
+        what = f"{'room to write in' if writes else 'data from'} FIFO {target}"
+        if not kernel.peers_known:
+            return what
+        side = "reading" if writes else "writing"
+        return f"{what}: no process has it open for {side}" if not peers else \
+            f"{what}, open for {side} by {_processes(peers)}"
+    if kind == "pipe":
+        what = f"{'room to write in' if writes else 'data from'} a pipe ({target})"
+        end = "read end" if writes else "write end"
+        if not kernel.peers_known:
+            return what
+        return f"{what}: no other process holds its {end}" if not peers else \
+            f"{what} whose {end} {_processes(peers)} {'holds' if len(peers) == 1 else 'hold'}"
+    if kind == "socket":
+        if "LISTEN" in target:
+            return f"a connection on {target.removesuffix(' LISTEN')} (listening, in {call}())"
+        what = f"{'room to send on' if writes else 'data on'} {target.removesuffix(' ESTABLISHED')}"
+        if peers:
+            return f"{what}, whose other end {_processes(peers)} {'holds' if len(peers) == 1 else 'hold'}"
+        return what + (": no local process holds its other end (a peer on another host)"
+                       if kernel.peers_known else "")
+    if kind == "file":
+        return f"{call}() on {target}"
+    return None
+
+
+def _callee(threads: tuple[ThreadStack, ...]) -> str | None:
+    main = main_thread(threads)
+    return native_callee(main.frames) if main is not None else None
+
+
+def _lock(threads: tuple[ThreadStack, ...]) -> str:
+    """A lock, and the other threads in the user's code that may hold it (a ``threading.Lock``
+    records no owner; these are the ones that could)."""
+    main = main_thread(threads)
+    others = []
+    for thread in threads:
+        if thread is main or not thread.frames or thread.name.startswith("trainwatch"):
+            continue
+        frame = where_frame(thread.frames)
+        if frame is not None and is_user(frame):
+            others.append(f"thread '{thread.name}' (at {frame.label()})")
+    if not others:
+        return "a lock (no other thread is in your code: a library's thread, or a lock never released, holds it)"
+    if len(others) == 1:
+        return f"a lock, which {others[0]}, the only other thread in your code, may hold"
+    return f"a lock, which one of {', '.join(others[:CANDIDATE_THREADS])} may hold"
