@@ -4,7 +4,7 @@ job is elsewhere, and a launcher waiting for nodes that never joined its store.
 * every live rank but some waits in init (``init_process_group``, the store, gloo/NCCL setup) and
   the others are anywhere but a collective (before their own init, blocked in I/O, unreadable, or
   missing): ``rendezvous``, those others named with where they are ("rank 2 never joined: it is at
-  train.py:22 load_config (in recvfrom() on tcp …, 40 s)"); in a subgroup's ``new_group`` of a
+  train.py:22 load_config (in recv() on tcp …, 40 s)"); in a subgroup's ``new_group`` of a
   job that formed, the rank that has not reached it is a ``straggler``;
 * a launcher with no rank started yet whose store (served on this node) lacks the connections of
   some nodes: which nodes, and the ranks they would run (``Job.rendezvous``, read from the sockets).
@@ -73,12 +73,12 @@ def _joining(waiting: Sequence[Rank]) -> str:
 
 
 def _where(rank: Rank, place: Callable[[Rank], str], alone: bool) -> str:
-    """``it is at train.py:22 load_config (in recvfrom() on tcp …, 40 s)`` for one live or
+    """``it is at train.py:22 load_config (in recv() on tcp …, 40 s)`` for one live or
     unreadable rank (``rank 2 is …`` where several are named)."""
     name = "it" if alone or rank.rank is None else who([rank.rank])
     if rank.state == "unknown":
         return f"{name} (PID {rank.pid}) could not be read: it may be the one they wait for (see the notes)"
-    spot = f"at {rank.where}" if rank.phase in ("unknown", "compute") and rank.where else f"in {place(rank)}"
+    spot = f"at {rank.where}" if rank.phase in ("unknown", "compute", "io") and rank.where else f"in {place(rank)}"
     held = []
     kernel = rank.kernel
     if kernel is not None and kernel.syscall:
