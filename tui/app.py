@@ -75,6 +75,9 @@ def culprit_key(snapshot: Snapshot | None, ranks: list[Rank]) -> str | None:
     return None
 
 
+MIN_PAUSE_S = 0.2  # between the end of a poll that took longer than the interval and the next
+
+
 class TrainwatchApp(App[None]):
     """Ranks table, stack groups and the selected rank's detail, refreshed from ``source``."""
 
@@ -198,10 +201,13 @@ class TrainwatchApp(App[None]):
             self.post_message(result[0])
 
     def _arm_next(self) -> None:
-        self._polling_since = None
+        # "every 2s" is from one poll's start to the next: a poll that took 0.5 s does not push every
+        # later one (and the first sight of a hang) half a second further out.
+        started, self._polling_since = self._polling_since, None
         if self.live and not self.paused and not self._torn_down():
             self._cancel_timer()
-            self._timer = self.set_timer(self.interval, self._begin_poll)
+            took = time.monotonic() - started if started is not None else 0.0
+            self._timer = self.set_timer(max(MIN_PAUSE_S, self.interval - took), self._begin_poll)
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:

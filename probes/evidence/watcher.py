@@ -34,6 +34,7 @@ from ..source import Source
 from ..record import Record
 
 
+MIN_PAUSE_S = 0.2  # between the end of a poll that took longer than the interval and the next
 SETTLE_S = 1.5  # the crash alert waits this long after the first death for the cause to be read
 EARLY_TIMEOUT_S = 2.0  # the survivors' stacks at the first death: py-spy's bound for each
 EARLY_PARALLEL = 16  # py-spy runs at once then (a node's ranks, all at once on common nodes)
@@ -156,9 +157,9 @@ class Watcher:
                 self._on_job_end()
                 break
             now = time.monotonic()
-            if now >= next_poll:
+            if now >= next_poll:  # every interval from one poll's start to the next
                 self._poll()
-                next_poll = time.monotonic() + self.interval
+                next_poll = max(now + self.interval, time.monotonic() + MIN_PAUSE_S)
             time.sleep(self.crash_interval)
         return EXIT_CRASH if self.saw_crash else EXIT_PROBLEM if self.saw_problem else EXIT_CLEAN
 

@@ -5,8 +5,8 @@ drawn at random within its first seconds (it prints that moment: ``rank 2 stops 
 ranks 0-1 then wait for it in all_reduce. Measured, for each repetition, from that moment to the
 first problem verdict:
 
-* attach: the live source polled as the app polls it (``--interval`` after each poll ends,
-  ``--window`` for the first), the verdict taken when the poll returns;
+* attach: the live source polled as the app polls it (every ``--interval`` from one poll's start to
+  the next, ``--window`` for the first), the verdict taken when the poll returns;
 * watch: the real ``trainwatch watch --json`` (its own interval and window), the verdict taken
   from its first problem ``verdict`` event.
 
@@ -54,15 +54,18 @@ def attach_once(job: PlantedJob, interval: float, window: float, timeout: float)
     try:
         deadline = time.time() + timeout
         while time.time() < deadline:
+            started = time.monotonic()
             snap = source.poll()
             shown = time.time()
             stop = stopped_at(job, 0)
             if snap.verdict.kind in PROBLEM_VERDICTS:
                 if stop is None or snap.taken_at < stop:
                     false_alarms += 1
+                    print(f"    false alarm {snap.taken_at - (stop or snap.taken_at):+.1f}s: {snap.verdict.kind} "
+                          f"{snap.verdict.culprits}: {snap.verdict.summary}")
                 else:
                     return shown - stop, false_alarms
-            time.sleep(interval)  # as the app: the next poll is armed when this one is handled
+            time.sleep(max(0.2, interval - (time.monotonic() - started)))  # as the app: every interval from start to start
     finally:
         source.close()
     return None, false_alarms
@@ -81,6 +84,7 @@ def watch_once(job: PlantedJob, timeout: float, interval: float) -> tuple[float 
                 stop = stopped_at(job, 0)
                 if stop is None or event["unix_time"] < stop:
                     false_alarms += 1
+                    print(f"    false alarm: {event['verdict']} {event['culprits']}: {event['summary']}")
                 else:
                     return event["unix_time"] - stop, false_alarms
             if time.time() > deadline:
