@@ -34,7 +34,8 @@ PHASES: tuple[Phase, ...] = typing.get_args(Phase)
 STATES: tuple[State, ...] = typing.get_args(State)
 GROUP_PHASES: tuple[GroupPhase, ...] = tuple(dict.fromkeys(typing.get_args(GroupPhase)))
 VERDICTS: tuple[VerdictKind, ...] = typing.get_args(VerdictKind)
-# A rank in one of these waits for something else: CPU it burns there is never progress.
+# A rank in one of these waits for something else (the views colour them alike; which of them may
+# burn CPU without progressing is judge/progress.py's SPINNING_WAITS).
 WAITING_PHASES: frozenset[Phase] = frozenset({"collective", "gpu_wait", "dataloader", "init", "lock", "sleep",
                                                 "subprocess", "io", "native", "exiting"})
 # Verdicts that `watch` dumps evidence for once they persist; with "crashed", the problems.

@@ -29,9 +29,10 @@ progress. Signs of progress between two samples:
 * its step-like local (``step``, ``global_step``... read with ``--locals``, see
   :mod:`trainwatch.probes.judge.steps`) changed: the loop went round, whatever line it waits at.
   Read at each dump of a rank whose last look was :meth:`StackWatch.unclear`;
-* it burnt CPU while not in a waiting phase (a long compute line is still work; a thread
-  spinning inside a collective, a lock or a CUDA synchronize is not: the phase comes from a
-  native sample when the Python stack alone is ambiguous, see :mod:`trainwatch.probes.judge.native`);
+* it burnt CPU (2 ms or more between two looks) while not in a wait that spins (a long compute
+  line is still work, and so is a loop read at its short ``time.sleep`` each time; a thread
+  spinning inside a collective or a CUDA synchronize is not: the phase comes from a native sample
+  when the Python stack alone is ambiguous, see :mod:`trainwatch.probes.judge.native`);
 * something outside the stacks saw it advance (its Flight Recorder's completed collectives).
 
 A rank is judged against its own rhythm: the threshold for "stuck" is the window, or twice the
@@ -45,12 +46,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..observed import FirstLook, ThreadCounters
-from ..snapshot import WAITING_PHASES, CollectiveState, age_text
+from ..snapshot import CollectiveState, age_text
 from ..record import Record
 
 MIN_WAKEUPS = 2
 SPIN_SHARE = 0.5
 QUIET_SHARE = 0.02  # of a stretch between two looks, the most CPU a thread that made no progress used
+# Waits in which a thread may burn CPU without going anywhere: a collective or a CUDA sync spins (NCCL),
+# TCPStore's master polls every 10 ms in init, the interpreter's shutdown joins threads. CPU burnt in
+# any other phase is work, whatever line the samples catch the thread at: a loop that sleeps a little
+# each step is read at its `time.sleep` again and again (on a loaded node its wake-ups come while it
+# is runnable, which reads as spinning), yet it computes in between.
+SPINNING_WAITS = frozenset({"collective", "gpu_wait", "init", "exiting", "native"})
+RAN_NS = 2_000_000  # on a CPU this long between two looks: work, not the microseconds a ptrace pause costs
 TIMER_SLEEPS = frozenset({"nanosleep", "clock_nanosleep"})
 # Waits that end on an event: a timer in one is a poll loop. ``init`` too: TCPStore's master polls
 # every 10 ms until all its workers joined (``TCPStore::waitForWorkers``, torch's TCPStore.cpp).
@@ -99,6 +107,14 @@ def paused(before: ThreadCounters, after: ThreadCounters) -> int:
 def wakeups(before: ThreadCounters, after: ThreadCounters) -> int:
     """The main thread's wake-ups between two readings that no pause from outside explains."""
     return after.voluntary - before.voluntary - paused(before, after)
+
+
+def ran(before: ThreadCounters, after: ThreadCounters) -> bool:
+    """The thread was on a CPU for at least ``RAN_NS`` between two readings (another tracer's pauses
+    cost it microseconds each); by the clock ticks where the kernel keeps no schedstat."""
+    if before.run_ns is not None and after.run_ns is not None and before.queued_ns is not None:
+        return after.run_ns - before.run_ns >= RAN_NS
+    return after.cpu_ticks > before.cpu_ticks
 
 
 def quiet_between(before: ThreadCounters, after: ThreadCounters) -> bool:
@@ -165,7 +181,7 @@ class StackWatch:
             return False
         if _woke(look, before) and not (phase in POLLED_PHASES and _on_timer(before)):
             return True
-        return phase not in WAITING_PHASES and before.cpu_ticks > look.after.cpu_ticks
+        return phase not in SPINNING_WAITS and ran(look.after, before)
 
     def mark(self, pid: int, now: float) -> None:
         """Progress seen now by a reader (the stacks, the rank's own log, its storage counters)."""
