@@ -73,6 +73,22 @@ class ThreadStack(Record):
 
 
 @dataclass(frozen=True, repr=False)
+class LibraryError(Record):
+    """What a collective library said as it failed a rank (``read/logs/library_words.py``): its own
+    words, and what they tell of the collective that failed. ``mismatch``: the library says the
+    ranks' calls disagree (gloo's size check, c10d's fingerprints). ``calls``: the ranks'
+    collectives the text names (c10d's fingerprints of both sides, NCCL's ``WorkNCCL(...)``), one
+    row per rank in a group of their own (their numbering is the library's, not the Flight Recorder's)."""
+
+    library: str  # gloo, c10d, NCCL
+    words: str  # the library's own words, as it wrote them
+    mismatch: bool = False
+    received_bytes: int | None = None  # gloo: a peer's data of this many bytes arrived …
+    expected_bytes: int | None = None  # … where this rank's own call expected this many
+    calls: tuple[RankCollective, ...] = ()
+
+
+@dataclass(frozen=True, repr=False)
 class ExitInfo(Record):
     """How a rank's process ended: its status or signal, and what it said on the way out."""
 
@@ -85,6 +101,7 @@ class ExitInfo(Record):
     message: str | None = None  # the fatal line from the rank's log, e.g. "torch.AcceleratorError: CUDA error: ..."
     source: str | None = None  # who told how it ended: zombie, kernel exit event, launcher log, ... (None: not said)
     last_seen: float | None = None  # unix time it was last seen alive (a death not witnessed lies after it)
+    library: LibraryError | None = None  # what a collective library said as it failed the rank
 
 
 # Syscalls on files (a path or a file descriptor): a rank stuck in one waits on its storage.

@@ -242,6 +242,11 @@ class CrashCatcher:
             found.append(self._save(replace(record, exit=info)))
         return found
 
+    def rank_numbers_known(self) -> list[int]:
+        """Every rank number the catcher has tracked or recorded."""
+        known = [p.rank for p in self._tracked.copy().values()] + [r.rank for r in self.records]
+        return sorted({n for n in known if n is not None})
+
     @staticmethod
     def rank_numbers(procs: dict[int, tuple[RankProcess, float]]) -> list[int | None]:
         return [proc.rank for proc, _ in procs.values()]

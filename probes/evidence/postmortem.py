@@ -19,14 +19,15 @@ from pathlib import Path
 from ..judge.judgement import JudgeMemory, judge_job
 from ..judge.phases import classify
 from ..observed import UNTOLD, ObservedJob, ObservedRank
-from ..read.logs import crashlog, ranklog
+from ..read.logs import crashlog, library_words, ranklog
 from ..read.collectives import flightrec
 from ..read.logs.leftovers import Leftovers, RankLeft, read_leftovers
+from ..read.processes.exits import job_frame
 from ..read.stacks.source_lines import source_line
 from ..read.collectives.sources.watchdog import parse_watchdog, watchdog_state
 from ..read.stacks.stack_text import faulthandler_threads, traceback_thread, without_hook_frames
 from ..redact import scrub
-from ..snapshot import CollectiveState, ExitInfo, Job, Snapshot, ThreadStack
+from ..snapshot import CollectiveState, ExitInfo, Job, LibraryError, Snapshot, ThreadStack
 from ..source import OneNodeSource
 from .bundle_rank import RankEvidence
 from .summary import render
@@ -177,7 +178,7 @@ def _exit(found: RankLeft, failure) -> ExitInfo:  # noqa: ANN001
         reason, message, frame = reason or said.reason, said.message, frame or said.frame
     if found.exit_record and found.exit_record.get("exception"):
         message = message or str(found.exit_record["exception"])
-        frame = frame or found.exit_record.get("frame")
+        frame = frame or job_frame(found.exit_record.get("frame"))
         at = at or found.exit_record.get("at")
     if found.error_file:
         message = message or found.error_file.splitlines()[0]
@@ -185,8 +186,26 @@ def _exit(found: RankLeft, failure) -> ExitInfo:  # noqa: ANN001
         code = 1  # an uncaught exception ends the interpreter with status 1
     if code is None and signal is None and not (reason or message or frame):
         reason = UNTOLD
+    library = _library_error(found, signal)
+    if library is not None and reason in (None, "aborted"):
+        reason, message = crashlog.classify(library.words) or reason, library.words
     return ExitInfo(code=code, signal=signal, at=at, reason=reason, frame=frame,
-                    message=scrub(message) if message else None, source=source)
+                    message=scrub(message) if message else None, source=source,
+                    library=dataclasses.replace(library, words=scrub(library.words)) if library else None)
+
+
+def _library_error(found: RankLeft, signal: str | None) -> LibraryError | None:
+    """What a collective library said as the rank failed: its lines, its recorded exception, its
+    error file; a C++ abort in a log several ranks share counts for a rank that died of SIGABRT."""
+    texts = [found.lines, (found.exit_record or {}).get("exception"), found.error_file]
+    if signal == "SIGABRT":
+        texts.append(found.shared_abort)
+    for text in texts:
+        lines = text.splitlines() if isinstance(text, str) else list(text or ())
+        said = library_words.library_error(lines) if lines else None
+        if said is not None:
+            return said
+    return None
 
 
 def _collectives(left: Leftovers) -> CollectiveState | None:

@@ -26,10 +26,11 @@ from ..judge.phases import classify
 from ..read.processes import procfs
 from ..read.stacks.sampler import sample_all
 from ..read.stacks.source_lines import source_line
-from ..observed import observed_rank, observed_snapshot
+from ..observed import combine_states, observed_rank, observed_snapshot
+from ..read.collectives import last_words
 from .. import rundir
-from ..snapshot import (CRASH_VERDICTS, HANG_VERDICTS, HEALTHY_VERDICTS, PROBLEM_VERDICTS, ExitInfo, Job, Snapshot,
-                        ThreadStack, Verdict)
+from ..snapshot import (CRASH_VERDICTS, HANG_VERDICTS, HEALTHY_VERDICTS, PROBLEM_VERDICTS, CollectiveState, ExitInfo,
+                        Job, Snapshot, ThreadStack, Verdict)
 from ..source import Source
 from ..record import Record
 
@@ -90,9 +91,12 @@ class Episodes:
 
 
 def with_crashes(snapshot: Snapshot, records: list[CrashRecord],
-                 early: Mapping[int, tuple[ThreadStack, ...]] | None = None) -> Snapshot:
+                 early: Mapping[int, tuple[ThreadStack, ...]] | None = None,
+                 collectives: CollectiveState | None = None) -> Snapshot:
     """The snapshot with each dead rank's exit filled in and a ``crashed`` verdict. ``early``: per
-    PID, stacks read at the first death, newer than the snapshot's (where each rank was then)."""
+    PID, stacks read at the first death, newer than the snapshot's (where each rank was then).
+    ``collectives``: the ranks' collectives read at the crash (their last words), fresher than
+    the snapshot's: each rank's row is taken from them first."""
     by_rank = {r.rank: r for r in records}
     evidence = []
     for rank in map(observed_rank, snapshot.ranks):
@@ -105,7 +109,8 @@ def with_crashes(snapshot: Snapshot, records: list[CrashRecord],
     for record in by_rank.values():  # died before any snapshot saw it
         evidence.append(ended.exited_rank(record.pid, record.rank, record.exit, host=snapshot.job.host))
     evidence = sorted(evidence, key=lambda r: (r.rank is None, r.rank or 0))
-    job = dataclasses.replace(observed_snapshot(snapshot), ranks=tuple(evidence))
+    job = dataclasses.replace(observed_snapshot(snapshot), ranks=tuple(evidence),
+                              collectives=combine_states([collectives, snapshot.collectives]))
     judged = judge_job(job, JudgeMemory.after(snapshot), snapshot.taken_at or time.time(),
                        JudgeOptions(window=snapshot.window_s))
     first = next((r for r in records if r.exit.first), records[0])
@@ -239,8 +244,10 @@ class Watcher:
             return
         # The alert names the rank whose death came first in cause: a death that is a cause (a
         # fatal signal, a kill from outside, an error of its own) raises it at once; a death that
-        # follows from another's (a lost peer, the launcher's teardown) waits a moment for that one.
-        if _is_cause(record.exit):
+        # follows from another's (a lost peer, the launcher's teardown) waits a moment for that one,
+        # as does a rank a collective library failed: it is a witness, and the odd call may be a
+        # peer's, read from the peers' own ends (their errors, their last words).
+        if _is_cause(record.exit) and record.exit.library is None:
             self._raise_crash_alert()
         elif self._alert_due is None:
             self._alert_due = time.monotonic() + SETTLE_S
@@ -251,7 +258,15 @@ class Watcher:
             return
         self._crash_bundled = True
         base = self.last or _bare_snapshot(self.pid)
-        self._alert_crash(with_crashes(base, self.catcher.records, self.early))
+        self._alert_crash(with_crashes(base, self.catcher.records, self.early, self._last_words(base)))
+
+    def _last_words(self, base: Snapshot) -> CollectiveState | None:
+        """An armed job's collectives as its ranks left them in their last words, at the crash."""
+        run_dir = self.catcher.run_dir
+        if run_dir is None:
+            return None
+        ranks = {r.rank for r in base.ranks if r.rank is not None} | set(self.catcher.rank_numbers_known())
+        return last_words.run_dir_state(run_dir, sorted(ranks), since=base.job.started_at or 0.0)
 
     def _on_lingering_crash(self, snapshot: Snapshot) -> None:
         """A culprit raised and lingers (a non-daemon thread keeps it alive): no death for the

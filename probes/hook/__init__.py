@@ -198,7 +198,7 @@ def _hook_excepthook(path: Path) -> None:
     def record(kind, value, tb) -> None:
         try:
             frames = _job_frames(tb)
-            last = frames[-1] if frames else None
+            last = next((f for f in reversed(frames) if _own_code(f.filename)), frames[-1] if frames else None)
             rundir.write_json(path, {
                 "pid": os.getpid(), "at": time.time(), "code": 1,
                 "exception": "".join(traceback.format_exception_only(kind, value)).strip(),
@@ -212,6 +212,16 @@ def _hook_excepthook(path: Path) -> None:
         previous(kind, value, tb)
 
     sys.excepthook = record
+
+
+_LIBRARY_DIRS = tuple({os.path.dirname(os.__file__) + os.sep, os.sep + "site-packages" + os.sep,
+                       os.sep + "dist-packages" + os.sep})
+
+
+def _own_code(filename: str) -> bool:
+    """A file of the job's own, not the standard library's nor an installed package's: the frame
+    an uncaught exception is recorded at (torch's innermost frame says nothing of the job)."""
+    return not filename.startswith("<") and not any(part in filename for part in _LIBRARY_DIRS)
 
 
 def _job_frames(tb: object) -> traceback.StackSummary:

@@ -6,6 +6,7 @@ from dataclasses import replace
 from typing import Mapping, Sequence
 
 from . import exits
+from .aborts import abort_cause
 from .exits import TEARDOWN_SIGNALS, raised_while_alive
 from .gpuwait import judge_gpu_wait, span
 from .groups import group_key
@@ -90,7 +91,8 @@ def judge(ranks: Sequence[Rank], job: Job | None = None,
     ``now``: the time the ranks were observed, for the age of pending collectives.
     """
     familiar = familiar or {}
-    verdict = (_ended_while_hung(ranks, collectives, familiar, now) or _crashed(ranks) or _rendezvous(ranks, job)
+    verdict = (_ended_while_hung(ranks, collectives, familiar, now) or _crashed(ranks, collectives)
+               or _rendezvous(ranks, job)
                or from_kernel(ranks, lambda waiting: waits(by_place(waiting)[0], collectives, now))
                or _from_collectives(ranks, collectives, familiar, now)
                or _from_ras(ranks, collectives, familiar, now) or _from_stacks(ranks, collectives, familiar, now))
@@ -99,7 +101,7 @@ def judge(ranks: Sequence[Rank], job: Job | None = None,
     return replace(verdict, summary=f"{verdict.summary}; {note}") if note else verdict
 
 
-def _crashed(ranks: Sequence[Rank]) -> Verdict | None:
+def _crashed(ranks: Sequence[Rank], collectives: CollectiveState | None = None) -> Verdict | None:
     exited = [r for r in ranks if r.state == "exited"]
     if exited and len(exited) == len(ranks) and not any(abnormal(r) for r in exited):
         return Verdict("healthy", (), f"job finished: all {len(exited)} ranks exited normally")
@@ -107,6 +109,12 @@ def _crashed(ranks: Sequence[Rank]) -> Verdict | None:
     dead = [r for r in exited if abnormal(r)] + [r for r in ranks if raised_while_alive(r)]
     if not dead:
         return None
+    # A library failed ranks over calls that disagree: the culprit is the odd call's rank, not its witness.
+    cause = abort_cause(ranks, collectives)
+    if cause is not None:
+        others = [r for r in dead if r.rank not in cause.culprits and r.rank != cause.witness]
+        text = cause.text + (f"; {who(_numbers(others))} then ended too" if others else "")
+        return Verdict("crashed", cause.culprits, text)
     first = [r for r in dead if r.exit and r.exit.first]
     cause = [r for r in dead if r.exit and r.exit.signal not in TEARDOWN_SIGNALS]
     culprits = first or cause or sorted(dead, key=lambda r: (r.exit.at or 0) if r.exit else 0)[:1]

@@ -24,8 +24,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import crashlog, launcher_log, ranklog
-from ..collectives import flightrec
+from . import crashlog, launcher_log, library_words, ranklog
+from ..collectives import flightrec, last_words
 from .logtail import read_tail
 from ... import rundir
 from ...errors import BadLeftovers
@@ -87,6 +87,7 @@ class RankLeft(Record):
     error_file: str | None = None  # torchelastic's error file message
     dumps: list[LeftDump] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    shared_abort: list[str] = field(default_factory=list)  # a C++ abort's unprefixed lines in a log it shared
 
 
 @dataclass(repr=False)
@@ -301,8 +302,10 @@ def _read_log(path: Path, found: Leftovers) -> None:
         return
     ranks = sorted({r for r in (ranklog.split_prefix(line)[0] for line in lines) if r is not None})
     ranks += sorted({index for index, _, _ in crashlog.spawn_reports(lines)} - set(ranks))
+    abort = library_words.abort_lines(lines)
     for number in ranks:
         _add_lines(found.rank(number), path, ranklog.rank_lines(lines, number, None, own=False), own=False)
+        found.rank(number).shared_abort = abort or found.rank(number).shared_abort
     what = f"log of ranks {compact_ranks(ranks)}" if ranks else "log"
     found.used.append((str(path), what + (" with the launcher's failure report" if failures else "")))
 
@@ -368,18 +371,10 @@ def _read_last_words(path: Path, rank: int, found: Leftovers) -> None:
     left.last_words = words
     found.used.append((str(path), f"rank {rank}'s last words ({words.trigger})"))
     found.newest = max(found.newest, at or 0.0)
-    if isinstance(record.get("fr"), str):
-        try:
-            traces, notes = flightrec.hook_reply_traces(record["fr"])
-        except flightrec.TraceError as exc:
-            left.notes.append(f"rank {rank}'s last words: Flight Recorder unreadable ({exc})")
-            return
-        left.notes += [f"rank {rank}'s last words: {note}" for note in notes]
-        merged = flightrec.merge_traces([trace for _, trace in traces])
-        if merged is not None:
-            left.dumps.append(LeftDump(rank, str(path), merged, at or _mtime(path), source="last-words"))
-    elif record.get("fr_error"):
-        left.notes.append(f"rank {rank}'s last words: no Flight Recorder ({record['fr_error']})")
+    merged, notes = last_words.trace_of(record)
+    left.notes += [f"rank {rank}'s last words: {note}" for note in notes]
+    if merged is not None:
+        left.dumps.append(LeftDump(rank, str(path), merged, at or _mtime(path), source="last-words"))
 
 
 def _read_last_words_log(path: Path, rank: int, found: Leftovers) -> None:
