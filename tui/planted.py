@@ -226,7 +226,17 @@ def train(scenario: str, step_s: float, stop_at: float, ddp: bool = False, timeo
     import torch
     import torch.distributed as dist
 
-    if "RANK" in os.environ:
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if "RANK" in os.environ and restart and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # A restarted attempt under torchrun: gloo's keys of the attempt before are still in the
+        # agent's store (torch 2.13), so each attempt keeps its own.
+        import datetime
+        store = dist.PrefixStore(f"planted/attempt_{restart}", dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+            timeout=datetime.timedelta(seconds=60)))
+        dist.init_process_group("gloo", store=store, rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]))
+    elif "RANK" in os.environ:
         if timeout_s:
             import datetime
             dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
@@ -237,7 +247,6 @@ def train(scenario: str, step_s: float, stop_at: float, ddp: bool = False, timeo
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     rank, world = dist.get_rank(), dist.get_world_size()
     culprit = world - 1 if culprit is None else culprit
-    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     torch.manual_seed(rank)
     model = torch.nn.Linear(16, 16)
     if ddp:  # as real jobs do: DDP's reducer all-reduces the gradients inside backward()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..judge.judgement import JudgeMemory, judge_job
 from ..judge.phases import classify
-from ..observed import UNTOLD, ObservedJob, ObservedRank
+from ..observed import SILENT, UNTOLD, ObservedJob, ObservedRank
 from ..read.logs import crashlog, library_words, ranklog
 from ..read.collectives import flightrec
 from ..read.logs.leftovers import Leftovers, RankLeft, read_leftovers
@@ -95,7 +95,7 @@ def observed_job(left: Leftovers) -> tuple[ObservedJob, dict[int, tuple[str, str
         threads, origin, text = _last_stacks(found)
         if text:
             stacks[number] = (origin, text)
-        rank = _rank(found, threads, by_rank.get(number), host)
+        rank = _rank(found, threads, by_rank.get(number), host, _ended_badly(left))
         ranks.append(dataclasses.replace(rank, log_tail=logs.shown_tail(rank.log_path, number, None)))
     run = left.run or {}
     job = Job(launcher=_launcher(left), pid=int(run.get("pid") or left.launcher_pid or 0), host=host,
@@ -147,17 +147,18 @@ def _last_stacks(found: RankLeft) -> tuple[tuple[ThreadStack, ...], str, str]:
     return (), "none", ""
 
 
-def _rank(found: RankLeft, threads: tuple[ThreadStack, ...], failure, host: str) -> ObservedRank:  # noqa: ANN001
+def _rank(found: RankLeft, threads: tuple[ThreadStack, ...], failure, host: str,  # noqa: ANN001
+          ended_badly: bool = False) -> ObservedRank:
     cls = classify(threads, source_line) if threads else None
     return ObservedRank(
         rank=found.rank, pid=found.pid or (failure.pid if failure else None), host=found.host or host,
         seen="exited", phase=cls.phase if cls else "unknown", op=cls.op if cls else None,
         where=cls.where if cls else None, user_frame=cls.user_frame if cls else None,
-        detail=cls.detail if cls else None, threads=threads, exit=_exit(found, failure),
+        detail=cls.detail if cls else None, threads=threads, exit=_exit(found, failure, ended_badly),
         log_path=found.own_log or (found.log_files[0] if found.log_files else None))
 
 
-def _exit(found: RankLeft, failure) -> ExitInfo:  # noqa: ANN001
+def _exit(found: RankLeft, failure, ended_badly: bool = False) -> ExitInfo:  # noqa: ANN001
     """How the rank ended, from everything that says: the launcher's report, its last words, its
     uncaught exception, a fatal signal's faulthandler dump, its log's fatal line."""
     code = signal = at = reason = message = frame = None
@@ -185,13 +186,32 @@ def _exit(found: RankLeft, failure) -> ExitInfo:  # noqa: ANN001
     if code is None and signal is None and (said is not None and said.raised or found.exit_record):
         code = 1  # an uncaught exception ends the interpreter with status 1
     if code is None and signal is None and not (reason or message or frame):
-        reason = UNTOLD
+        reason = SILENT if ended_badly and _silent(found) else UNTOLD
     library = _library_error(found, signal)
     if library is not None and reason in (None, "aborted"):
         reason, message = crashlog.classify(library.words) or reason, library.words
     return ExitInfo(code=code, signal=signal, at=at, reason=reason, frame=frame,
                     message=scrub(message) if message else None, source=source,
                     library=dataclasses.replace(library, words=scrub(library.words)) if library else None)
+
+
+def _ended_badly(left: Leftovers) -> bool:
+    """The job did not end well: its launcher's recorded status is not 0, or a rank was stopped,
+    raised or faulted (a normal end leaves no last words, exception or fault trace at all)."""
+    status = (left.launcher_exit or {}).get("status")
+    if isinstance(status, int):
+        return status != 0
+    return any(f.last_words or f.stop_trace or f.exit_record or f.error_file
+               or (f.fault_text and crashlog.parse_faulthandler(f.fault_text)) for f in left.ranks.values())
+
+
+def _silent(found: RankLeft) -> bool:
+    """An armed rank whose hook said nothing: no last words (nor faulthandler's trace at a stop
+    signal), no recorded exception, no fatal signal's trace. Its hook hears all of those, so the
+    rank ended by what no handler sees: a SIGKILL, or os._exit."""
+    fault = crashlog.parse_faulthandler(found.fault_text) if found.fault_text else None
+    return (found.armed and found.last_words is None and not found.stop_trace and not found.exit_record
+            and fault is None and not found.error_file)
 
 
 def _library_error(found: RankLeft, signal: str | None) -> LibraryError | None:

@@ -7,7 +7,7 @@ from typing import Mapping, Sequence
 
 from . import exits
 from .aborts import abort_cause
-from .exits import TEARDOWN_SIGNALS, raised_while_alive
+from .exits import raised_while_alive
 from .gpuwait import judge_gpu_wait, span
 from .groups import group_key
 from .kernel import from_kernel
@@ -116,7 +116,9 @@ def _crashed(ranks: Sequence[Rank], collectives: CollectiveState | None = None) 
         text = cause.text + (f"; {who(_numbers(others))} then ended too" if others else "")
         return Verdict("crashed", cause.culprits, text)
     first = [r for r in dead if r.exit and r.exit.first]
-    cause = [r for r in dead if r.exit and r.exit.signal not in TEARDOWN_SIGNALS]
+    # Ranks that ended because another did (a lost peer, the launcher's teardown) are never culprits beside it.
+    deaths = [r.exit for r in dead if r.exit]
+    cause = [r for r in dead if r.exit and exits.is_cause(r.exit, deaths)][:1]
     culprits = first or cause or sorted(dead, key=lambda r: (r.exit.at or 0) if r.exit else 0)[:1]
     numbers = _numbers(culprits)
     lead = culprits[0]

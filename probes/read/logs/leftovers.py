@@ -88,6 +88,8 @@ class RankLeft(Record):
     dumps: list[LeftDump] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     shared_abort: list[str] = field(default_factory=list)  # a C++ abort's unprefixed lines in a log it shared
+    armed: bool = False  # `trainwatch run` armed it (its hook.json): its hook would have said how it ended
+    stop_trace: bool = False  # faulthandler's trace at a stop signal (last-words.log) is there: a stop came
 
 
 @dataclass(repr=False)
@@ -341,6 +343,9 @@ def _read_run_dir(run_dir: Path, found: Leftovers) -> set[Path]:
         left = found.rank(number)
         hook = rundir.read_json(rundir.hook_json(run_dir, number)) or {}
         left.pid, left.host = hook.get("pid"), hook.get("host")
+        left.armed = bool(hook)
+        left.stop_trace = rundir.last_words_log(run_dir, number).is_file() and \
+            rundir.last_words_log(run_dir, number).stat().st_size > 0
         log = rundir.rank_log_file(run_dir, number)
         if log.is_file():
             lines = _tail(log) or []
