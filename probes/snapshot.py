@@ -349,6 +349,9 @@ class RasState(Record):
     culprits: tuple[int, ...] = ()  # global ranks
     advancing: bool = False  # some communicator's counts advanced since the previous poll
     still_s: float | None = None  # how long the counts have not moved
+    # The finding rests on one reply (counts that differ, not yet seen unchanged): the verdict uses it
+    # only while every local rank is stuck waiting on its peers (judge/verdict.py _from_ras).
+    first_reply: bool = False
     notes: tuple[str, ...] = ()
 
 

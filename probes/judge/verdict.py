@@ -271,6 +271,9 @@ def _from_ras(ranks: Sequence[Rank], state: CollectiveState | None,
         return None
     if ras.kind == "level" and any((r.op or "").split(".")[-1] in _UNCOUNTED_OPS for r in stuck):
         return None  # point-to-point waits: RAS's counts cannot see them
+    live = [r for r in ranks if r.state in ("running", "stuck")]
+    if ras.first_reply and not (live and all(r.state == "stuck" and r.phase in PEER_WAITS for r in live)):
+        return None  # counts seen once differ all the time in a running job: only ranks all waiting make it telling
     stacks = _from_stacks(ranks, state, familiar, now)
     if stacks.kind == RAS_VERDICTS[ras.kind] and stacks.culprits and set(stacks.culprits) == set(ras.culprits):
         return stacks
