@@ -23,11 +23,13 @@ from .read.processes import exit_events, procfs
 from .read.collectives.collective_feed import CollectiveFeed
 from .read.processes.exits import ExitLedger
 from .read.gpus.gpu import GpuProbe
+from .read.logs.attempts import AttemptLog, log_dir_of
+from .read.processes.discover import expected_local_ranks
 from .read.processes.job_watch import JobWatch
 from .read.processes.process import JobProcesses, job_record
 from .read.stacks.sampler import StackSample, sample_all
 from .sampling import Sampler
-from .snapshot import PROBLEM_VERDICTS, Snapshot
+from .snapshot import PROBLEM_VERDICTS, Job, Snapshot
 from .source import OneNodeSource
 
 if TYPE_CHECKING:
@@ -74,6 +76,9 @@ class LocalSource(OneNodeSource):
         self._looked: float | None = None  # the first window as watched, when a call cut it short
         self._polls = 0
         self._problem = False  # the last verdict was a problem: the sampler reads more then
+        self._attempt_log = AttemptLog()  # a restarted job's attempts, from its launcher's log
+        self._launcher_log: str | None = None
+        self._attempt: tuple[int, float | None] | None = None  # the attempt running now, and when it began
         self._lock = threading.Lock()
 
     @property
@@ -160,7 +165,8 @@ class LocalSource(OneNodeSource):
         collective = self._feed.evidence(job)
         notes += collective.notes
         missing = self._sampler.pyspy_missing
-        evidence = ObservedJob(job_record(job), tuple(ranks), unsampled=missing.message if missing else None,
+        record = self._with_attempts(job, job_record(job))
+        evidence = ObservedJob(record, tuple(ranks), unsampled=missing.message if missing else None,
                                **collective.fields)
         window = self._looked if self._looked is not None else self.window  # a first window cut short counts as watched
         options = JudgeOptions(window=window, stuck_after=self.stuck_after)
@@ -177,10 +183,26 @@ class LocalSource(OneNodeSource):
         if missing is not None:
             warnings.append(str(missing))
         warnings += judged.warnings
-        return Snapshot(job=job_record(job), ranks=ranked, groups=judged.groups, verdict=judged.verdict,
+        return Snapshot(job=record, ranks=ranked, groups=judged.groups, verdict=judged.verdict,
                         hosts=(gpu_host,) if gpu_host else (), collectives=judged.collectives,
                         warnings=tuple(dict.fromkeys(warnings)), notes=tuple(dict.fromkeys(notes)),
                         taken_at=now, window_s=window, source="live")
+
+    def _with_attempts(self, job: JobProcesses, record: Job) -> Job:
+        """A job its launcher restarted: the attempt running now, when it began, and how each
+        attempt ended, from the ranks' TORCHELASTIC_RESTART_COUNT and the launcher's log."""
+        counts = [int(c) for p in job.ranks if (c := p.env.get("TORCHELASTIC_RESTART_COUNT", "")).isdigit()]
+        if job.launcher_pid and self._launcher_log is None:
+            self._launcher_log = procfs.log_file_of(job.launcher_pid) or ""
+        log_dir = next((d for p in job.ranks if (d := log_dir_of(p.log_path))), None)
+        ends = self._attempt_log.ends(self._launcher_log, expected_local_ranks(job), job.started_at, log_dir)
+        if counts:
+            self._attempt = max(counts), min((p.create_time for p in job.ranks if p.create_time), default=None)
+        elif ends:  # between attempts: the launcher starts the next one
+            self._attempt = (max(len(ends), self._attempt[0] if self._attempt else 0), None)
+        if self._attempt is None or (not self._attempt[0] and not ends):
+            return record
+        return replace(record, attempt=self._attempt[0], attempt_started_at=self._attempt[1], attempts=ends)
 
     def _with_worker(self, rank: ObservedRank, wanted: tuple[int, ...]) -> ObservedRank:
         """The busy DataLoader worker of a rank the judge asked about (read once per stack)."""

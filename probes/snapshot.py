@@ -367,6 +367,17 @@ class CollectiveState(Record):
 
 
 @dataclass(frozen=True, repr=False)
+class AttemptEnd(Record):
+    """How one attempt of a job its launcher restarted ended (torchrun ``--max-restarts``): the
+    launcher's first failure of that attempt, with what the rank said (``read/logs/attempts.py``)."""
+
+    attempt: int  # 0 for the first run, as TORCHELASTIC_RESTART_COUNT counts
+    rank: int | None
+    exit: ExitInfo  # how that rank ended: status or signal, reason, message, frame; ``at`` its end
+    started_at: float | None = None  # when the attempt began, where known (the end of the one before)
+
+
+@dataclass(frozen=True, repr=False)
 class Job(Record):
     """The job as discovered: its launcher, size, rendezvous and run directory."""
 
@@ -383,6 +394,11 @@ class Job(Record):
     job_id: str | None = None  # TORCHELASTIC_RUN_ID or SLURM_JOB_ID
     waiting_rendezvous: bool = False
     run_dir: str | None = None  # set when started armed by `trainwatch run`
+    # A launcher that restarted its ranks: the attempt running now (TORCHELASTIC_RESTART_COUNT), when
+    # it began, and how each attempt before it ended (judge/restarts.py).
+    attempt: int | None = None
+    attempt_started_at: float | None = None
+    attempts: tuple[AttemptEnd, ...] = ()
 
 
 @dataclass(frozen=True, repr=False)

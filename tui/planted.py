@@ -220,7 +220,8 @@ def gather_sizes(rank: int, culprit: int, odd_numel: int, dist) -> None:
 
 
 def train(scenario: str, step_s: float, stop_at: float, ddp: bool = False, timeout_s: float | None = None,
-          culprit: int | None = None, odd_numel: int = 5, fail_step: int = FAIL_STEP) -> None:
+          culprit: int | None = None, odd_numel: int = 5, fail_step: int = FAIL_STEP,
+          fail_attempts: int = 1 << 30) -> None:
     import warnings
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # CPU torch without numpy
     import torch
@@ -304,7 +305,7 @@ def train(scenario: str, step_s: float, stop_at: float, ddp: bool = False, timeo
             raise RuntimeError("CUDA error: device-side assert triggered")
         if scenario == "raise" and rank == culprit and step == 3:
             raise RuntimeError(f"planted failure at step {step}")
-        if scenario == "raiseat" and rank == culprit and step == fail_step:
+        if scenario == "raiseat" and rank == culprit and step == fail_step and restart < fail_attempts:
             raise ValueError(f"bad batch at step {step}")  # the same failure at every attempt of a restarted job
         if scenario == "gathersize" and step == fail_step:
             gather_sizes(rank, culprit, odd_numel, dist)  # the odd rank's tensor has another size
@@ -343,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--culprit", type=int, default=None, help="the rank the fault strikes (default: the last)")
     parser.add_argument("--fail-step", type=int, default=FAIL_STEP,
                         help="the step at which killcompute, killwait, gathersize and raiseat strike")
+    parser.add_argument("--fail-attempts", type=int, default=1 << 30,
+                        help="raiseat: fail only in the first N attempts of a restarted job (then run on)")
     parser.add_argument("--odd-numel", type=int, default=5,
                         help="gathersize: the culprit's tensor size (the others' is 4)")
     parser.add_argument("--dump-on-error", action="store_true",
@@ -352,14 +355,15 @@ def main(argv: list[str] | None = None) -> int:
     _arm_deadline(args.deadline)
     if args.in_thread:
         worker = threading.Thread(target=train, args=(args.scenario, args.step_s, stop_at, args.ddp, args.timeout,
-                                                      args.culprit, args.odd_numel, args.fail_step),
+                                                      args.culprit, args.odd_numel, args.fail_step,
+                                                      args.fail_attempts),
                                   name="TrainingThread(train_func)")
         worker.start()
         worker.join()
     else:
         try:
             train(args.scenario, args.step_s, stop_at, ddp=args.ddp, timeout_s=args.timeout, culprit=args.culprit,
-                  odd_numel=args.odd_numel, fail_step=args.fail_step)
+                  odd_numel=args.odd_numel, fail_step=args.fail_step, fail_attempts=args.fail_attempts)
         except RuntimeError:  # a collective's error or timeout: dump, then die of it as before
             if args.dump_on_error:
                 dump_flight_recorder(int(os.environ.get("RANK", "0")))

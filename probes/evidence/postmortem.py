@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import socket
+from dataclasses import replace
 import time
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -21,13 +22,14 @@ from ..judge.phases import classify
 from ..observed import SILENT, UNTOLD, ObservedJob, ObservedRank
 from ..read.logs import crashlog, library_words, ranklog
 from ..read.collectives import flightrec
+from ..read.logs.attempts import attempt_ends, log_dir_of
 from ..read.logs.leftovers import Leftovers, RankLeft, read_leftovers
 from ..read.processes.exits import job_frame
 from ..read.stacks.source_lines import source_line
 from ..read.collectives.sources.watchdog import parse_watchdog, watchdog_state
 from ..read.stacks.stack_text import faulthandler_threads, traceback_thread, without_hook_frames
 from ..redact import scrub
-from ..snapshot import CollectiveState, ExitInfo, Job, LibraryError, Snapshot, ThreadStack
+from ..snapshot import AttemptEnd, CollectiveState, ExitInfo, Job, LibraryError, Snapshot, ThreadStack
 from ..source import OneNodeSource
 from .bundle_rank import RankEvidence
 from .summary import render
@@ -98,11 +100,33 @@ def observed_job(left: Leftovers) -> tuple[ObservedJob, dict[int, tuple[str, str
         rank = _rank(found, threads, by_rank.get(number), host, _ended_badly(left))
         ranks.append(dataclasses.replace(rank, log_tail=logs.shown_tail(rank.log_path, number, None)))
     run = left.run or {}
+    ends = _attempts(left)
     job = Job(launcher=_launcher(left), pid=int(run.get("pid") or left.launcher_pid or 0), host=host,
               world_size=left.world_size or (max(numbers) + 1 if numbers else None),
               started_at=run.get("started_at"), cmdline=tuple(scrub(a) for a in run.get("command") or ()),
-              run_dir=next((p for p, what in left.used if what == "trainwatch run directory"), None))
+              run_dir=next((p for p, what in left.used if what == "trainwatch run directory"), None),
+              attempt=len(ends) - 1 if len(ends) > 1 else None,
+              attempt_started_at=ends[-1].started_at if len(ends) > 1 else None,
+              attempts=ends if len(ends) > 1 else ())
     return ObservedJob(job, tuple(ranks), collectives=_collectives(left), watchdog=_watchdog(left)), stacks
+
+
+def _attempts(left: Leftovers) -> tuple[AttemptEnd, ...]:
+    """A restarted job's attempts, from the launcher's log that holds the most of them (the last
+    one ended the job: the ranks' own files tell it; the ones before are its history)."""
+    found: tuple[AttemptEnd, ...] = ()
+    for path, text in left.logs.items():
+        ends = attempt_ends(text.splitlines(), log_dir=log_dir_of(path) or _run_folder(path))
+        if len(ends) > len(found):
+            found = ends
+    return tuple(replace(e, exit=replace(e.exit, message=scrub(e.exit.message) if e.exit.message else None))
+                 for e in found)
+
+
+def _run_folder(path: str) -> str | None:
+    """A launcher's log lying in a ``--log-dir`` run folder (``<dir>/<run id>/``) beside its attempts."""
+    folder = Path(path).parent
+    return str(folder) if (folder / "attempt_0").is_dir() else None
 
 
 def ended_at(left: Leftovers) -> float | None:

@@ -141,6 +141,10 @@ class Watcher:
         self._last_kind: str | None = None
         self._problems: list[str] = []  # problem verdicts seen, for job_ended
         self._told: set[int] = set()  # pids whose crash was emitted
+        # A restarted job: the first crash alerted, and the ends of later attempts alerted since (a
+        # crash loop, once; a new failure, once each).
+        self._alerted: CrashRecord | None = None
+        self._ends_alerted: set[tuple] = set()
         self.early: dict[int, tuple[ThreadStack, ...]] = {}  # pid -> stacks read at the first death
         self._early_read = False
         self._early_lock = threading.Lock()
@@ -241,7 +245,9 @@ class Watcher:
         if record.saved_to:
             self._say(WatchEvent("note", f"crash record {record.saved_to}"))
         if self._crash_bundled:
+            self._on_later_attempt(record)
             return
+        self._alerted = record
         # The alert names the rank whose death came first in cause: a death that is a cause (a
         # fatal signal, a kill from outside, an error of its own) raises it at once; a death that
         # follows from another's (a lost peer, the launcher's teardown) waits a moment for that one,
@@ -259,6 +265,22 @@ class Watcher:
         self._crash_bundled = True
         base = self.last or _bare_snapshot(self.pid)
         self._alert_crash(with_crashes(base, self.catcher.records, self.early, self._last_words(base)))
+
+    def _on_later_attempt(self, record: CrashRecord) -> None:
+        """A death in an attempt the launcher started after the one alerted: the same end again is
+        a crash loop, alerted once; another end is a new failure, alerted too (once each)."""
+        first = self._alerted
+        if first is None or record.attempt is None or first.attempt is None or record.attempt <= first.attempt:
+            return
+        if not _is_cause(record.exit):
+            return  # a peer that lost the failed rank, or the teardown: the failure's own record says it
+        key = _end_key(record)
+        if key in self._ends_alerted:
+            return
+        self._ends_alerted.add(key)
+        records = [r for r in self.catcher.records if r.attempt == record.attempt]
+        base = self.last or _bare_snapshot(self.pid)
+        self._alert_crash(with_crashes(base, records, None, self._last_words(base)))
 
     def _last_words(self, base: Snapshot) -> CollectiveState | None:
         """An armed job's collectives as its ranks left them in their last words, at the crash."""
@@ -303,7 +325,14 @@ class Watcher:
             self._raise_crash_alert()
         how = ("status unknown" if status is None else
                f"launcher exited {exits.how(ExitInfo(code=status[0], signal=status[1]))}")
-        failed = [exits.death(r.rank, r.pid, r.exit) for r in self.catcher.records]
+        records = self.catcher.records
+        attempts = sorted({r.attempt for r in records if r.attempt is not None})
+        if len(attempts) > 1:  # a restarted job: the deaths of its last attempt, and how many there were
+            last = [r for r in records if r.attempt == attempts[-1]]
+            first = exits.first_to_die((r.pid, r.exit) for r in last)
+            records = sorted(last, key=lambda r: r.pid != first)
+            how += f" after attempt {attempts[-1]} (restarted {attempts[-1]} times; the deaths of the last attempt)"
+        failed = [exits.death(r.rank, r.pid, r.exit) for r in records]
         text = f"job ended (pid {self.pid}): {how}"
         if failed:
             text += "; " + "; ".join(failed[:8]) + (f"; and {len(failed) - 8} more" if len(failed) > 8 else "")
@@ -362,6 +391,12 @@ def _bare_snapshot(pid: int) -> Snapshot:
 
 def _stamp() -> str:
     return time.strftime("%H:%M:%S")
+
+
+def _end_key(record: CrashRecord) -> tuple:
+    """What makes two attempts' ends the same: the rank, and how and where it ended."""
+    info = record.exit
+    return record.rank, info.signal, info.reason or info.code, info.frame
 
 
 def _is_cause(info: ExitInfo) -> bool:

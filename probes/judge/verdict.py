@@ -11,6 +11,7 @@ from .exits import raised_while_alive
 from .gpuwait import judge_gpu_wait, span
 from .groups import group_key
 from .kernel import from_kernel
+from .restarts import with_restarts
 from .steps import step_note
 from ..observed import UNTOLD
 from ..snapshot import PROBLEM_VERDICTS, UNJUDGED_VERDICTS, CollectiveState, Job, Phase, Rank, Verdict, VerdictKind, age_text, who
@@ -98,7 +99,8 @@ def judge(ranks: Sequence[Rank], job: Job | None = None,
                or _from_ras(ranks, collectives, familiar, now) or _from_stacks(ranks, collectives, familiar, now))
     # Which ranks are at another step; not said of a healthy job (ranks read a few ms apart straddle steps).
     note = step_note(ranks) if verdict.kind in PROBLEM_VERDICTS else None
-    return replace(verdict, summary=f"{verdict.summary}; {note}") if note else verdict
+    verdict = replace(verdict, summary=f"{verdict.summary}; {note}") if note else verdict
+    return with_restarts(verdict, ranks, job, now)  # a restarted job's earlier attempts are its history
 
 
 def _crashed(ranks: Sequence[Rank], collectives: CollectiveState | None = None) -> Verdict | None:

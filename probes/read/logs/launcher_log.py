@@ -55,7 +55,7 @@ def failures(text: str) -> dict[int, LauncherFailure]:
     for match in _FAILED.finditer(text):
         code, local, pid = int(match.group(1)), int(match.group(2)), int(match.group(3))
         line = text[text.rfind("\n", 0, match.start()) + 1:match.start()]
-        found[pid] = LauncherFailure(pid, local, None, *_code_or_signal(code), at=_stamped(line), root_cause=True)
+        found[pid] = LauncherFailure(pid, local, None, *code_or_signal(code), at=stamped(line), root_cause=True)
     root = False
     block: dict[str, object] = {}
     for line in text.splitlines():
@@ -71,7 +71,7 @@ def failures(text: str) -> dict[int, LauncherFailure]:
             block["rank"], block["local"] = int(m.group(1)), int(m.group(2))
         elif m := _EXITCODE.match(line):
             pid = int(m.group(2))
-            code, sig = _code_or_signal(int(m.group(1)))
+            code, sig = code_or_signal(int(m.group(1)))
             earlier = found.get(pid)
             found[pid] = LauncherFailure(pid, block.get("local"), block.get("rank"), code, sig,  # type: ignore[arg-type]
                                          (earlier.at if earlier else None) or block.get("at"),  # type: ignore[arg-type]
@@ -79,7 +79,7 @@ def failures(text: str) -> dict[int, LauncherFailure]:
     return found
 
 
-def _code_or_signal(code: int) -> tuple[int | None, str | None]:
+def code_or_signal(code: int) -> tuple[int | None, str | None]:
     if code >= 0:
         return code, None
     try:
@@ -88,7 +88,7 @@ def _code_or_signal(code: int) -> tuple[int | None, str | None]:
         return None, f"signal {-code}"
 
 
-def _stamped(line: str, now: float | None = None) -> float | None:
+def stamped(line: str, now: float | None = None) -> float | None:
     """The unix time of a torch logging stamp at the start of ``line`` (local time, this year, or
     last year where this year's would lie more than a day ahead); None without one."""
     found = _STAMP.match(line)

@@ -52,6 +52,7 @@ class CrashRecord(Record):
     error_file: str | None = None  # our copy of the torchelastic error file
     saved_to: str | None = None
     log_path: str | None = None  # the log its reason was read from
+    attempt: int | None = None  # a restarted job's attempt it belonged to (its TORCHELASTIC_RESTART_COUNT)
 
 
 # -- recording an exit --------------------------------------------------------------------------
@@ -96,7 +97,7 @@ def read_exit(proc: RankProcess, status: tuple[int | None, str | None] | None, *
         sig = kernel[0]
     at = min(_number((exit_rec or {}).get("at")) or _mtime_if(fault, run_dir, proc.rank) or now, now)
     if code == 0 and sig is None:
-        return CrashRecord(proc.rank, proc.pid, ExitInfo(code=0, at=at))
+        return CrashRecord(proc.rank, proc.pid, ExitInfo(code=0, at=at))  # not a crash: no attempt needed
     path = log_path_of(proc, run_dir, launcher_log)
     if run_dir is not None:
         time.sleep(0.05)  # let the armed run's tee helper write the rank's last words
@@ -119,8 +120,10 @@ def read_exit(proc: RankProcess, status: tuple[int | None, str | None] | None, *
     info = ExitInfo(code=code, signal=sig, at=at, reason=chosen[0], frame=frame,
                     message=clean(chosen[1]) if chosen[1] else None, library=_cleaned(library, clean))
     tail = logs.tail(path, proc.rank, proc.local_rank, 60) if logs and abnormal(info) else None
+    restarts = proc.env.get("TORCHELASTIC_RESTART_COUNT", "")
     return CrashRecord(proc.rank, proc.pid, info, exception=exception, fault_trace=fault.text if fault else None,
-                       log_tail="\n".join(tail or ()), log_path=path)
+                       log_tail="\n".join(tail or ()), log_path=path,
+                       attempt=int(restarts) if restarts.isdigit() else None)
 
 
 def _library_error(proc: RankProcess, path: str | None, logs: RankLogs | None, sig: str | None,
