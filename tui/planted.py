@@ -275,7 +275,7 @@ def train(scenario: str, step_s: float, stop_at: float, ddp: bool = False, timeo
             time.sleep(step_s)
         if scenario == "slowstep" and rank == 0:
             time.sleep(1.0)  # slow but healthy: the others spend most of each step in all_reduce
-        if scenario == "straggler" and rank == culprit and step == 3:
+        if scenario == "straggler" and rank == culprit and step == fail_step:
             time.sleep(3600)  # stuck in its own work while the others wait
         if scenario == "lock" and rank == culprit and step == 3:
             take_lock_in_thread(lock)
@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=None, help="the collective timeout, seconds (gloo)")
     parser.add_argument("--culprit", type=int, default=None, help="the rank the fault strikes (default: the last)")
     parser.add_argument("--fail-step", type=int, default=FAIL_STEP,
-                        help="the step at which killcompute, killwait, gathersize and raiseat strike")
+                        help="the step at which straggler, killcompute, killwait, gathersize and raiseat strike")
     parser.add_argument("--fail-attempts", type=int, default=1 << 30,
                         help="raiseat: fail only in the first N attempts of a restarted job (then run on)")
     parser.add_argument("--odd-numel", type=int, default=5,

@@ -12,7 +12,7 @@ from ..observed import SIGNAL_REASONS, UNTOLD, abnormal
 from ..snapshot import ExitInfo, Rank
 from ..wording import how_ended
 
-__all__ = ["CONSEQUENCES", "OOM_KILLED", "SAME_MOMENT_S", "TEARDOWN_SIGNALS", "VANISHED", "abnormal", "death",
+__all__ = ["CONSEQUENCES", "WAITED", "OOM_KILLED", "SAME_MOMENT_S", "TEARDOWN_SIGNALS", "VANISHED", "abnormal", "death",
            "describe_exit", "first_to_die", "headline", "how", "how_they_ended", "is_cause", "raised_while_alive"]
 
 TEARDOWN_SIGNALS = frozenset({"SIGTERM", "SIGKILL", "SIGINT", "SIGHUP"})
@@ -22,6 +22,8 @@ SAME_MOMENT_S = 1.0
 ESCALATION_S = 3.0
 # Reasons that follow from another rank's death rather than cause one.
 CONSEQUENCES = frozenset({"a peer rank closed its connection", "collective timeout", "NCCL watchdog timeout"})
+# A rank that ended of one of these was waiting in a collective when it did.
+WAITED = frozenset({"collective timeout", "NCCL watchdog timeout"})
 OOM_KILLED = "killed by the kernel OOM killer"  # a SIGKILL that is a cause, not the launcher's teardown
 VANISHED = "vanished"  # gone between two looks with no exit status anywhere: a death not witnessed
 HEADLINE_CHARS = 160

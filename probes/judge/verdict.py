@@ -63,6 +63,10 @@ def each_at(ranks: Sequence[Rank], stuck: bool = False) -> str:
     for group in by_place(ranks):
         lead = group[0]
         where = "missing" if lead.state == "missing" else f"{'stuck ' if stuck else ''}in {place(lead)}"
+        if lead.exit is not None and lead.phase == "unknown" and not lead.where:  # dead, its last place unknown
+            parts.append(f"{who(_numbers(group))} left no record of where {verb(group, 'it', 'they')} "
+                         f"{verb(group, 'was', 'were')} ({exits.how(lead.exit)})")
+            continue
         parts.append(f"{who(_numbers(group))} {verb(group, 'is', 'are')} {where}")
     return "; ".join(parts)
 
@@ -184,6 +188,12 @@ def _as_left(rank: Rank, collectives: CollectiveState | None, now: float | None)
             waited = now - row.pending_since if now is not None and row.pending_since is not None else None
             return replace(rank, state="stuck", phase="collective", op=row.pending_op,
                            stuck_for_s=round(waited, 1) if waited is not None and waited >= 0 else None)
+        # Its own end says it waited in a collective (its timeout): its last one, though gloo retires
+        # a collective that timed out as if it had completed.
+        rows = [r for r in collectives.ranks if r.rank == rank.rank and r.last_enqueued is not None]
+        if rows and rank.exit is not None and rank.exit.reason in exits.WAITED:
+            row = max(rows, key=lambda r: r.last_enqueued or 0)
+            return replace(rank, state="stuck", phase="collective", op=row.op)
     return replace(rank, state="stuck")
 
 

@@ -298,8 +298,8 @@ def _read_log(path: Path, found: Leftovers) -> None:
     if launcher and found.launcher_pid is None:
         found.launcher_pid = int(launcher.group(1))
     own = _own_rank(path)
-    if own is not None:
-        _add_lines(found.rank(own), path, lines, own=True)
+    if own is not None:  # its own file: every line is its, torch's [rankN]: prefix or not
+        _add_lines(found.rank(own), path, [ranklog.split_prefix(line)[2] for line in lines], own=True)
         found.used.append((str(path), f"rank {own}'s own log"))
         return
     ranks = sorted({r for r in (ranklog.split_prefix(line)[0] for line in lines) if r is not None})
@@ -400,8 +400,12 @@ def _span(trace: dict) -> tuple[float, float] | None:
 
 
 def _check_one_job(found: Leftovers) -> None:
-    """Refuse dumps from two jobs: one job's ranks were busy at the same time (their dumps' spans
-    overlap); two jobs' dumps fall into spans apart from each other, or into different world sizes."""
+    """Refuse files from two runs, naming each run's files. One run's ranks were busy at the same
+    time (their dumps' spans overlap), started their first collective together, and were a few
+    collectives apart at any moment; two runs' dumps fall into spans apart from each other, or
+    began their collectives apart, or were far apart in their numbering at the same moment, or
+    have different world sizes; two torchrun ``--log-dir`` run folders are two runs."""
+    _check_run_folders(found)
     dumps = [d for left in found.ranks.values() for d in left.dumps]
     spans = sorted(((s, d) for d in dumps if (s := _span(d.trace))), key=lambda item: item[0][0])
     clusters: list[list[LeftDump]] = []
@@ -412,10 +416,13 @@ def _check_one_job(found: Leftovers) -> None:
             end = stop
         clusters[-1].append(dump)
         end = max(end, stop)
+    why = ""
+    if len(clusters) == 1:
+        clusters, why = _runs(clusters[0])
     if len(clusters) > 1:
         parts = "; ".join(f"{_when(c)}: {', '.join(sorted({Path(d.path).name for d in c})[:6])}" for c in clusters)
-        raise BadLeftovers(f"these Flight Recorder dumps come from {len(clusters)} different runs ({parts})",
-                           "give the dumps of one run only (one folder per run)")
+        raise BadLeftovers(f"these Flight Recorder dumps come from {len(clusters)} different runs ({parts})"
+                           + (f": {why}" if why else ""), "give the dumps of one run only (one folder per run)")
     sizes = {}
     for dump in dumps:
         size = _default_group_size(dump.trace)
@@ -425,6 +432,92 @@ def _check_one_job(found: Leftovers) -> None:
         parts = "; ".join(f"world size {size}: {', '.join(sorted(set(names))[:6])}" for size, names in sorted(sizes.items()))
         raise BadLeftovers(f"these Flight Recorder dumps come from jobs of different sizes ({parts})",
                            "give the dumps of one job only")
+
+
+RUN_START_SKEW_S = 30.0  # one run's ranks begin their first collective together (init_process_group waits for all)
+RUN_AHEAD = 64  # collectives one rank can be ahead of another at one moment (async work in flight, DDP's buckets)
+
+
+def _runs(dumps: list[LeftDump]) -> tuple[list[list[LeftDump]], str]:
+    """Dumps whose spans overlap, split into runs by what identifies a run: when each began its
+    first collective (#1 of the default group, where the dump still holds it), and where each was
+    in its numbering at the same moment. Returns the runs and why they were told apart."""
+    runs: list[list[LeftDump]] = []
+    why = ""
+    for dump in sorted(dumps, key=lambda d: _first_collective(d.trace) or 0.0):
+        for run in runs:
+            reason = _apart(run[0], dump)
+            if reason is None:
+                run.append(dump)
+                break
+            why = why or reason
+        else:
+            runs.append([dump])
+    return runs, why if len(runs) > 1 else ""
+
+
+def _apart(a: LeftDump, b: LeftDump) -> str | None:
+    """Why two dumps cannot be one run's, or None."""
+    first_a, first_b = _first_collective(a.trace), _first_collective(b.trace)
+    if first_a is not None and first_b is not None and abs(first_a - first_b) > RUN_START_SKEW_S:
+        return (f"{Path(a.path).name} began its first collective at {_clock(first_a)}, {Path(b.path).name} at "
+                f"{_clock(first_b)} (one run's ranks begin together)")
+    seq_a, seq_b = _numbering(a.trace), _numbering(b.trace)
+    for at, seq in seq_a:
+        other = [s for t, s in seq_b if t <= at]
+        if not other or at > seq_b[-1][0]:
+            continue
+        if abs(seq - other[-1]) > RUN_AHEAD:
+            return (f"at {_clock(at)} {Path(a.path).name} had enqueued collective #{seq} and {Path(b.path).name} "
+                    f"#{other[-1]} (one run's ranks are a few collectives apart)")
+    return None
+
+
+def _first_collective(trace: dict) -> float | None:
+    """When the default group's collective #1 was enqueued (unix s), where the dump holds it."""
+    for entry in trace.get("entries") or []:
+        if isinstance(entry, dict) and entry.get("collective_seq_id") == 1 and str(entry.get("pg_id", 0)) == "0":
+            stamp = entry.get("time_created_ns")
+            if isinstance(stamp, int) and stamp > 1e18:
+                return stamp / 1e9
+    return None
+
+
+def _numbering(trace: dict) -> list[tuple[float, int]]:
+    """(when enqueued, collective #) of the default group's collectives, in time order."""
+    found = []
+    for entry in trace.get("entries") or []:
+        if not isinstance(entry, dict) or entry.get("is_p2p") or str(entry.get("pg_id", 0)) != "0":
+            continue
+        stamp, seq = entry.get("time_created_ns"), entry.get("collective_seq_id")
+        if isinstance(stamp, int) and stamp > 1e18 and isinstance(seq, int) and seq > 0:
+            found.append((stamp / 1e9, seq))
+    return sorted(found)
+
+
+def _check_run_folders(found: Leftovers) -> None:
+    """torchrun ``--log-dir`` keeps each run in a folder named for its run id: two are two runs."""
+    runs: dict[str, list[str]] = {}
+    for path, what in found.used:
+        folder = _run_folder(Path(path))
+        if folder is not None:
+            runs.setdefault(str(folder), []).append(Path(path).name)
+    if len(runs) > 1:
+        parts = "; ".join(f"{folder}: {', '.join(sorted(set(names))[:4])}" for folder, names in sorted(runs.items()))
+        raise BadLeftovers(f"these logs come from {len(runs)} different torchrun runs ({parts})",
+                           "give the files of one run only (one run id's folder)")
+
+
+def _run_folder(path: Path) -> Path | None:
+    """``<dir>/<run id>`` of a file in ``<dir>/<run id>/attempt_N/<local rank>/``."""
+    for parent in path.parents:
+        if parent.name.startswith("attempt_") and parent.name[8:].isdigit():
+            return parent.parent
+    return None
+
+
+def _clock(at: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(at))
 
 
 def _when(dumps: list[LeftDump]) -> str:
