@@ -82,3 +82,17 @@ def test_a_launcher_starting_the_next_attempt_is_no_rendezvous_to_wait_for():
 def test_no_restarts_no_change():
     verdict = Verdict("healthy", (), "3 ranks making progress")
     assert with_restarts(verdict, running(), Job("torchrun", 1, "h"), 1.0) is verdict
+
+
+def test_a_merged_view_joins_each_nodes_launcher_records_in_time_order():
+    """torchrun's agent on each node logs its own ranks' failures: node 0's rank failed attempt 0,
+    node 1's attempt 1; the merged job holds both, numbered back from the attempt running now."""
+    from dataclasses import replace as _replace
+
+    from trainwatch.probes.remote.merge import _attempts
+    node0 = Job("torchrun", 1, "n0", attempt=2, attempt_started_at=131.0, attempts=(raised(0, 100.0, rank=1),))
+    node1 = Job("torchrun", 2, "n1", attempt=2, attempt_started_at=131.5,
+                attempts=(_replace(killed(0, 125.0, rank=3)),))
+    merged = _attempts([node0, node1])
+    assert merged["attempt"] == 2 and merged["attempt_started_at"] == 131.0
+    assert [(e.attempt, e.rank) for e in merged["attempts"]] == [(0, 1), (1, 3)]
