@@ -39,6 +39,8 @@ def with_restarts(verdict: Verdict, ranks: Sequence[Rank], job: Job | None, now:
             return replace(verdict, summary=f"a crash loop: {verdict.summary}; the same end as {each} before it "
                                             f"({_restarted(ended)})")
         return replace(verdict, summary=f"{verdict.summary}; before it: {history}")
+    if ranks and all(r.state == "exited" for r in ranks):  # the attempt running now is over, and well
+        return replace(verdict, summary=f"{verdict.summary}; {history}")
     age = _age(job, ended[-1], now)
     longest = max((d for e in ended if (d := _lasted(e)) is not None), default=None)
     if age is not None and longest is not None and age > OUTLIVED * longest:

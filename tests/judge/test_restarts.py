@@ -96,3 +96,11 @@ def test_a_merged_view_joins_each_nodes_launcher_records_in_time_order():
     merged = _attempts([node0, node1])
     assert merged["attempt"] == 2 and merged["attempt_started_at"] == 131.0
     assert [(e.attempt, e.rank) for e in merged["attempts"]] == [(0, 1), (1, 3)]
+
+
+def test_an_attempt_that_finished_well_is_a_finished_job_with_its_history():
+    job = Job("torchrun", 1, "h", attempt=1, attempts=(raised(0, 100.0),))
+    done = [Rank(rank=r, pid=100 + r, state="exited", exit=ExitInfo(code=0, at=104.0)) for r in range(3)]
+    verdict = judge(done, job, now=105.0)
+    assert verdict.kind == "healthy" and verdict.summary.startswith("job finished: all 3 ranks exited normally; "
+                                                                     "restarted once; attempt 0 ended when rank 2")
