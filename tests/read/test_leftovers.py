@@ -139,3 +139,27 @@ def test_one_runs_ranks_a_step_apart_are_one_run(tmp_path):
     write_dumps(tmp_path, {0: trace(start, 600, 0.03), 1: trace(start + 0.02, 599, 0.03), 2: trace(start, 600, 0.03)})
     found = read_leftovers([tmp_path])
     assert sorted(found.ranks) == [0, 1, 2]
+
+
+def test_a_restarted_runs_attempts_are_read_in_order(tmp_path):
+    """attempt_10 after attempt_9 after attempt_1: the rank's latest words are its last attempt's."""
+    for attempt in (1, 9, 10):
+        folder = tmp_path / "run-id" / f"attempt_{attempt}" / "2"
+        folder.mkdir(parents=True)
+        (folder / "stderr.log").write_text(f"[rank2]: Traceback (most recent call last):\n[rank2]:   File "
+                                           f"\"/job/t.py\", line 3, in f\n[rank2]: ValueError: attempt {attempt}\n")
+    from trainwatch.probes.read.logs.ranklog import reason_of
+    found = read_leftovers([tmp_path])
+    assert reason_of(found.ranks[2].lines).message == "ValueError: attempt 10"
+
+
+def test_two_launchers_giving_one_rank_two_processes_are_two_runs(tmp_path):
+    text = (DEAD / "job.log").read_text()
+    (tmp_path / "job.log").write_text(text)
+    pids = sorted(set(__import__("re").findall(r"\(pid: (\d+)\)", text)))
+    for pid in pids:
+        text = text.replace(pid, str(int(pid) + 1000))
+    (tmp_path / "job-requeued.log").write_text(text)
+    with pytest.raises(BadLeftovers) as refused:
+        read_leftovers([tmp_path])
+    assert "2 different runs" in str(refused.value) and "job-requeued.log" in str(refused.value)

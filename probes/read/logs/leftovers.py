@@ -123,6 +123,7 @@ def read_leftovers(paths: list[Path], max_entries: int = MAX_ENTRIES) -> Leftove
         if not path.exists():
             raise BadLeftovers(f"no such file or folder: {path}")
         files += _walk(path, found, max_entries)
+    files.sort(key=_reading_order)  # attempt_2 after attempt_1 after attempt_0: a rank's latest words last
     run_dirs = sorted({f.parent for f in files if f.name == "run.json" and (f.parent / "ranks").is_dir()})
     inside_run = set()
     for run_dir in run_dirs:
@@ -178,6 +179,11 @@ def _walk(root: Path, found: Leftovers, max_entries: int) -> list[Path]:
             except OSError as exc:
                 found.notes.append(f"{entry.path}: not readable ({exc.strerror or exc})")
     return out
+
+
+def _reading_order(path: Path) -> tuple:
+    """The path with its numbers compared as numbers (``attempt_10`` after ``attempt_9``)."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(path)))
 
 
 def _head(path: Path) -> bytes | None:
@@ -406,6 +412,7 @@ def _check_one_job(found: Leftovers) -> None:
     began their collectives apart, or were far apart in their numbering at the same moment, or
     have different world sizes; two torchrun ``--log-dir`` run folders are two runs."""
     _check_run_folders(found)
+    _check_launcher_pids(found)
     dumps = [d for left in found.ranks.values() for d in left.dumps]
     spans = sorted(((s, d) for d in dumps if (s := _span(d.trace))), key=lambda item: item[0][0])
     clusters: list[list[LeftDump]] = []
@@ -506,6 +513,23 @@ def _check_run_folders(found: Leftovers) -> None:
         parts = "; ".join(f"{folder}: {', '.join(sorted(set(names))[:4])}" for folder, names in sorted(runs.items()))
         raise BadLeftovers(f"these logs come from {len(runs)} different torchrun runs ({parts})",
                            "give the files of one run only (one run id's folder)")
+
+
+def _check_launcher_pids(found: Leftovers) -> None:
+    """Two launchers' failure summaries that give one rank two PIDs are two runs (a SLURM requeue,
+    a job run again into the same folder): one launcher's log, restarts and all, is one job."""
+    pids: dict[int, dict[int, str]] = {}  # rank -> PID -> the log that says so
+    for path, text in found.logs.items():
+        for failure in launcher_log.failures(text).values():
+            if failure.rank is not None:
+                pids.setdefault(failure.rank, {}).setdefault(failure.pid, path)
+    for rank, by_pid in sorted(pids.items()):
+        files = sorted(set(by_pid.values()))
+        if len(by_pid) > 1 and len(files) > 1:
+            named = "; ".join(f"{Path(path).name}: pid {pid}" for pid, path in sorted(by_pid.items()))
+            raise BadLeftovers(f"these logs come from {len(files)} different runs: their launchers' summaries give "
+                               f"rank {rank} different processes ({named})",
+                               "give the files of one run only")
 
 
 def _run_folder(path: Path) -> Path | None:
