@@ -119,7 +119,8 @@ def _from_records(ranks: Sequence[Rank], witness: Rank, said: LibraryError,
         return None
     # Every other rank holds the same call where the witness has none: the witness's call is the odd one.
     numbers = {r.rank for r in ranks if r.rank is not None}
-    rows = [row for row in collectives.ranks if row.rank != witness.rank]
+    pg = "0" if any(row.pg == "0" for row in collectives.ranks) else min((r.pg for r in collectives.ranks), default="0")
+    rows = [row for row in collectives.ranks if row.rank != witness.rank and row.pg == pg]
     last = {row.rank: row.calls[-1] for row in rows if row.calls}
     if not last or set(last) != numbers - {witness.rank}:
         return None
@@ -127,7 +128,7 @@ def _from_records(ranks: Sequence[Rank], witness: Rank, said: LibraryError,
     if len(kinds) != 1:
         return None
     seq, op, sizes, _ = next(iter(kinds))
-    own = [row for row in collectives.ranks if row.rank == witness.rank
+    own = [row for row in collectives.ranks if row.rank == witness.rank and row.pg == pg
            and any(c.seq == seq and c.op == op and c.sizes == sizes for c in row.calls)]
     if own:
         return None

@@ -114,7 +114,12 @@ def read_exit(proc: RankProcess, status: tuple[int | None, str | None] | None, *
     ]
     library = _library_error(proc, path, logs, sig, exception, error_text)
     if library is not None:  # a library's words on a collective: named even where the log's own lines are not
-        candidates.append((crashlog.classify(library.words), library.words, None))
+        said = (crashlog.classify(library.words), library.words, None)
+        # A mismatch the library saw says more than the abort it caused ("aborted", from the fault trace).
+        if library.mismatch:
+            candidates.insert(0, said)
+        else:
+            candidates.append(said)
     chosen = next((c for c in candidates if c and c[0]), (None, None, None))
     frame = job_frame((exit_rec or {}).get("frame")) or next((c[2] for c in candidates if c and c[2]), None)
     info = ExitInfo(code=code, signal=sig, at=at, reason=chosen[0], frame=frame,
