@@ -23,7 +23,7 @@ from .read.processes import exit_events, procfs
 from .read.collectives.collective_feed import CollectiveFeed
 from .read.processes.exits import ExitLedger
 from .read.gpus.gpu import GpuProbe
-from .read.logs.attempts import AttemptLog, log_dir_of
+from .read.logs.attempts import AttemptLog, log_dir_of, max_restarts
 from .read.processes.discover import expected_local_ranks
 from .read.processes.job_watch import JobWatch
 from .read.processes.process import JobProcesses, job_record
@@ -198,7 +198,7 @@ class LocalSource(OneNodeSource):
         ends = self._attempt_log.ends(self._launcher_log, expected_local_ranks(job), job.started_at, log_dir)
         if counts:
             self._attempt = max(counts), min((p.create_time for p in job.ranks if p.create_time), default=None)
-        elif ends:  # between attempts: the launcher starts the next one
+        elif ends and len(ends) <= max_restarts(job.cmdline):  # between attempts: the launcher starts the next
             self._attempt = (max(len(ends), self._attempt[0] if self._attempt else 0), None)
         if self._attempt is None or (not self._attempt[0] and not ends):
             return record

@@ -82,6 +82,16 @@ def _said_in_dir(log_dir: str | None, attempt: int, local: int) -> tuple[str, st
     return None
 
 
+def max_restarts(cmdline: Sequence[str]) -> int:
+    """torchrun's ``--max-restarts`` (0, its default, when not given as a number)."""
+    for i, arg in enumerate(cmdline):
+        key, _, value = arg.partition("=")
+        if key in ("--max-restarts", "--max_restarts"):
+            value = value or (cmdline[i + 1] if i + 1 < len(cmdline) else "")
+            return int(value) if value.isdigit() else 0
+    return 0
+
+
 def log_dir_of(rank_log: str | None) -> str | None:
     """The ``--log-dir`` run folder a rank's own log lies in (``<dir>/<run id>/attempt_N/<local>/stdout.log``)."""
     found = _ATTEMPT_DIR.match(rank_log or "")
