@@ -271,7 +271,9 @@ def train(scenario: str, step_s: float, stop_at: float, ddp: bool = False, timeo
             loss = device_step(model, batch, step_s).wait()
         else:
             loss = compute_step(model, batch)
-        if step_s and scenario != "longstep":
+        if step_s and scenario == "raiseat":
+            busy(step_s)  # a step of work on the CPU: each attempt reads as running until it fails
+        elif step_s and scenario != "longstep":
             time.sleep(step_s)
         if scenario == "slowstep" and rank == 0:
             time.sleep(1.0)  # slow but healthy: the others spend most of each step in all_reduce

@@ -11,7 +11,8 @@ With the attempts' ends (``Job.attempts``, read from the launcher's log by ``rea
   the last attempt, every end named);
 * a crash in the attempt running now says whether it is the same end again;
 * an attempt that outlived the ones before it runs on: its own verdict, the restarts said after it;
-* a problem verdict of the attempt running now (a hang) stands, the restarts said after it.
+* an attempt younger than that which looks stuck is said as such, after the loop: the attempts
+  before it ran as long and ended as said.
 """
 
 from __future__ import annotations
@@ -46,10 +47,14 @@ def with_restarts(verdict: Verdict, ranks: Sequence[Rank], job: Job | None, now:
     if age is not None and longest is not None and age > OUTLIVED * longest:
         return replace(verdict, summary=f"{verdict.summary}; {history}; attempt {job.attempt} has run for "
                                         f"{age_text(age)}, longer than any before it ({age_text(longest)}): it runs on")
-    if verdict.kind not in ("healthy", "unknown", "rendezvous"):
-        return replace(verdict, summary=f"{verdict.summary}; {history}")
-    now_words = (f"the launcher is starting attempt {job.attempt}" if verdict.kind == "rendezvous" or not ranks
-                 else f"attempt {job.attempt} runs ({verdict.summary})")
+    if age is None and verdict.kind not in ("healthy", "unknown", "rendezvous"):
+        return replace(verdict, summary=f"{verdict.summary}; {history}")  # how long it has run is unknown
+    if verdict.kind == "rendezvous" or not ranks:
+        now_words = f"the launcher is starting attempt {job.attempt}"
+    elif verdict.kind in ("healthy", "unknown"):
+        now_words = f"attempt {job.attempt} runs ({verdict.summary})"
+    else:  # younger than the attempts that ended: what it looks like now is said, the loop leads
+        now_words = f"attempt {job.attempt} reads {verdict.kind} so far ({verdict.summary})"
     if age is not None and longest is not None:
         now_words += f"; {age_text(age)} in, where the attempts before it lasted up to {age_text(longest)}"
     culprits = (last.rank,) if last.rank is not None else ()

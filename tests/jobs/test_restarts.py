@@ -36,8 +36,8 @@ def crash_loop(tmp_path_factory):
         job.wait_for_log(r"scenario raiseat attempt 1", timeout=90)
         mid = snapshot(job.pid, 1.0)  # attempt 1 is ~4 s from its crash
         job.wait_for_log(r"scenario raiseat attempt 2", timeout=90)
-        time.sleep(2.0)
-        at_crash = snapshot(job.pid, 4.0)  # its window holds attempt 2's crash
+        time.sleep(1.0)
+        at_crash = snapshot(job.pid, 6.0)  # its window holds attempt 2's crash (~4 s in)
         watch.until(lambda e: e["event"] == "job_ended", 120)
         watch.finish()
     return watch.events, mid, at_crash, job

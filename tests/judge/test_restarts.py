@@ -104,3 +104,14 @@ def test_an_attempt_that_finished_well_is_a_finished_job_with_its_history():
     verdict = judge(done, job, now=105.0)
     assert verdict.kind == "healthy" and verdict.summary.startswith("job finished: all 3 ranks exited normally; "
                                                                      "restarted once; attempt 0 ended when rank 2")
+
+
+def test_an_attempt_younger_than_the_loop_that_looks_stuck_is_said_after_the_loop():
+    job = Job("torchrun", 1, "h", attempt=2, attempts=(raised(0, 100.0), raised(1, 115.0)))
+    stuck = [Rank(rank=r, pid=100 + r, state="stuck", phase="collective", op="all_reduce", where="train.py:9 step",
+                  stuck_for_s=4.0) for r in range(3)]
+    verdict = judge(stuck, job, now=120.0)
+    assert verdict.kind == "crashed" and verdict.culprits == (2,), verdict
+    assert "attempt 2 reads hang so far (all 3 ranks wait in all_reduce" in verdict.summary
+    later = judge(stuck, job, now=115.0 + 60.0)  # outlived: its own verdict stands
+    assert later.kind == "hang" and "restarted 2 times" in later.summary
