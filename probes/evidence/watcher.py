@@ -146,6 +146,7 @@ class Watcher:
         self._alerted: CrashRecord | None = None
         self._ends_alerted: set[tuple] = set()
         self.early: dict[int, tuple[ThreadStack, ...]] = {}  # pid -> stacks read at the first death
+        self.early_fr: CollectiveState | None = None  # an armed job's survivors' collectives at the first death
         self._early_read = False
         self._early_lock = threading.Lock()
 
@@ -217,9 +218,18 @@ class Watcher:
 
     def _read_them(self) -> None:
         started = time.monotonic()
-        alive = [pid for pid in self.catcher.rank_pids if procfs.state_letter(pid) not in (None, "Z", "X")]
+        pids = self.catcher.rank_pids
+        alive = [pid for pid in pids if procfs.state_letter(pid) not in (None, "Z", "X")]
+        asking = None
+        if self.catcher.run_dir is not None and alive:  # an armed job: the survivors' collectives too, at once
+            ranks = sorted({pids[pid] for pid in alive if pids.get(pid) is not None})
+            asking = threading.Thread(target=self._ask_survivors, args=(self.catcher.run_dir, ranks),
+                                      name="tw-fr-first-death", daemon=True)
+            asking.start()
         samples = sample_all([(pid, False, None, False, None) for pid in alive], timeout=EARLY_TIMEOUT_S,
                              parallel=max(1, min(len(alive), EARLY_PARALLEL)))
+        if asking is not None:
+            asking.join(EARLY_TIMEOUT_S)
         self.early = {pid: s.threads for pid, s in samples.items() if s.threads}
         took = (time.monotonic() - started) * 1000
         if not alive:
@@ -280,15 +290,20 @@ class Watcher:
         self._ends_alerted.add(key)
         records = [r for r in self.catcher.records if r.attempt == record.attempt]
         base = self.last or _bare_snapshot(self.pid)
-        self._alert_crash(with_crashes(base, records, None, self._last_words(base)))
+        self._alert_crash(with_crashes(base, records, None, self._last_words(base, at_first_death=False)))
 
-    def _last_words(self, base: Snapshot) -> CollectiveState | None:
-        """An armed job's collectives as its ranks left them in their last words, at the crash."""
+    def _ask_survivors(self, run_dir: Path, ranks: list[int]) -> None:
+        self.early_fr = last_words.survivors_state(run_dir, ranks, timeout=EARLY_TIMEOUT_S / 2)
+
+    def _last_words(self, base: Snapshot, at_first_death: bool = True) -> CollectiveState | None:
+        """An armed job's collectives as its ranks left them in their last words at the crash (the
+        freshest), else as their hooks told them at the first death (that crash's only)."""
         run_dir = self.catcher.run_dir
         if run_dir is None:
             return None
         ranks = {r.rank for r in base.ranks if r.rank is not None} | set(self.catcher.rank_numbers_known())
-        return last_words.run_dir_state(run_dir, sorted(ranks), since=base.job.started_at or 0.0)
+        said = last_words.run_dir_state(run_dir, sorted(ranks), since=base.job.started_at or 0.0)
+        return combine_states([said, self.early_fr if at_first_death else None])
 
     def _on_lingering_crash(self, snapshot: Snapshot) -> None:
         """A culprit raised and lingers (a non-daemon thread keeps it alive): no death for the

@@ -430,6 +430,9 @@ def _heard(words: _LastWords, signum: int) -> None:
     then_die = signal.getsignal(signum) is words.handlers[signum] and words.previous[signum] is signal.SIG_DFL
     _speak(words, rundir.signal_name(signum), deadline, then_die=then_die, signum=signum)
     if then_die:
+        # Another path may be writing them (an uncaught exception's, as a launcher's SIGTERM follows a
+        # peer's death): the signal waits for its Flight Recorder as it would for its own, up to the deadline.
+        _wait_for(words.done, deadline)
         _die_by(words, signum)
 
 

@@ -7,7 +7,9 @@ passes when the `crashed` alert names that rank alone, with the right cause. Als
 death to the alert, and which witness told how it ended (zombie, the kernel's exit event, the
 launcher's log, the memory cgroup). Where the scenario allows, the rank that dies rotates 0, 1, 2.
 The self-kills run under `trainwatch run`: just before a collective, while the others compute,
-while they wait in a collective; the OOM kill in a memory cgroup, armed and not.
+while they wait in a collective; the OOM kill in a memory cgroup, armed and not. And an abort that
+is not the culprit's death: an all_gather of another size under `trainwatch run`, which gloo
+answers by aborting the rank that receives it.
 
 Run: ``python tests/bench/stress_deaths.py [--rounds 20] [--only NAME ...]``.
 """
@@ -60,6 +62,20 @@ def self_kill_armed(workdir: Path, scenario: str = "sigkill", culprit: int = 2) 
     return crashed, crashed["unix_time"]  # the death's own time is not known outside; latency not measured
 
 
+def size_mismatch_armed(workdir: Path, culprit: int, odd_numel: int) -> tuple[dict, float]:
+    """Under `trainwatch run`, the culprit all_gathers another size: gloo aborts the rank that
+    receives the odd chunk (a neighbour when it is bigger, the culprit itself when smaller)."""
+    prefix = [*TRAINWATCH, "run", "--out", str(workdir / "run"), "--"]
+    args = ["--culprit", str(culprit), "--odd-numel", str(odd_numel), "--fail-step", "10"]
+    with PlantedJob(workdir / "job", "gathersize", nproc=3, deadline=60, step_s=0.3, prefix=prefix,
+                    script_args=args) as job:
+        job.wait_for_ranks(steps=0)
+        watch = Watch(job.pid, workdir)
+        crashed = watch.until(lambda e: e["event"] == "crashed", 60)
+        watch.finish()
+    return crashed, crashed["unix_time"]
+
+
 def oom(workdir: Path, culprit: int = 2, armed: bool = False) -> tuple[dict, float]:
     group = CGROUP_V1 / f"trainwatch-stress-oom-{os.getpid()}"
     group.mkdir(exist_ok=True)
@@ -104,6 +120,9 @@ SCENARIOS = {
     "oom-cgroup": (lambda w, c: oom(w, c), "OOM killer", True),
     "oom-cgroup-armed": (lambda w, c: oom(w, c, armed=True), "OOM killer", True),
     "dataloader-worker-sigkill": (lambda w, c: worker_kill(w), "killed by SIGKILL", False),
+    # the rank whose all_gather has another size, not the one gloo aborts (bigger and smaller in turn)
+    "gloo-size-mismatch-armed": (lambda w, c: size_mismatch_armed(w, c, 5 if c % 2 == 0 else 3),
+                                 "Received data size doesn't match expected size", True),
 }
 
 
