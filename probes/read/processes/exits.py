@@ -97,7 +97,7 @@ def read_exit(proc: RankProcess, status: tuple[int | None, str | None] | None, *
         sig = kernel[0]
     at = min(_number((exit_rec or {}).get("at")) or _mtime_if(fault, run_dir, proc.rank) or now, now)
     if code == 0 and sig is None:
-        return CrashRecord(proc.rank, proc.pid, ExitInfo(code=0, at=at))  # not a crash: no attempt needed
+        return CrashRecord(proc.rank, proc.pid, ExitInfo(code=0, at=at))
     path = log_path_of(proc, run_dir, launcher_log)
     if run_dir is not None:
         time.sleep(0.05)  # let the armed run's tee helper write the rank's last words
