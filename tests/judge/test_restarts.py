@@ -115,3 +115,25 @@ def test_an_attempt_younger_than_the_loop_that_looks_stuck_is_said_after_the_loo
     assert "attempt 2 reads hang so far (all 3 ranks wait in all_reduce" in verdict.summary
     later = judge(stuck, job, now=115.0 + 60.0)  # outlived: its own verdict stands
     assert later.kind == "hang" and "restarted 2 times" in later.summary
+
+
+def test_the_launchers_log_is_parsed_again_only_when_a_failure_line_comes(tmp_path):
+    from trainwatch.probes.read.logs import attempts
+    log = tmp_path / "launcher.log"
+    lines = LOG.read_text().splitlines(keepends=True)
+    cut = next(i for i, line in enumerate(lines) if "failed (exitcode" in line)
+    log.write_text("".join(lines[:cut]))
+    reader = attempts.AttemptLog()
+    assert reader.ends(str(log)) == ()
+    calls = []
+    real = attempts.attempt_ends
+    attempts.attempt_ends = lambda *a, **k: calls.append(1) or real(*a, **k)
+    try:
+        with open(log, "a") as out:
+            out.write("rank 0 step 20 loss 0.1\n")
+        assert reader.ends(str(log)) == () and not calls  # output only: not parsed again
+        with open(log, "a") as out:
+            out.write("".join(lines[cut:]))
+        assert len(reader.ends(str(log))) == 3 and calls == [1]
+    finally:
+        attempts.attempt_ends = real

@@ -98,11 +98,17 @@ def log_dir_of(rank_log: str | None) -> str | None:
     return found.group("base") if found else None
 
 
+NEEDLE = b"failed (exitcode: "
+OVERLAP = len(NEEDLE)
+
+
 class AttemptLog:
-    """A launcher's log read for its attempts, again only when the file changed."""
+    """A launcher's log read for its attempts. Each look reads only what the file gained (a job's
+    output grows it all the time) and parses the tail again only when a failure line came."""
 
     def __init__(self) -> None:
-        self._key: tuple | None = None
+        self._where: tuple[str, int] | None = None  # (path, inode) read so far
+        self._size = 0
         self._ends: tuple[AttemptEnd, ...] = ()
 
     def ends(self, path: str | None, ranks_of: Mapping[int, int] | None = None, started_at: float | None = None,
@@ -113,8 +119,19 @@ class AttemptLog:
             st = os.stat(path)
         except OSError:
             return self._ends
-        key = (path, st.st_ino, st.st_size, st.st_mtime_ns, log_dir)
-        if key != self._key:
+        where = (path, st.st_ino)
+        fresh = where != self._where or st.st_size < self._size
+        if not fresh and st.st_size == self._size:
+            return self._ends
+        start = 0 if fresh else max(0, self._size - OVERLAP, st.st_size - TAIL_BYTES)
+        try:
+            with open(path, "rb") as handle:
+                handle.seek(start)
+                gained = handle.read(min(st.st_size - start, TAIL_BYTES))
+        except OSError:
+            return self._ends
+        self._where, self._size = where, st.st_size
+        if fresh or NEEDLE in gained:
             lines = read_tail(path, 1_000_000, TAIL_BYTES) or ()
-            self._ends, self._key = attempt_ends(list(lines), ranks_of, started_at, log_dir), key
+            self._ends = attempt_ends(list(lines), ranks_of, started_at, log_dir)
         return self._ends
