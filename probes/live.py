@@ -24,11 +24,13 @@ from .read.processes import exit_events, kernel_view, procfs, stillness
 from .read.collectives.collective_feed import CollectiveFeed
 from .read.processes.exits import ExitLedger
 from .read.gpus.gpu import GpuProbe
+from .read.logs.attempts import AttemptLog, log_dir_of, max_restarts
+from .read.processes.discover import expected_local_ranks
 from .read.processes.job_watch import JobWatch
 from .read.processes.process import JobProcesses, job_record
 from .read.stacks.sampler import StackSample, sample_all
 from .sampling import Sampler, signature_digest
-from .snapshot import PROBLEM_VERDICTS, KernelState, Rank, Snapshot
+from .snapshot import PROBLEM_VERDICTS, Job, KernelState, Rank, Snapshot
 from .source import OneNodeSource
 
 if TYPE_CHECKING:
@@ -77,6 +79,9 @@ class LocalSource(OneNodeSource):
         self._looked: float | None = None  # the first window as watched, when a call cut it short
         self._polls = 0
         self._problem = False  # the last verdict was a problem: the sampler reads more then
+        self._attempt_log = AttemptLog()  # a restarted job's attempts, from its launcher's log
+        self._launcher_log: str | None = None
+        self._attempt: tuple[int, float | None] | None = None  # the attempt running now, and when it began
         self._lock = threading.Lock()
         self._host = socket.gethostname()
 
@@ -164,7 +169,7 @@ class LocalSource(OneNodeSource):
         collective = self._feed.evidence(job)
         notes += collective.notes
         missing = self._sampler.pyspy_missing
-        record = job_record(job)
+        record = self._with_attempts(job, job_record(job))
         if any(r.seen == "exited" for r in ranks):  # ranks ended: was the job stopped from outside?
             record = replace(record, stopped_by=self._evidence.exits.launcher_stop(job.launcher_pid))
         evidence = ObservedJob(record, tuple(ranks), unsampled=missing.message if missing else None,
@@ -218,6 +223,22 @@ class LocalSource(OneNodeSource):
             self._peers[key] = (now, kernel_view.with_peers(rank.pid, rank.kernel))
         found = self._peers[key][1]
         return replace(rank, kernel=replace(rank.kernel, peers=found.peers, peers_known=found.peers_known))
+
+    def _with_attempts(self, job: JobProcesses, record: Job) -> Job:
+        """A job its launcher restarted: the attempt running now, when it began, and how each
+        attempt ended, from the ranks' TORCHELASTIC_RESTART_COUNT and the launcher's log."""
+        counts = [int(c) for p in job.ranks if (c := p.env.get("TORCHELASTIC_RESTART_COUNT", "")).isdigit()]
+        if job.launcher_pid and self._launcher_log is None:
+            self._launcher_log = procfs.log_file_of(job.launcher_pid) or ""
+        log_dir = next((d for p in job.ranks if (d := log_dir_of(p.log_path))), None)
+        ends = self._attempt_log.ends(self._launcher_log, expected_local_ranks(job), job.started_at, log_dir)
+        if counts:
+            self._attempt = max(counts), min((p.create_time for p in job.ranks if p.create_time), default=None)
+        elif ends and len(ends) <= max_restarts(job.cmdline):  # between attempts: the launcher starts the next
+            self._attempt = (max(len(ends), self._attempt[0] if self._attempt else 0), None)
+        if self._attempt is None or (not self._attempt[0] and not ends):
+            return record
+        return replace(record, attempt=self._attempt[0], attempt_started_at=self._attempt[1], attempts=ends)
 
     def _with_worker(self, rank: ObservedRank, wanted: tuple[int, ...]) -> ObservedRank:
         """The busy DataLoader worker of a rank the judge asked about (read once per stack)."""

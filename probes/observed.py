@@ -29,6 +29,10 @@ SIGNAL_REASONS = {"SIGSEGV": "segmentation fault", "SIGBUS": "bus error", "SIGAB
                   "SIGFPE": "floating point exception", "SIGILL": "illegal instruction"}
 # How a dead job's rank ended, when the files it left do not say (a dump, no log line about its end).
 UNTOLD = "how it ended is not in these files"
+# An armed rank (`trainwatch run`) that left no last words, exception or fault trace: its hook hears
+# SIGTERM, SIGINT, an uncaught exception and a fatal signal, so none of them ended it. A cause.
+SILENT = ("ended leaving no word although armed: no stop signal, exception or fatal signal ended it "
+          "(a SIGKILL, its own, a person's or the OOM killer's, or os._exit)")
 FrameInts = dict[int, dict[str, int]]  # main-thread frame index (innermost = 0) -> {allowed name: value}
 
 

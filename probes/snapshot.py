@@ -77,6 +77,22 @@ class ThreadStack(Record):
 
 
 @dataclass(frozen=True, repr=False)
+class LibraryError(Record):
+    """What a collective library said as it failed a rank (``read/logs/library_words.py``): its own
+    words, and what they tell of the collective that failed. ``mismatch``: the library says the
+    ranks' calls disagree (gloo's size check, c10d's fingerprints). ``calls``: the ranks'
+    collectives the text names (c10d's fingerprints of both sides, NCCL's ``WorkNCCL(...)``), one
+    row per rank in a group of their own (their numbering is the library's, not the Flight Recorder's)."""
+
+    library: str  # gloo, c10d, NCCL
+    words: str  # the library's own words, as it wrote them
+    mismatch: bool = False
+    received_bytes: int | None = None  # gloo: a peer's data of this many bytes arrived …
+    expected_bytes: int | None = None  # … where this rank's own call expected this many
+    calls: tuple[RankCollective, ...] = ()
+
+
+@dataclass(frozen=True, repr=False)
 class ExitInfo(Record):
     """How a rank's process ended: its status or signal, and what it said on the way out."""
 
@@ -89,6 +105,7 @@ class ExitInfo(Record):
     message: str | None = None  # the fatal line from the rank's log, e.g. "torch.AcceleratorError: CUDA error: ..."
     source: str | None = None  # who told how it ended: zombie, kernel exit event, launcher log, ... (None: not said)
     last_seen: float | None = None  # unix time it was last seen alive (a death not witnessed lies after it)
+    library: LibraryError | None = None  # what a collective library said as it failed the rank
 
 
 # Syscalls on files (a path or a file descriptor): a rank stuck in one waits on its storage.
@@ -368,6 +385,9 @@ class RasState(Record):
     culprits: tuple[int, ...] = ()  # global ranks
     advancing: bool = False  # some communicator's counts advanced since the previous poll
     still_s: float | None = None  # how long the counts have not moved
+    # The finding rests on one reply (counts that differ, not yet seen unchanged): the verdict uses it
+    # only while every local rank is stuck waiting on its peers (judge/verdict.py _from_ras).
+    first_reply: bool = False
     notes: tuple[str, ...] = ()
 
 
@@ -398,6 +418,17 @@ class Rendezvous(Record):
 
 
 @dataclass(frozen=True, repr=False)
+class AttemptEnd(Record):
+    """How one attempt of a job its launcher restarted ended (torchrun ``--max-restarts``): the
+    launcher's first failure of that attempt, with what the rank said (``read/logs/attempts.py``)."""
+
+    attempt: int  # 0 for the first run, as TORCHELASTIC_RESTART_COUNT counts
+    rank: int | None
+    exit: ExitInfo  # how that rank ended: status or signal, reason, message, frame; ``at`` its end
+    started_at: float | None = None  # when the attempt began, where known (the end of the one before)
+
+
+@dataclass(frozen=True, repr=False)
 class Job(Record):
     """The job as discovered: its launcher, size, rendezvous and run directory."""
 
@@ -417,6 +448,11 @@ class Job(Record):
     # Who stopped the job from outside, where something says so: "SIGTERM to the launcher" (its log)
     stopped_by: str | None = None
     rendezvous: Rendezvous | None = None  # its store and who is connected to it, where read
+    # A launcher that restarted its ranks: the attempt running now (TORCHELASTIC_RESTART_COUNT), when
+    # it began, and how each attempt before it ended (judge/restarts.py).
+    attempt: int | None = None
+    attempt_started_at: float | None = None
+    attempts: tuple[AttemptEnd, ...] = ()
 
 
 @dataclass(frozen=True, repr=False)

@@ -145,12 +145,14 @@ class PlantedJob(OwnedTree):
     ``workdir`` under its own name with its ``_*.py`` helpers beside it, run with
     ``--deadline``; ``script_args`` are added either way (``["--ddp"]`` for a planted DDP job).
     ``launcher``: torchrun, accelerate or deepspeed (their own command lines), python (one process),
-    or lightning (`python script`: Lightning's launcher starts ranks 1..nproc-1 itself)."""
+    or lightning (`python script`: Lightning's launcher starts ranks 1..nproc-1 itself).
+    ``max_restarts``: torchrun's ``--max-restarts`` (each attempt's ranks print ``attempt N``)."""
 
     def __init__(self, workdir: Path, scenario: str | None = None, nproc: int = 3, deadline: float = 60.0,
                  step_s: float = 0.05, launcher: str = "torchrun", extra_env: dict | None = None,
                  prefix: list[str] | None = None, monitor_interval: float | None = None,
-                 script: Path | None = None, script_args: list[str] | None = None) -> None:
+                 script: Path | None = None, script_args: list[str] | None = None,
+                 max_restarts: int | None = None) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         if script is None:
@@ -170,6 +172,8 @@ class PlantedJob(OwnedTree):
             cmd = [*TORCHRUN, "--nproc-per-node", str(nproc), "--master-port", str(free_port())]
             if monitor_interval is not None:
                 cmd += ["--monitor-interval", str(monitor_interval)]
+            if max_restarts is not None:  # torchrun starts the whole group again when a rank fails
+                cmd += ["--max-restarts", str(max_restarts)]
             cmd += args
         elif launcher in LAUNCH_COMMANDS:  # the framework's own launcher, as a user types it
             cmd = [str(Path(sys.executable).with_name(LAUNCH_COMMANDS[launcher][0])),

@@ -20,8 +20,10 @@ SCENARIOS = (
     "healthy", "straggler", "mismatch", "uneven", "dataloader", "lock",
     "segfault", "assert", "slowstep", "skipstep", "raise", "linger", "longstep", "sigkill", "oom",
     "checkpoint", "async", "pipeline", "sendrecv", "subgroup", "child", "fifo", "socket", "gil",
+    "killcompute", "killwait", "gathersize", "raiseat",
 )
 STALL_STEP = 40  # skipstep: the culprit stalls when its own counter reaches this
+FAIL_STEP = 3  # the step at which the newer planted faults strike (--fail-step)
 
 
 def stop_job_tree(pid: int, grace: float = 3.0) -> None:
@@ -236,14 +238,44 @@ def dump_flight_recorder(rank: int) -> None:
         out.write(_dump_fr_trace(includeCollectives=True))
 
 
+def busy(seconds: float) -> None:
+    """Compute on the CPU for ``seconds`` (a rank that works, not one that waits or sleeps)."""
+    import torch
+    end = time.time() + seconds
+    a = torch.randn(64, 64)
+    while time.time() < end:
+        a = torch.tanh(a @ a)
+
+
+def gather_sizes(rank: int, culprit: int, odd_numel: int, dist) -> None:
+    """An all_gather where one rank's tensor has another size: gloo aborts the rank that receives a
+    chunk larger than its own (the odd rank's ring neighbour when its chunk is bigger; the odd rank
+    itself when smaller)."""
+    import torch
+    numel = odd_numel if rank == culprit else 4
+    out = [torch.zeros(numel) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, torch.ones(numel))
+
+
 def train(scenario: str, step_s: float, stop_at: float, ddp: bool = False, timeout_s: float | None = None,
-          stall_after: float | None = None) -> None:
+          culprit: int | None = None, odd_numel: int = 5, fail_step: int = FAIL_STEP,
+          fail_attempts: int = 1 << 30, stall_after: float | None = None) -> None:
     import warnings
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # CPU torch without numpy
     import torch
     import torch.distributed as dist
 
-    if "RANK" in os.environ:
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if "RANK" in os.environ and restart and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # A restarted attempt under torchrun: gloo's keys of the attempt before are still in the
+        # agent's store (torch 2.13), so each attempt keeps its own.
+        import datetime
+        store = dist.PrefixStore(f"planted/attempt_{restart}", dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+            timeout=datetime.timedelta(seconds=60)))
+        dist.init_process_group("gloo", store=store, rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]))
+    elif "RANK" in os.environ:
         if timeout_s:
             import datetime
             dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
@@ -253,7 +285,7 @@ def train(scenario: str, step_s: float, stop_at: float, ddp: bool = False, timeo
         port = int(os.environ.get("MASTER_PORT", "29533"))
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     rank, world = dist.get_rank(), dist.get_world_size()
-    culprit = world - 1
+    culprit = world - 1 if culprit is None else culprit
     torch.manual_seed(rank)
     model = torch.nn.Linear(16, 16)
     if ddp:  # as real jobs do: DDP's reducer all-reduces the gradients inside backward()
@@ -262,7 +294,7 @@ def train(scenario: str, step_s: float, stop_at: float, ddp: bool = False, timeo
     lock = threading.Lock()
     # subgroup: every rank makes every group, in the same order (new_group is collective over the world)
     pairs = [dist.new_group([r, r + 1]) for r in range(0, world - 1, 2)] if scenario == "subgroup" else []
-    say(f"rank {rank}/{world} pid {os.getpid()} scenario {scenario}")
+    say(f"rank {rank}/{world} pid {os.getpid()} scenario {scenario}" + (f" attempt {restart}" if restart else ""))
     step, skipped, started = 0, False, time.time()
     if scenario == "skipstep":  # locals that look like secrets: trainwatch must never show them
         step_token, api_key = "sk-secret-tw-5f3a9c", 987654321987  # noqa: F841
@@ -277,12 +309,14 @@ def train(scenario: str, step_s: float, stop_at: float, ddp: bool = False, timeo
             loss = device_step(model, batch, step_s).wait()
         else:
             loss = compute_step(model, batch)
-        if step_s and scenario != "longstep":
+        if step_s and scenario == "raiseat":
+            busy(step_s)  # a step of work on the CPU: each attempt reads as running until it fails
+        elif step_s and scenario != "longstep":
             time.sleep(step_s)
         if scenario == "slowstep" and rank == 0:
             time.sleep(1.0)  # slow but healthy: the others spend most of each step in all_reduce
         if scenario == "straggler" and rank == culprit and (
-                step == 3 if stall_after is None else time.time() >= started + stall_after):
+                step == fail_step if stall_after is None else time.time() >= started + stall_after):
             if stall_after is not None:
                 say(f"rank {rank} stops at {time.time():.3f}")  # for the benchmarks: when it stopped
             time.sleep(3600)  # stuck in its own work while the others wait
@@ -305,6 +339,13 @@ def train(scenario: str, step_s: float, stop_at: float, ddp: bool = False, timeo
             hold_gil(stop_at)
         if scenario == "sigkill" and rank == culprit and step == 3:
             os.kill(os.getpid(), 9)  # as a watchdog or a person's `kill -9` does: nothing runs after it
+        if scenario == "killcompute" and step == fail_step:
+            if rank == culprit:
+                os.kill(os.getpid(), 9)  # while the others compute: none of them waits on it yet
+            busy(2.0)
+        if scenario == "killwait" and rank == culprit and step == fail_step:
+            time.sleep(2.0)  # the others reach the all_reduce and wait in it
+            os.kill(os.getpid(), 9)
         if scenario == "oom" and rank == culprit and step == 3:
             hog = []  # grows until the kernel's OOM killer (a cgroup's memory limit) stops it
             while len(hog) < 64 and time.time() < stop_at:
@@ -315,6 +356,10 @@ def train(scenario: str, step_s: float, stop_at: float, ddp: bool = False, timeo
             raise RuntimeError("CUDA error: device-side assert triggered")
         if scenario == "raise" and rank == culprit and step == 3:
             raise RuntimeError(f"planted failure at step {step}")
+        if scenario == "raiseat" and rank == culprit and step == fail_step and restart < fail_attempts:
+            raise ValueError(f"bad batch at step {step}")  # the same failure at every attempt of a restarted job
+        if scenario == "gathersize" and step == fail_step:
+            gather_sizes(rank, culprit, odd_numel, dist)  # the odd rank's tensor has another size
         if scenario == "linger" and rank == culprit and step == 3:
             start_uploader(stop_at)  # a non-daemon thread: the process outlives its main thread
             raise RuntimeError(f"planted failure at step {step}")
@@ -349,19 +394,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=None, help="the collective timeout, seconds (gloo)")
     parser.add_argument("--stall-after", type=float, default=None, metavar="S",
                         help="straggler: the last rank stops once this many seconds have passed (default: at step 3)")
+    parser.add_argument("--culprit", type=int, default=None, help="the rank the fault strikes (default: the last)")
+    parser.add_argument("--fail-step", type=int, default=FAIL_STEP,
+                        help="the step at which straggler, killcompute, killwait, gathersize and raiseat strike")
+    parser.add_argument("--fail-attempts", type=int, default=1 << 30,
+                        help="raiseat: fail only in the first N attempts of a restarted job (then run on)")
+    parser.add_argument("--odd-numel", type=int, default=5,
+                        help="gathersize: the culprit's tensor size (the others' is 4)")
     parser.add_argument("--dump-on-error", action="store_true",
                         help="on a collective error, dump the generic Flight Recorder as NCCL does on a timeout")
     args = parser.parse_args(argv)
     stop_at = time.time() + args.deadline
     _arm_deadline(args.deadline)
     if args.in_thread:
-        worker = threading.Thread(target=train, args=(args.scenario, args.step_s, stop_at, args.ddp, args.timeout),
+        worker = threading.Thread(target=train, args=(args.scenario, args.step_s, stop_at, args.ddp, args.timeout,
+                                                      args.culprit, args.odd_numel, args.fail_step,
+                                                      args.fail_attempts),
                                   name="TrainingThread(train_func)")
         worker.start()
         worker.join()
     else:
         try:
-            train(args.scenario, args.step_s, stop_at, ddp=args.ddp, timeout_s=args.timeout,
+            train(args.scenario, args.step_s, stop_at, ddp=args.ddp, timeout_s=args.timeout, culprit=args.culprit,
+                  odd_numel=args.odd_numel, fail_step=args.fail_step, fail_attempts=args.fail_attempts,
                   stall_after=args.stall_after)
         except RuntimeError:  # a collective's error or timeout: dump, then die of it as before
             if args.dump_on_error:

@@ -20,12 +20,14 @@ from dataclasses import replace
 from pathlib import Path
 
 
+from .. import rundir
 from ..errors import TrainwatchError
 from ..judge import exits
 from ..read.processes import cgroup_oom, exit_events, procfs
 from ..read.logs import launcher_log
+from ..read.logs.kernlog import kernel_fault
 from ..read.processes import exits as ended
-from ..read.processes.discover import LAUNCHERS, find_job
+from ..read.processes.discover import LAUNCHERS, expected_local_ranks, find_job
 from ..read.processes.exits import CrashRecord
 from ..read.processes.proc import Proc, ProcessError
 from ..read.processes.process import RankProcess
@@ -74,6 +76,9 @@ class CrashCatcher:
         # Gone with no word at all (pid -> (rank, when it was found gone)): a crash once the others
         # live on without it, or the launcher's log or status says so; else a normal end.
         self.vanished: dict[int, tuple[RankProcess, float]] = {}
+        self._locals: dict[int, int] = {}  # local rank -> global rank on this node (the launcher's layout)
+        self._unseen: set[int] = set()  # PIDs of ranks the launcher's log says died, never seen alive here
+        self._look_unseen = False  # the family changed: a rank may have died before it was ever seen
 
     @property
     def rank_pids(self) -> dict[int, int | None]:
@@ -97,6 +102,9 @@ class CrashCatcher:
             if record is not None:
                 new.append(record)
         new.extend(self._vanished_crashes(now))
+        if self._look_unseen or not self.job_alive():
+            self._look_unseen = False
+            new.extend(self._unseen_deaths())
         keep = self._tracked.keys() | self.vanished.keys()  # per-PID state of ranks gone and judged goes
         for known in (self._last_alive, self._cgroups):
             for pid in [p for p in known if p not in keep]:
@@ -128,6 +136,7 @@ class CrashCatcher:
                 return  # the root is gone: job_alive() says so and the catcher's last tick follows
         if family == self._family:
             return
+        self._look_unseen = self._family is not None and bool(self._family - family)
         self._family = family
         try:
             job = find_job(self.root_pid)
@@ -137,7 +146,8 @@ class CrashCatcher:
         if self.run_dir is None and job.run_dir:
             self.run_dir = Path(job.run_dir)
         ranks = ended.infer_ranks(job)
-        self._done &= {proc.pid for proc in ranks}  # judged and no longer listed: never seen again
+        self._locals = expected_local_ranks(job) or self._locals
+        self._done &= {proc.pid for proc in ranks} | self._unseen  # judged and no longer listed: never seen again
         for proc in ranks:
             self.logs.note_writer(proc.pid, proc.log_path)
         if job.launcher_pid:
@@ -249,6 +259,41 @@ class CrashCatcher:
                 info = replace(record.exit, reason=exits.VANISHED, at=gone_at, last_seen=self._last_alive.get(pid),
                                message=self.vanished_words(pid, gone_at))
             found.append(self._save(replace(record, exit=info)))
+        return found
+
+    def rank_numbers_known(self) -> list[int]:
+        """Every rank number the catcher has tracked or recorded."""
+        known = [p.rank for p in self._tracked.copy().values()] + [r.rank for r in self.records]
+        return sorted({n for n in known if n is not None})
+
+    def _unseen_deaths(self) -> list[CrashRecord]:
+        """Ranks that died before the catcher ever saw them (before `watch` attached, or between two
+        looks at a job still starting): the launcher's log names each (``failed (exitcode: -9)
+        local_rank: 2 (pid: …)``, stamped); an armed run's ``hook.json`` says whose PID it was."""
+        failures = self._launcher_failures()
+        known = set(self._tracked) | self._done | self._unseen | set(self.vanished) | {r.pid for r in self.records}
+        fresh = {pid: f for pid, f in failures.items() if pid not in known}
+        if not fresh:
+            return []
+        hooks = {rec.get("pid"): rec.get("rank") for rec in rundir.hook_records(self.run_dir)} if self.run_dir else {}
+        found = []
+        for pid, failure in sorted(fresh.items(), key=lambda item: item[1].at or 0.0):
+            rank = hooks.get(pid) if isinstance(hooks.get(pid), int) else failure.rank
+            if rank is None and failure.local_rank is not None:
+                rank = self._locals.get(failure.local_rank)
+            self._unseen.add(pid)
+            proc = RankProcess(pid=pid, rank=rank, local_rank=failure.local_rank)
+            heard = self.exit_events.status(pid) if self.exit_events is not None else None
+            status = procfs.decode_wait_status(heard[0]) if heard else (failure.code, failure.signal)
+            at = heard[1] if heard else failure.at
+            record = ended.read_exit(proc, status, now=at or time.time(), run_dir=self.run_dir, logs=self.logs,
+                                     clean=self._clean, launcher_log=self._launcher_log)
+            info = replace(record.exit, source="kernel exit event" if heard else "launcher log")
+            said = kernel_fault(pid) if info.signal == "SIGKILL" and info.reason is None else None
+            if said and "Killed process" in said[1]:  # the OOM killer named it (its cgroup is gone with it)
+                info = replace(info, reason=exits.OOM_KILLED, message="kernel: " + said[1][:160])
+            if exits.abnormal(info):
+                found.append(self._save(replace(record, exit=info)))
         return found
 
     @staticmethod

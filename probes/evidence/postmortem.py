@@ -12,21 +12,24 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import socket
+from dataclasses import replace
 import time
 from contextlib import AbstractContextManager
 from pathlib import Path
 
 from ..judge.judgement import JudgeMemory, judge_job
 from ..judge.phases import classify
-from ..observed import UNTOLD, ObservedJob, ObservedRank
-from ..read.logs import crashlog, ranklog
+from ..observed import SILENT, UNTOLD, ObservedJob, ObservedRank
+from ..read.logs import crashlog, library_words, ranklog
 from ..read.collectives import flightrec
+from ..read.logs.attempts import attempt_ends, log_dir_of
 from ..read.logs.leftovers import Leftovers, RankLeft, read_leftovers
+from ..read.processes.exits import job_frame
 from ..read.stacks.source_lines import source_line
 from ..read.collectives.sources.watchdog import parse_watchdog, watchdog_state
 from ..read.stacks.stack_text import faulthandler_threads, traceback_thread, without_hook_frames
 from ..redact import scrub
-from ..snapshot import CollectiveState, ExitInfo, Job, Snapshot, ThreadStack
+from ..snapshot import AttemptEnd, CollectiveState, ExitInfo, Job, LibraryError, Snapshot, ThreadStack
 from ..source import OneNodeSource
 from .bundle_rank import RankEvidence
 from .summary import render
@@ -96,14 +99,36 @@ def observed_job(left: Leftovers) -> tuple[ObservedJob, dict[int, tuple[str, str
         threads, origin, text = _last_stacks(found)
         if text:
             stacks[number] = (origin, text)
-        rank = _rank(found, threads, by_rank.get(number), host, _launcher_status(left))
+        rank = _rank(found, threads, by_rank.get(number), host, _launcher_status(left), _ended_badly(left))
         ranks.append(dataclasses.replace(rank, log_tail=logs.shown_tail(rank.log_path, number, None)))
     run = left.run or {}
+    ends = _attempts(left)
     job = Job(launcher=_launcher(left), pid=int(run.get("pid") or left.launcher_pid or 0), host=host,
               world_size=left.world_size or (max(numbers) + 1 if numbers else None),
               started_at=run.get("started_at"), cmdline=tuple(scrub(a) for a in run.get("command") or ()),
-              run_dir=next((p for p, what in left.used if what == "trainwatch run directory"), None))
+              run_dir=next((p for p, what in left.used if what == "trainwatch run directory"), None),
+              attempt=len(ends) - 1 if len(ends) > 1 else None,
+              attempt_started_at=ends[-1].started_at if len(ends) > 1 else None,
+              attempts=ends if len(ends) > 1 else ())
     return ObservedJob(job, tuple(ranks), collectives=_collectives(left), watchdog=_watchdog(left)), stacks
+
+
+def _attempts(left: Leftovers) -> tuple[AttemptEnd, ...]:
+    """A restarted job's attempts, from the launcher's log that holds the most of them (the last
+    one ended the job: the ranks' own files tell it; the ones before are its history)."""
+    found: tuple[AttemptEnd, ...] = ()
+    for path, text in left.logs.items():
+        ends = attempt_ends(text.splitlines(), log_dir=log_dir_of(path) or _run_folder(path))
+        if len(ends) > len(found):
+            found = ends
+    return tuple(replace(e, exit=replace(e.exit, message=scrub(e.exit.message) if e.exit.message else None))
+                 for e in found)
+
+
+def _run_folder(path: str) -> str | None:
+    """A launcher's log lying in a ``--log-dir`` run folder (``<dir>/<run id>/``) beside its attempts."""
+    folder = Path(path).parent
+    return str(folder) if (folder / "attempt_0").is_dir() else None
 
 
 def ended_at(left: Leftovers) -> float | None:
@@ -155,17 +180,18 @@ def _launcher_status(left: Leftovers) -> int | None:
 
 
 def _rank(found: RankLeft, threads: tuple[ThreadStack, ...], failure, host: str,  # noqa: ANN001
-          launcher_status: int | None = None) -> ObservedRank:
+          launcher_status: int | None = None, ended_badly: bool = False) -> ObservedRank:
     cls = classify(threads, source_line) if threads else None
     return ObservedRank(
         rank=found.rank, pid=found.pid or (failure.pid if failure else None), host=found.host or host,
         seen="exited", phase=cls.phase if cls else "unknown", op=cls.op if cls else None,
         where=cls.where if cls else None, user_frame=cls.user_frame if cls else None,
-        detail=cls.detail if cls else None, threads=threads, exit=_exit(found, failure, launcher_status),
+        detail=cls.detail if cls else None, threads=threads, exit=_exit(found, failure, launcher_status, ended_badly),
         log_path=found.own_log or (found.log_files[0] if found.log_files else None))
 
 
-def _exit(found: RankLeft, failure, launcher_status: int | None = None) -> ExitInfo:  # noqa: ANN001
+def _exit(found: RankLeft, failure, launcher_status: int | None = None,  # noqa: ANN001
+          ended_badly: bool = False) -> ExitInfo:
     """How the rank ended, from everything that says: the launcher's report, its last words, its
     uncaught exception, a fatal signal's faulthandler dump, its log's fatal line; with none of
     them, a launcher that exited 0 (torchrun does only when every rank did)."""
@@ -187,7 +213,7 @@ def _exit(found: RankLeft, failure, launcher_status: int | None = None) -> ExitI
         reason, message, frame = reason or said.reason, said.message, frame or said.frame
     if found.exit_record and found.exit_record.get("exception"):
         message = message or str(found.exit_record["exception"])
-        frame = frame or found.exit_record.get("frame")
+        frame = frame or job_frame(found.exit_record.get("frame"))
         at = at or found.exit_record.get("at")
     if found.error_file:
         message = message or found.error_file.splitlines()[0]
@@ -197,9 +223,46 @@ def _exit(found: RankLeft, failure, launcher_status: int | None = None) -> ExitI
         if launcher_status == 0:
             code, source = 0, "the launcher's exit status"
         else:
-            reason = UNTOLD
+            reason = SILENT if ended_badly and _silent(found) else UNTOLD
+    library = _library_error(found, signal)
+    if library is not None and reason in (None, "aborted"):
+        reason, message = crashlog.classify(library.words) or reason, library.words
     return ExitInfo(code=code, signal=signal, at=at, reason=reason, frame=frame,
-                    message=scrub(message) if message else None, source=source)
+                    message=scrub(message) if message else None, source=source,
+                    library=dataclasses.replace(library, words=scrub(library.words)) if library else None)
+
+
+def _ended_badly(left: Leftovers) -> bool:
+    """The job did not end well: its launcher's recorded status is not 0, or a rank was stopped,
+    raised or faulted (a normal end leaves no last words, exception or fault trace at all)."""
+    status = (left.launcher_exit or {}).get("status")
+    if isinstance(status, int):
+        return status != 0
+    return any(f.last_words or f.stop_trace or f.exit_record or f.error_file
+               or (f.fault_text and crashlog.parse_faulthandler(f.fault_text)) for f in left.ranks.values())
+
+
+def _silent(found: RankLeft) -> bool:
+    """An armed rank whose hook said nothing: no last words (nor faulthandler's trace at a stop
+    signal), no recorded exception, no fatal signal's trace. Its hook hears all of those, so the
+    rank ended by what no handler sees: a SIGKILL, or os._exit."""
+    fault = crashlog.parse_faulthandler(found.fault_text) if found.fault_text else None
+    return (found.armed and found.last_words is None and not found.stop_trace and not found.exit_record
+            and fault is None and not found.error_file)
+
+
+def _library_error(found: RankLeft, signal: str | None) -> LibraryError | None:
+    """What a collective library said as the rank failed: its lines, its recorded exception, its
+    error file; a C++ abort in a log several ranks share counts for a rank that died of SIGABRT."""
+    texts = [found.lines, (found.exit_record or {}).get("exception"), found.error_file]
+    if signal == "SIGABRT":
+        texts.append(found.shared_abort)
+    for text in texts:
+        lines = text.splitlines() if isinstance(text, str) else list(text or ())
+        said = library_words.library_error(lines) if lines else None
+        if said is not None:
+            return said
+    return None
 
 
 def _collectives(left: Leftovers) -> CollectiveState | None:

@@ -26,10 +26,11 @@ from ..judge.phases import classify
 from ..read.processes import procfs
 from ..read.stacks.sampler import sample_all
 from ..read.stacks.source_lines import source_line
-from ..observed import observed_rank, observed_snapshot
+from ..observed import combine_states, observed_rank, observed_snapshot
+from ..read.collectives import last_words
 from .. import rundir
-from ..snapshot import (CRASH_VERDICTS, HANG_VERDICTS, HEALTHY_VERDICTS, PROBLEM_VERDICTS, ExitInfo, Job, Snapshot,
-                        ThreadStack, Verdict)
+from ..snapshot import (CRASH_VERDICTS, HANG_VERDICTS, HEALTHY_VERDICTS, PROBLEM_VERDICTS, CollectiveState, ExitInfo,
+                        Job, Snapshot, ThreadStack, Verdict)
 from ..source import Source
 from ..record import Record
 
@@ -91,9 +92,12 @@ class Episodes:
 
 
 def with_crashes(snapshot: Snapshot, records: list[CrashRecord],
-                 early: Mapping[int, tuple[ThreadStack, ...]] | None = None) -> Snapshot:
+                 early: Mapping[int, tuple[ThreadStack, ...]] | None = None,
+                 collectives: CollectiveState | None = None) -> Snapshot:
     """The snapshot with each dead rank's exit filled in and a ``crashed`` verdict. ``early``: per
-    PID, stacks read at the first death, newer than the snapshot's (where each rank was then)."""
+    PID, stacks read at the first death, newer than the snapshot's (where each rank was then).
+    ``collectives``: the ranks' collectives read at the crash (their last words), fresher than
+    the snapshot's: each rank's row is taken from them first."""
     by_rank = {r.rank: r for r in records}
     evidence = []
     for rank in map(observed_rank, snapshot.ranks):
@@ -106,7 +110,8 @@ def with_crashes(snapshot: Snapshot, records: list[CrashRecord],
     for record in by_rank.values():  # died before any snapshot saw it
         evidence.append(ended.exited_rank(record.pid, record.rank, record.exit, host=snapshot.job.host))
     evidence = sorted(evidence, key=lambda r: (r.rank is None, r.rank or 0))
-    job = dataclasses.replace(observed_snapshot(snapshot), ranks=tuple(evidence))
+    job = dataclasses.replace(observed_snapshot(snapshot), ranks=tuple(evidence),
+                              collectives=combine_states([collectives, snapshot.collectives]))
     judged = judge_job(job, JudgeMemory.after(snapshot), snapshot.taken_at or time.time(),
                        JudgeOptions(window=snapshot.window_s))
     first = next((r for r in records if r.exit.first), records[0])
@@ -137,9 +142,14 @@ class Watcher:
         self._last_kind: str | None = None
         self._problems: list[str] = []  # problem verdicts seen, for job_ended
         self._told: set[int] = set()  # pids whose crash was emitted
+        # A restarted job: the first crash alerted, and the ends of later attempts alerted since (a
+        # crash loop, once; a new failure, once each).
+        self._alerted: CrashRecord | None = None
+        self._ends_alerted: set[tuple] = set()
         self.early: dict[int, tuple[ThreadStack, ...]] = {}  # pid -> stacks read at the first death
         self.stopped: Snapshot | None = None  # the job as judged when it was stopped from outside, if it was
         self._held_kills: list[CrashRecord] = []  # SIGKILLs said once it is known whether every rank got one
+        self.early_fr: CollectiveState | None = None  # an armed job's survivors' collectives at the first death
         self._early_read = False
         self._early_lock = threading.Lock()
 
@@ -211,9 +221,18 @@ class Watcher:
 
     def _read_them(self) -> None:
         started = time.monotonic()
-        alive = [pid for pid in self.catcher.rank_pids if procfs.state_letter(pid) not in (None, "Z", "X")]
+        pids = self.catcher.rank_pids
+        alive = [pid for pid in pids if procfs.state_letter(pid) not in (None, "Z", "X")]
+        asking = None
+        if self.catcher.run_dir is not None and alive:  # an armed job: the survivors' collectives too, at once
+            ranks = sorted({pids[pid] for pid in alive if pids.get(pid) is not None})
+            asking = threading.Thread(target=self._ask_survivors, args=(self.catcher.run_dir, ranks),
+                                      name="tw-fr-first-death", daemon=True)
+            asking.start()
         samples = sample_all([(pid, False, None, False, None) for pid in alive], timeout=EARLY_TIMEOUT_S,
                              parallel=max(1, min(len(alive), EARLY_PARALLEL)))
+        if asking is not None:
+            asking.join(EARLY_TIMEOUT_S)
         self.early = {pid: s.threads for pid, s in samples.items() if s.threads}
         took = (time.monotonic() - started) * 1000
         if not alive:
@@ -251,11 +270,15 @@ class Watcher:
         if record.saved_to:
             self._say(WatchEvent("note", f"crash record {record.saved_to}"))
         if self._crash_bundled:
+            self._on_later_attempt(record)
             return
+        self._alerted = record
         # The alert names the rank whose death came first in cause: a death that is a cause (a
         # fatal signal, a kill from outside, an error of its own) raises it at once; a death that
-        # follows from another's (a lost peer, the launcher's teardown) waits a moment for that one.
-        if _is_cause(record.exit):
+        # follows from another's (a lost peer, the launcher's teardown) waits a moment for that one,
+        # as does a rank a collective library failed: it is a witness, and the odd call may be a
+        # peer's, read from the peers' own ends (their errors, their last words).
+        if _is_cause(record.exit) and record.exit.library is None:
             self._raise_crash_alert()
         elif self._alert_due is None:
             self._alert_due = time.monotonic() + SETTLE_S
@@ -267,7 +290,7 @@ class Watcher:
         base = self.last or _bare_snapshot(self.pid)
         if base.job.stopped_by is None:
             base = dataclasses.replace(base, job=dataclasses.replace(base.job, stopped_by=self.catcher.launcher_stop()))
-        judged = with_crashes(base, self.catcher.records, self.early)
+        judged = with_crashes(base, self.catcher.records, self.early, self._last_words(base))
         held, self._held_kills = self._held_kills, []
         if judged.verdict.kind not in CRASH_VERDICTS:  # no rank died of a cause: the job was stopped
             self.stopped = judged
@@ -279,7 +302,38 @@ class Watcher:
         self.saw_crash = True
         for record in held:  # each kill said as the crash it was (no second alert: one was just raised)
             self._on_crash(record)
+        if self._alerted is None and held:
+            self._alerted = held[0]
         self._alert_crash(judged)
+
+    def _on_later_attempt(self, record: CrashRecord) -> None:
+        """A death in an attempt the launcher started after the one alerted: the same end again is
+        a crash loop, alerted once; another end is a new failure, alerted too (once each)."""
+        first = self._alerted
+        if first is None or record.attempt is None or first.attempt is None or record.attempt <= first.attempt:
+            return
+        if not _is_cause(record.exit):
+            return  # a peer that lost the failed rank, or the teardown: the failure's own record says it
+        key = _end_key(record)
+        if key in self._ends_alerted:
+            return
+        self._ends_alerted.add(key)
+        records = [r for r in self.catcher.records if r.attempt == record.attempt]
+        base = self.last or _bare_snapshot(self.pid)
+        self._alert_crash(with_crashes(base, records, None, self._last_words(base, at_first_death=False)))
+
+    def _ask_survivors(self, run_dir: Path, ranks: list[int]) -> None:
+        self.early_fr = last_words.survivors_state(run_dir, ranks, timeout=EARLY_TIMEOUT_S / 2)
+
+    def _last_words(self, base: Snapshot, at_first_death: bool = True) -> CollectiveState | None:
+        """An armed job's collectives as its ranks left them in their last words at the crash (the
+        freshest), else as their hooks told them at the first death (that crash's only)."""
+        run_dir = self.catcher.run_dir
+        if run_dir is None:
+            return None
+        ranks = {r.rank for r in base.ranks if r.rank is not None} | set(self.catcher.rank_numbers_known())
+        said = last_words.run_dir_state(run_dir, sorted(ranks), since=base.job.started_at or 0.0)
+        return combine_states([said, self.early_fr if at_first_death else None])
 
     def _on_lingering_crash(self, snapshot: Snapshot) -> None:
         """A culprit raised and lingers (a non-daemon thread keeps it alive): no death for the
@@ -319,7 +373,14 @@ class Watcher:
         if self.stopped is not None and not self.saw_crash:
             self._say_stopped(how)
             return
-        failed = [exits.death(r.rank, r.pid, r.exit) for r in self.catcher.records]
+        records = self.catcher.records
+        attempts = sorted({r.attempt for r in records if r.attempt is not None})
+        if len(attempts) > 1:  # a restarted job: the deaths of its last attempt, and how many there were
+            last = [r for r in records if r.attempt == attempts[-1]]
+            first = exits.first_to_die((r.pid, r.exit) for r in last)
+            records = sorted(last, key=lambda r: r.pid != first)
+            how += f" after attempt {attempts[-1]} (restarted {attempts[-1]} times; the deaths of the last attempt)"
+        failed = [exits.death(r.rank, r.pid, r.exit) for r in records]
         text = f"job ended (pid {self.pid}): {how}"
         if failed:
             text += "; " + "; ".join(failed[:8]) + (f"; and {len(failed) - 8} more" if len(failed) > 8 else "")
@@ -405,6 +466,12 @@ def _stopped(info: ExitInfo) -> bool:
     """Ended by a polite stop (SIGTERM, SIGINT, SIGHUP): the launcher's teardown or a person's; never
     a cause of its own."""
     return info.signal in ("SIGTERM", "SIGINT", "SIGHUP") and info.reason != exits.OOM_KILLED
+
+
+def _end_key(record: CrashRecord) -> tuple:
+    """What makes two attempts' ends the same: the rank, and how and where it ended."""
+    info = record.exit
+    return record.rank, info.signal, info.reason or info.code, info.frame
 
 
 def _is_cause(info: ExitInfo) -> bool:

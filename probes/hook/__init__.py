@@ -198,7 +198,7 @@ def _hook_excepthook(path: Path) -> None:
     def record(kind, value, tb) -> None:
         try:
             frames = _job_frames(tb)
-            last = frames[-1] if frames else None
+            last = next((f for f in reversed(frames) if _own_code(f.filename)), frames[-1] if frames else None)
             rundir.write_json(path, {
                 "pid": os.getpid(), "at": time.time(), "code": 1,
                 "exception": "".join(traceback.format_exception_only(kind, value)).strip(),
@@ -212,6 +212,16 @@ def _hook_excepthook(path: Path) -> None:
         previous(kind, value, tb)
 
     sys.excepthook = record
+
+
+_LIBRARY_DIRS = tuple({os.path.dirname(os.__file__) + os.sep, os.sep + "site-packages" + os.sep,
+                       os.sep + "dist-packages" + os.sep})
+
+
+def _own_code(filename: str) -> bool:
+    """A file of the job's own, not the standard library's nor an installed package's: the frame
+    an uncaught exception is recorded at (torch's innermost frame says nothing of the job)."""
+    return not filename.startswith("<") and not any(part in filename for part in _LIBRARY_DIRS)
 
 
 def _job_frames(tb: object) -> traceback.StackSummary:
@@ -420,6 +430,9 @@ def _heard(words: _LastWords, signum: int) -> None:
     then_die = signal.getsignal(signum) is words.handlers[signum] and words.previous[signum] is signal.SIG_DFL
     _speak(words, rundir.signal_name(signum), deadline, then_die=then_die, signum=signum)
     if then_die:
+        # Another path may be writing them (an uncaught exception's, as a launcher's SIGTERM follows a
+        # peer's death): the signal waits for its Flight Recorder as it would for its own, up to the deadline.
+        _wait_for(words.done, deadline)
         _die_by(words, signum)
 
 

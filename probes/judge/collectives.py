@@ -14,7 +14,7 @@ Sizes or dtypes a source does not know (``"?"``) are never a disagreement.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from ..snapshot import CollectiveCall, CollectiveState, RankCollective, compact_ranks
 
@@ -55,6 +55,77 @@ def judge_collectives(state: CollectiveState | None) -> CollectiveState | None:
     ranks = tuple(corrected.get((row.rank, row.pg), row) for row in state.ranks)
     return replace(state, ranks=ranks, divergence=findings[0][0] if findings else None,
                    culprits=tuple(sorted(culprits)))
+
+
+@dataclass(frozen=True, repr=False)
+class Disagreement:
+    """The first sequence number of one process group at which the ranks that hold it enqueued
+    different collectives: the ranks grouped by what they enqueued there (biggest side first),
+    and each rank's call."""
+
+    pg: str
+    seq: int
+    sides: tuple[tuple[int, ...], ...]
+    calls: dict[int, CollectiveCall]
+    completed: dict[int, int | None]
+
+
+def disagreements(state: CollectiveState | None) -> list[Disagreement]:
+    """Per process group, the first sequence number where ranks enqueued different collectives
+    (op, sizes, dtype); ranks that never reached one are not a disagreement here."""
+    if state is None:
+        return []
+    by_pg: dict[str, dict[int, RankCollective]] = {}
+    for row in state.ranks:
+        by_pg.setdefault(row.pg, {}).setdefault(row.rank, row)
+    found = []
+    for pg in sorted(by_pg, key=lambda p: (len(p), p)):
+        calls = {rank: _calls_of(row) for rank, row in by_pg[pg].items()}
+        for seq in sorted({s for per in calls.values() for s in per}):
+            seen = {rank: c for rank, per in calls.items() if (c := per.get(seq)) is not None}
+            kinds = _kinds(seen)
+            if len(kinds) > 1:
+                sides = sorted((tuple(sorted(side)) for side in kinds.values()), key=lambda side: (-len(side), side))
+                found.append(Disagreement(pg, seq, tuple(sides), seen,
+                                          {rank: row.last_completed for rank, row in by_pg[pg].items()}))
+                break
+    return found
+
+
+def minority(sides: tuple[tuple[int, ...], ...]) -> list[int]:
+    """The ranks outside the one biggest side; none when two sides tie for biggest."""
+    if len(sides) < 2 or len(sides[0]) == len(sides[1]):
+        return []
+    return sorted(r for side in sides[1:] for r in side)
+
+
+def disagreement_words(found: Disagreement, culprits: list[int]) -> str:
+    """``rank 2 enqueued all_gather of [5] #7 while ranks 0-1 enqueued all_gather of [4] #7``."""
+    sides = [list(side) for side in found.sides]
+    bad = [side for side in sides if set(side) <= set(culprits)]
+    where = f" in process group {found.pg}" if found.pg not in ("0", "c10d", "nccl") else ""
+    if not bad:
+        return _disagreement(found.seq, where, found.calls, sides, {})[0]
+    good = [side for side in sides if side not in bad]
+    ref = found.calls[good[0][0]] if good else found.calls[bad[0][0]]
+    odd = "; ".join(f"{_plural(side)} enqueued {_describe(found.calls[side[0]], ref)} #{found.seq}" for side in bad)
+    rest = "; ".join(f"{_plural(side)} enqueued {_describe(found.calls[side[0]], found.calls[bad[0][0]])} "
+                     f"#{found.seq}" for side in good)
+    return f"{odd}{where} while {rest}" if rest else f"{odd}{where}"
+
+
+def numel(sizes: str) -> int | None:
+    """The elements ``[4]``, ``[16x16],[2]`` or ``5`` (NCCL's NumelIn) stand for; None when unknown."""
+    total = 0
+    for part in sizes.replace("],[", "];[").split(";"):
+        dims = part.strip("[]").split("x")
+        if not all(d.strip().isdigit() for d in dims):
+            return None
+        count = 1
+        for d in dims:
+            count *= int(d)
+        total += count
+    return total
 
 
 def _calls_of(row: RankCollective) -> dict[int, CollectiveCall]:

@@ -12,15 +12,19 @@ from ..observed import SIGNAL_REASONS, UNTOLD, abnormal
 from ..snapshot import ExitInfo, Rank
 from ..wording import how_ended
 
-__all__ = ["CONSEQUENCES", "OOM_KILLED", "SAME_MOMENT_S", "TEARDOWN_SIGNALS", "VANISHED", "abnormal", "death",
+__all__ = ["CONSEQUENCES", "WAITED", "OOM_KILLED", "SAME_MOMENT_S", "TEARDOWN_SIGNALS", "VANISHED", "abnormal", "death",
            "describe_exit", "first_to_die", "headline", "how", "how_they_ended", "is_cause", "killed_together",
            "raised_while_alive"]
 
 TEARDOWN_SIGNALS = frozenset({"SIGTERM", "SIGKILL", "SIGINT", "SIGHUP"})
 # Deaths seen this close together are one moment: the most telling one is taken as the first.
 SAME_MOMENT_S = 1.0
+# A launcher's SIGKILL follows its SIGTERM by its grace (seconds at least): one sooner is no escalation.
+ESCALATION_S = 3.0
 # Reasons that follow from another rank's death rather than cause one.
 CONSEQUENCES = frozenset({"a peer rank closed its connection", "collective timeout", "NCCL watchdog timeout"})
+# A rank that ended of one of these was waiting in a collective when it did.
+WAITED = frozenset({"collective timeout", "NCCL watchdog timeout"})
 OOM_KILLED = "killed by the kernel OOM killer"  # a SIGKILL that is a cause, not the launcher's teardown
 VANISHED = "vanished"  # gone between two looks with no exit status anywhere: a death not witnessed
 HEADLINE_CHARS = 160
@@ -79,16 +83,22 @@ def death(rank: int | None, pid: int, info: ExitInfo) -> str:
 
 # -- which rank died first ----------------------------------------------------------------------
 def first_to_die(exits: Iterable[tuple[K, ExitInfo]]) -> K | None:
-    """The key of the first crash. Crashes within :data:`SAME_MOMENT_S` of the earliest are one
-    moment, ordered by how telling they are: a fatal signal, then an error of the rank's own, then
-    errors that follow from a peer (lost connection, timeouts), then the launcher's teardown."""
+    """The key of the first crash. A death of a rank's own (a fatal signal, a kill from outside,
+    an error of its own) comes before every death that follows from another (a lost peer, a
+    timeout, the launcher's teardown), whatever the clocks say: a consequence never precedes its
+    cause, and a death read late (from a log, after the fact) carries a late time. Crashes within
+    :data:`SAME_MOMENT_S` of the earliest are one moment, ordered by how telling they are: a fatal
+    signal, then an error of the rank's own, then errors that follow from a peer (lost connection,
+    timeouts), then the launcher's teardown."""
     crashes = [(key, info) for key, info in exits if abnormal(info) and info.reason != UNTOLD]
     if not crashes:
         return None
+    first_term = _first_term([info for _, info in crashes])
+    causes = [(key, info) for key, info in crashes
+              if info.reason not in CONSEQUENCES and not _teardown(info, first_term)]
+    crashes = causes or crashes
     earliest = min(info.at or 0.0 for _, info in crashes)
     moment = [(key, info) for key, info in crashes if (info.at or 0.0) <= earliest + SAME_MOMENT_S]
-
-    first_term = _first_term([info for _, info in crashes])
 
     def weight(item: tuple[K, ExitInfo]) -> tuple:
         key, info = item
@@ -109,10 +119,12 @@ def _first_term(infos: Iterable[ExitInfo]) -> float | None:
 
 
 def _teardown(info: ExitInfo, first_term: float | None) -> bool:
-    """Ended by a launcher's or a scheduler's stop. A launcher tears down with SIGTERM first (SIGKILL
-    only for ranks that outlive its grace): a SIGKILL with no SIGTERM before it is a kill from
-    outside (the OOM killer, a person, a scheduler)."""
-    killed_first = info.signal == "SIGKILL" and (first_term is None or (info.at or 0.0) <= first_term)
+    """Ended by a launcher's or a scheduler's stop. A launcher tears down with SIGTERM first and
+    SIGKILLs only ranks that outlive its grace (torchrun: 30 s; SLURM's KillWait: 30 s): a SIGKILL
+    with no SIGTERM at least :data:`ESCALATION_S` before it is a kill from outside (the OOM killer,
+    a person, a scheduler, the rank itself). A death read from the launcher's log carries the time
+    of its line, written after the teardown began: so a kill is told by that grace, not by order."""
+    killed_first = info.signal == "SIGKILL" and (first_term is None or (info.at or 0.0) < first_term + ESCALATION_S)
     return info.signal in TEARDOWN_SIGNALS and info.reason != OOM_KILLED and not killed_first
 
 

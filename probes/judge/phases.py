@@ -70,8 +70,17 @@ class Classification(Record):
     detail: str | None = None
 
 
+# A library's decorator that only forwards the call (typing_extensions' ``deprecated``, wrapt,
+# functools.wraps-style ``wrapper``): never a place of its own; the caller's line is.
+_WRAPPER_NAMES = frozenset({"wrapper", "wrapped", "_wrapper", "inner", "_inner", "decorate_context", "decorated",
+                            "new_func", "wrapper_function"})
+_WRAPPER_FILES = re.compile(r"(?:site|dist)-packages/(?:typing_extensions\.py|wrapt/|decorator\.py|deprecated/)")
+
+
 def is_plumbing(frame: Frame) -> bool:
     path = frame.file
+    if _WRAPPER_FILES.search(path) or (not is_user(frame) and bare_name(frame.function) in _WRAPPER_NAMES):
+        return True
     if "-packages/" in path:
         return bool(PLUMBING.search(path[path.index("-packages/") - 4:]))
     return bool(_SOURCE_TORCH.search(path)) or bool(PLUMBING.match(path.lstrip("/")))

@@ -88,7 +88,7 @@ class RasTracker:
         comms = sorted(report.comms, key=lambda c: (-(c.size or len(c.ranks)), c.hash))
         global_of = _global_ranks(comms)
         rows: list[_Row] = []
-        advancing, findings, still = False, [], []
+        advancing, findings, still, first_look = False, [], [], []
         if report.format == "text":  # a text report details troubled communicators only: one gone quiet moved on
             gone = [h for h in self._signature if h not in {c.hash for c in comms}]
             advancing = any(_grew(self._signature.pop(h), ((), (), ())) for h in gone)
@@ -111,15 +111,22 @@ class RasTracker:
                          comm.hash]) if stalled else None))
             if found:
                 findings.append(found)
+            elif previous is None and (early := _stalled(index, comm, comm_rows)) is not None and early[2]:
+                first_look.append(early)  # counts that differ, seen once: a finding only while the ranks wait
         self._unreachable = {(r.comm, r.comm_rank) for r in rows if r.status == "unreachable"}
-        kind, template, culprits = findings[0] if findings else (None, None, ())
+        first_reply = not findings and bool(first_look)
+        if first_reply:
+            kind, template, culprits = first_look[0]
+            template += " (one NCCL RAS reply: counts not yet seen unchanged)"
+        else:
+            kind, template, culprits = findings[0] if findings else (None, None, ())
         if template and caveat:
             template += " [report not matched to this job for sure]"
         return RasState(origin=origin, format=report.format, nccl_version=report.nccl_version, taken_at=at,
                         comms=tuple(c.hash for c in comms), ranks=_kept(rows, culprits, set(local_pids)),
                         kind=kind, finding=_worded(template, {}),
                         finding_template=template if template and HOST in template else None,
-                        culprits=tuple(culprits), advancing=advancing,
+                        culprits=tuple(culprits), advancing=advancing, first_reply=first_reply,
                         still_s=round(min(still), 1) if still and len(still) == len(comms) else None,
                         notes=(*report.notes, *((caveat,) if caveat else ()), *((SCOPE,) if kind else ())))
 

@@ -6,11 +6,13 @@ from dataclasses import replace
 from typing import Mapping, Sequence
 
 from . import exits
-from .exits import TEARDOWN_SIGNALS, raised_while_alive
+from .aborts import abort_cause
+from .exits import raised_while_alive
 from .gpuwait import judge_gpu_wait, span
 from .groups import group_key
 from .kernel import from_kernel
 from .rendezvous import launcher_waiting, never_joined
+from .restarts import with_restarts
 from .steps import step_note
 from ..observed import UNTOLD
 from ..snapshot import PROBLEM_VERDICTS, UNJUDGED_VERDICTS, CollectiveState, Job, Phase, Rank, Verdict, VerdictKind, age_text, who
@@ -64,6 +66,9 @@ def each_at(ranks: Sequence[Rank], stuck: bool = False) -> str:
         for lead, members in _by_waited(group):
             if lead.state == "missing":
                 parts.append(f"{who(_numbers(members))} {verb(members, 'is', 'are')} missing")
+            elif lead.exit is not None and lead.phase == "unknown" and not lead.where:  # dead, its last place unknown
+                parts.append(f"{who(_numbers(members))} left no record of where {verb(members, 'it', 'they')} "
+                             f"{verb(members, 'was', 'were')} ({exits.how(lead.exit)})")
             elif lead.waits_for:
                 at = f" at {lead.where}" if lead.where else ""
                 parts.append(f"{who(_numbers(members))}{at} {verb(members, 'waits', 'wait')} for {lead.waits_for}")
@@ -106,17 +111,19 @@ def judge(ranks: Sequence[Rank], job: Job | None = None,
     ``now``: the time the ranks were observed, for the age of pending collectives.
     """
     familiar = familiar or {}
-    verdict = (_ended_while_hung(ranks, collectives, familiar, now, job) or _crashed(ranks) or _rendezvous(ranks, job)
+    verdict = (_ended_while_hung(ranks, collectives, familiar, now, job) or _crashed(ranks, collectives)
+               or _rendezvous(ranks, job)
                or from_kernel(ranks, lambda waiting: waits(by_place(waiting)[0], collectives, now),
                               lambda others: each_at(others, stuck=True), now=now)
                or _from_collectives(ranks, collectives, familiar, now)
                or _from_ras(ranks, collectives, familiar, now) or _from_stacks(ranks, collectives, familiar, now))
     # Which ranks are at another step; not said of a healthy job (ranks read a few ms apart straddle steps).
     note = step_note(ranks) if verdict.kind in PROBLEM_VERDICTS else None
-    return replace(verdict, summary=f"{verdict.summary}; {note}") if note else verdict
+    verdict = replace(verdict, summary=f"{verdict.summary}; {note}") if note else verdict
+    return with_restarts(verdict, ranks, job, now)  # a restarted job's earlier attempts are its history
 
 
-def _crashed(ranks: Sequence[Rank]) -> Verdict | None:
+def _crashed(ranks: Sequence[Rank], collectives: CollectiveState | None = None) -> Verdict | None:
     exited = [r for r in ranks if r.state == "exited"]
     if exited and len(exited) == len(ranks) and not any(abnormal(r) for r in exited):
         return Verdict("healthy", (), f"job finished: all {len(exited)} ranks exited normally")
@@ -124,8 +131,16 @@ def _crashed(ranks: Sequence[Rank]) -> Verdict | None:
     dead = [r for r in exited if abnormal(r)] + [r for r in ranks if raised_while_alive(r)]
     if not dead:
         return None
+    # A library failed ranks over calls that disagree: the culprit is the odd call's rank, not its witness.
+    cause = abort_cause(ranks, collectives)
+    if cause is not None:
+        others = [r for r in dead if r.rank not in cause.culprits and r.rank != cause.witness]
+        text = cause.text + (f"; {who(_numbers(others))} then ended too" if others else "")
+        return Verdict("crashed", cause.culprits, text)
     first = [r for r in dead if r.exit and r.exit.first]
-    cause = [r for r in dead if r.exit and r.exit.signal not in TEARDOWN_SIGNALS]
+    # Ranks that ended because another did (a lost peer, the launcher's teardown) are never culprits beside it.
+    deaths = [r.exit for r in dead if r.exit]
+    cause = [r for r in dead if r.exit and exits.is_cause(r.exit, deaths)][:1]
     culprits = first or cause or sorted(dead, key=lambda r: (r.exit.at or 0) if r.exit else 0)[:1]
     numbers = _numbers(culprits)
     lead = culprits[0]
@@ -195,6 +210,12 @@ def _as_left(rank: Rank, collectives: CollectiveState | None, now: float | None)
             waited = now - row.pending_since if now is not None and row.pending_since is not None else None
             return replace(rank, state="stuck", phase="collective", op=row.pending_op,
                            stuck_for_s=round(waited, 1) if waited is not None and waited >= 0 else None)
+        # Its own end says it waited in a collective (its timeout): its last one, though gloo retires
+        # a collective that timed out as if it had completed.
+        rows = [r for r in collectives.ranks if r.rank == rank.rank and r.last_enqueued is not None]
+        if rows and rank.exit is not None and rank.exit.reason in exits.WAITED:
+            row = max(rows, key=lambda r: r.last_enqueued or 0)
+            return replace(rank, state="stuck", phase="collective", op=row.op)
     return replace(rank, state="stuck")
 
 
@@ -286,6 +307,9 @@ def _from_ras(ranks: Sequence[Rank], state: CollectiveState | None,
         return None
     if ras.kind == "level" and any((r.op or "").split(".")[-1] in _UNCOUNTED_OPS for r in stuck):
         return None  # point-to-point waits: RAS's counts cannot see them
+    live = [r for r in ranks if r.state in ("running", "stuck")]
+    if ras.first_reply and not (live and all(r.state == "stuck" and r.phase in PEER_WAITS for r in live)):
+        return None  # counts seen once differ all the time in a running job: only ranks all waiting make it telling
     stacks = _from_stacks(ranks, state, familiar, now)
     if stacks.kind == RAS_VERDICTS[ras.kind] and stacks.culprits and set(stacks.culprits) == set(ras.culprits):
         return stacks

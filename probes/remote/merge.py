@@ -18,7 +18,7 @@ from ..gc_pause import gc_paused
 from ..judge.judgement import JudgeMemory, JudgeOptions, judge_job
 from ..judge.warnings import job_warnings
 from ..observed import ObservedJob, combine_states, observed_rank
-from ..snapshot import HostInfo, Rank, Snapshot, Verdict
+from ..snapshot import AttemptEnd, HostInfo, Job, Rank, Snapshot, Verdict
 from ..record import Record
 
 
@@ -52,6 +52,31 @@ def _own_host(view: NodeView) -> str:
     if len(hosts) == 1:
         return hosts.pop()
     return snap.job.host or view.name
+
+
+SAME_ATTEMPT_S = 2.0  # two nodes' launchers log one attempt's end within this of each other
+
+
+def _attempts(jobs: list[Job]) -> dict:
+    """A restarted job's attempts over every node: each node's launcher logs the failures of its own
+    ranks only, so the ends of all nodes, in time order (one attempt's, logged by two nodes, once),
+    are the job's history, numbered back from the attempt running now."""
+    current = max((j.attempt for j in jobs if j.attempt is not None), default=None)
+    ends = sorted((e for j in jobs for e in j.attempts), key=lambda e: (e.exit.at is None, e.exit.at or 0.0))
+    kept: list[AttemptEnd] = []
+    for end in ends:
+        if kept and end.exit.at is not None and kept[-1].exit.at is not None \
+                and end.exit.at - kept[-1].exit.at <= SAME_ATTEMPT_S:
+            continue
+        kept.append(end)
+    if current is None or not kept:
+        return {}
+    began = min((j.attempt_started_at for j in jobs if j.attempt == current and j.attempt_started_at is not None),
+                default=None)
+    before = [e for e in kept if began is None or e.exit.at is None or e.exit.at <= began]
+    first = max(0, current - len(before))
+    numbered = tuple(dataclasses.replace(e, attempt=first + i) for i, e in enumerate(kept))
+    return {"attempt": current, "attempt_started_at": began, "attempts": numbered}
 
 
 def merge_nodes(views: Sequence[NodeView], *, memory: JudgeMemory | None = None,
@@ -113,7 +138,8 @@ def _merged(views: Sequence[NodeView], memory: JudgeMemory | None, world_size: i
     ranks = _sorted(_drop_missing_seen_live(ranks) + _absent(ranks, world, unread))
     warnings.extend(_conflicts(ranks))
     job = dataclasses.replace(base.job, world_size=world,
-                              nnodes=max(base.job.nnodes or 0, len(views)) or None)
+                              nnodes=max(base.job.nnodes or 0, len(views)) or None,
+                              **_attempts([v.snapshot.job for _, v in good]))
     # Every node's record of its ranks' collectives, together: the judge finds disagreements across nodes.
     collectives = combine_states([v.snapshot.collectives for _, v in good])
     # Each node judged its own RAS replies: the judge picks the view that counts and words it.

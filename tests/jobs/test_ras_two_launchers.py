@@ -69,6 +69,50 @@ def test_snapshot_names_the_rank_on_the_other_node(split_job):
     assert not any("another job" in n for n in data["notes"]), data["notes"]
 
 
+# file stem -> (the verdict, what RAS's finding says of rank 2); NCCL 2.27.7 text for each (see at_2_27_7)
+SCENARIOS_2_27_7 = {"behind": ("straggler", "is 1 collective behind"),
+                    "mismatch": ("mismatch", "launched AllGather #4 where the 2 others launched AllReduce #101"),
+                    "notstarted": ("straggler", "has not launched any collective"),
+                    "unreachable": ("hang", "is unreachable by NCCL RAS"),
+                    "dead": ("hang", "is considered dead by NCCL RAS"),
+                    "nocomm": ("mismatch", "no longer has the communicator"),
+                    "asyncerror": ("hang", "reports an NCCL asynchronous error"),
+                    "abort": ("hang", "aborted its communicator")}
+
+
+def at_2_27_7(raw: str) -> str:
+    """NCCL 2.27.7's text: client_support.cc differs from 2.29.7's, for these sections, only in the
+    version line and the timings' precision (%.2fs)."""
+    raw = re.sub(r"NCCL version 2\.\d+\.\d+", "NCCL version 2.27.7", raw)
+    return re.sub(r"\((\d+\.\d\d)\ds\)", r"(\1s)", raw)
+
+
+def test_snapshot_judges_nccl_2_27_7s_text_for_every_scenario(split_job):
+    """Each of NCCL's text replies for a rank behind, missing or in error, as 2.27.7 words them, read
+    by one `snapshot` (one RAS reply, or two when a rank was unreachable), names rank 2 on the other node."""
+    job, server, culprit = split_job
+    wrong = {}
+    for stem, (kind, words) in SCENARIOS_2_27_7.items():
+        raw = (RECORDED.parent / f"{stem}.text.v1").read_text().replace("2003", str(culprit))
+        server.reports = [{"text": at_2_27_7(raw), "json": ""}]
+        proc = subprocess.run([*TRAINWATCH, "snapshot", str(job.pids[0]), "--json"], capture_output=True, text=True,
+                              timeout=90)
+        assert proc.returncode == 0, proc.stderr
+        data = json.loads(proc.stdout)
+        verdict, ras = data["verdict"], (data["collectives"] or {}).get("ras") or {}
+        if (verdict["kind"], verdict["culprits"]) != (kind, [2]) or words not in verdict["summary"] \
+                or ras.get("nccl_version") != "2.27.7":
+            wrong[stem] = (verdict, ras.get("nccl_version"))
+        time.sleep(ras_lock_gap())
+    server.reports = [{"text": RECORDED.read_text().replace("2003", str(culprit)), "json": ""}]
+    assert not wrong, wrong
+
+
+def ras_lock_gap() -> float:
+    from trainwatch.probes.read.collectives.ras import MIN_GAP_S
+    return MIN_GAP_S
+
+
 def test_watch_names_it_and_a_stalled_server_never_turns_it_healthy(split_job):
     """watch sees the straggler; then NCCL's server stops after its header (as it does while its own
     collective waits for a rank): those partial replies are notes, never progress, never healthy."""

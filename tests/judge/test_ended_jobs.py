@@ -82,3 +82,26 @@ def test_ranks_timing_out_together_have_no_first_death():
     timeout = ExitInfo(code=1, reason="collective timeout", at=100.0)
     judged = judge_job(ObservedJob(JOB, (dead(0, exit=timeout), dead(1, exit=timeout))), JudgeMemory(), now=100.0)
     assert not any(r.exit.first for r in judged.ranks)
+
+
+def test_a_rank_that_timed_out_waited_in_its_last_collective_though_gloo_retired_it():
+    """gloo retires a collective that timed out as if it had completed: rank 0's record shows #5
+    done, yet its own end (a collective timeout) says it waited there; rank 3 left nothing."""
+    timeout = ExitInfo(code=1, reason="collective timeout", at=100.0)
+    rows = (RankCollective(rank=0, last_enqueued=5, last_completed=5, op="all_reduce"),
+            RankCollective(rank=1, last_enqueued=5, last_completed=4, op="all_reduce", pending_seq=5,
+                           pending_op="all_reduce"))
+    found = verdict(dead(0, exit=timeout), dead(1, exit=timeout), dead(3),
+                    collectives=CollectiveState(source="flight-recorder-file", ranks=rows))
+    assert (found.kind, found.culprits) == ("straggler", (3,)), found
+    assert found.summary.startswith("rank 3 left no record of where it was (killed by SIGTERM) while ranks 0-1 wait "
+                                    "in all_reduce")
+
+
+def test_open_on_dumps_beside_a_log_dir_names_the_rank_that_left_nothing():
+    from pathlib import Path
+
+    from trainwatch.probes.evidence.postmortem import PostMortemSource
+    folder = Path(__file__).parents[1] / "fixtures" / "dead" / "gloo-2.13-log-dir-straggler"
+    found = PostMortemSource([folder]).snapshot.verdict
+    assert (found.kind, found.culprits) == ("straggler", (3,)), found

@@ -42,8 +42,10 @@ def test_a_sigkill_before_any_sigterm_is_a_kill_from_outside_not_the_teardown():
     peer = ExitInfo(code=1, at=100.1, reason="a peer rank closed its connection")
     assert first_to_die([(0, torn), (1, torn), (2, killed)]) == 2
     assert first_to_die([(0, peer), (2, killed)]) == 2
-    late_kill = ExitInfo(signal="SIGKILL", at=100.5)  # a rank that outlived the teardown's grace
+    late_kill = ExitInfo(signal="SIGKILL", at=130.5)  # a rank that outlived the teardown's 30 s grace
     assert first_to_die([(0, ExitInfo(signal="SIGTERM", at=100.0)), (1, late_kill)]) == 0
+    read_late = ExitInfo(signal="SIGKILL", at=100.5, source="launcher log")  # its line follows the SIGTERMs
+    assert first_to_die([(0, ExitInfo(signal="SIGTERM", at=100.0)), (1, read_late)]) == 1
     vanished = ExitInfo(at=100.0, reason=exits.VANISHED, message="vanished between 12:00:00 and 12:00:01")
     assert first_to_die([(0, peer), (2, vanished)]) == 2 and abnormal(vanished)
     assert death(2, 812, vanished) == "rank 2 (pid 812) vanished between 12:00:00 and 12:00:01"
@@ -231,3 +233,36 @@ def test_a_fault_logged_just_after_another_ranks_is_still_seen(tmp_path):
     with kmsg.open("a") as log:  # the next rank faults a moment later
         log.write("6,2,2,-;traps: python[5002] trap divide error ip:0 sp:0 error:0 in x.so\n")
     assert kernlog.kernel_fault(5002, str(kmsg))[0] == "SIGFPE"
+
+
+def test_a_cause_read_late_still_comes_before_the_deaths_it_caused():
+    """A SIGKILL read from the launcher's log after the fact carries a late time; the peers that
+    lost their connection died of it, so it is first whatever the clocks say."""
+    killed = ExitInfo(signal="SIGKILL", at=101.5, source="launcher log")
+    peer = ExitInfo(code=1, at=100.0, reason="a peer rank closed its connection")
+    torn = ExitInfo(signal="SIGTERM", at=100.2)
+    assert first_to_die([(0, peer), (1, torn), (2, killed)]) == 2
+    assert first_to_die([(0, peer), (1, torn)]) == 0  # no cause at all: the earliest, as before
+
+
+def test_peers_that_failed_after_a_kill_are_never_culprits_beside_it():
+    from trainwatch.probes.judge.verdict import judge
+    ranks = [Rank(rank=0, pid=10, state="exited", exit=ExitInfo(code=1, at=100.0, reason="a peer rank closed its connection")),
+             Rank(rank=1, pid=11, state="exited", exit=ExitInfo(code=1, at=100.0, reason="a peer rank closed its connection")),
+             Rank(rank=2, pid=12, state="exited", exit=ExitInfo(signal="SIGKILL", at=100.0))]
+    verdict = judge(ranks)  # no rank marked first (as a re-judged snapshot may hold them)
+    assert verdict.kind == "crashed" and verdict.culprits == (2,), verdict
+    assert verdict.summary.startswith("rank 2 died: killed by SIGKILL") and "ranks 0-1 then ended too" in verdict.summary
+
+
+def test_a_rank_the_catcher_never_saw_alive_is_read_from_the_launchers_log(tmp_path):
+    """Rank 2 was SIGKILLed and reaped before `watch` first looked: torchrun's own stamped line names it."""
+    log = Path(__file__).parents[1] / "fixtures" / "logs" / "torchrun-rank2-sigkill.log"
+    catcher = CrashCatcher(GONE_PID)
+    catcher._launcher_log = str(log)
+    catcher._locals = {0: 0, 1: 1, 2: 2}
+    found = catcher._unseen_deaths()
+    by_rank = {r.rank: r.exit for r in found}
+    assert by_rank[2].signal == "SIGKILL" and by_rank[2].source == "launcher log" and by_rank[2].at is not None
+    assert first_to_die((r.rank, r.exit) for r in found) == 2
+    assert catcher._unseen_deaths() == []  # once

@@ -180,3 +180,48 @@ def test_newer_nccl_timeout_code_and_zeroed_communicators():
     [comm] = report.comms
     assert next(r for r in comm.ranks if r.rank == 2).error == "asynchronous error: timeout"
     assert any("empty communicator record" in n and "#2346" in n for n in report.notes)
+
+
+# -- NCCL 2.27's text, judged as fully as the JSON --------------------------------------------------------
+def at_2_27_7(raw: str) -> str:
+    """A 2.29.7 text reply as NCCL 2.27.7 writes it: client_support.cc at both tags differs, for these
+    sections, only in the version line and the timings' precision (%.2fs, not %.3fs)."""
+    import re
+    raw = re.sub(r"NCCL version 2\.\d+\.\d+", "NCCL version 2.27.7", raw)
+    return re.sub(r"\((\d+\.\d\d)\ds\)", r"(\1s)", raw)
+
+
+ONE_REPLY = ["behind", "mismatch", "notstarted", "dead", "nocomm", "asyncerror", "abort"]  # unreachable: two, always
+
+
+def one_reply_verdict(report: ras_report.RasReport, states: tuple[str, str]):
+    """Ranks 0-1 of this node (not in the text: it names only the outlier) in all_reduce, as read."""
+    ranks = tuple(ObservedRank(rank=n, pid=31 + n, host="here", seen=state, phase="collective", op="all_reduce",
+                               where="train.py:9 step", stuck_for_s=30.0 if state == "stuck" else None)
+                  for n, state in enumerate(states))
+    evidence = ObservedJob(Job(launcher="torchrun", pid=1, host="here"), ranks,
+                           ras=(ObservedRas("127.0.0.1:28028", 100.0, report),))
+    return judge_job(evidence, JudgeMemory(), 100.0).verdict
+
+
+@pytest.mark.parametrize("scenario", ONE_REPLY)
+@pytest.mark.parametrize("version", ["v1", "v0"])
+def test_one_2_27_7_text_reply_names_the_culprit_as_one_json_reply_does(scenario, version):
+    """The local ranks wait in all_reduce; one reply names the remote rank 2, from the text as
+    from the JSON (a count behind: one reply, told only because every local rank waits)."""
+    text = one_reply_verdict(ras_report.parse(at_2_27_7(read_raw(f"{scenario}.text.{version}"))), ("stuck", "stuck"))
+    json = one_reply_verdict(read(f"{scenario}.json.v1"), ("stuck", "stuck"))
+    assert text.kind == json.kind == VERDICTS[KINDS[scenario]], (text, json)
+    assert text.culprits == json.culprits == (2,), (text, json)
+    assert "rank 2 (10.0.0.2, pid 2003)" in text.summary and "no local culprit" not in text.summary
+
+
+def test_one_reply_of_counts_that_differ_is_no_finding_while_local_ranks_run():
+    """A running job is a collective apart all the time: one reply's counts say nothing then."""
+    report = ras_report.parse(at_2_27_7(read_raw("behind.text.v1")))
+    verdict = one_reply_verdict(report, ("stuck", "running"))
+    assert verdict.culprits != (2,) and "NCCL RAS" not in verdict.summary, verdict
+
+
+def read_raw(name: str) -> str:
+    return (RECORDINGS / name).read_text()

@@ -24,7 +24,10 @@ def two_polls(name: str, ext: str = "json", apart: float = 3.0):
 def test_counts_that_advance_are_progress_not_a_hang(ext):
     """Take a has a collective in flight (rank 7 one behind): normal. Take b moved on."""
     first, second = two_polls("healthy", ext)
-    assert first.kind is None and second.kind is None and second.culprits == ()
+    # One reply: a collective in flight looks like a rank behind; said as such, the verdict uses it
+    # only while every local rank waits (judge/verdict.py).
+    assert first.first_reply and first.kind == "behind" and "one NCCL RAS reply" in first.finding
+    assert second.kind is None and second.culprits == () and not second.first_reply
     assert second.advancing
     assert ras_judge.progress_pids(second, LOCAL) == set(LOCAL)
     assert ras_judge.progress_pids(first, LOCAL) == set()  # nothing to compare with yet
@@ -33,8 +36,8 @@ def test_counts_that_advance_are_progress_not_a_hang(ext):
 @pytest.mark.parametrize("ext", ["json", "txt"])
 def test_a_rank_behind_and_not_moving_is_the_culprit_on_its_node(ext):
     first, second = two_polls("straggler", ext)
-    assert first.kind is None  # one poll: a collective in flight looks the same
-    assert second.kind == "behind" and second.culprits == (6,)
+    assert first.first_reply and first.culprits == (6,)  # one poll: a collective in flight looks the same
+    assert second.kind == "behind" and second.culprits == (6,) and not second.first_reply
     assert second.finding == ("rank 6 (10.0.0.12, pid 5203) is 1 collective behind in communicator 0 "
                               "(all 7 others launched AllReduce #1205)")
     assert second.still_s == 3.0 and not second.advancing

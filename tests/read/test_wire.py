@@ -130,3 +130,14 @@ def test_no_line_is_a_whole_number_of_sruns_pieces():
 
     assert whole("x" * SRUN_PIECE) == "x" * SRUN_PIECE + " " and whole("x" * 2 * SRUN_PIECE).endswith(" ")
     assert whole("x" * (SRUN_PIECE - 1)) == "x" * (SRUN_PIECE - 1)
+
+
+def test_a_restarted_jobs_attempts_survive_the_wire():
+    from dataclasses import replace
+
+    from trainwatch.probes.snapshot import AttemptEnd, ExitInfo
+    snap = node_snapshot()
+    ends = (AttemptEnd(0, 7, ExitInfo(code=1, at=90.0, reason="ValueError", message="ValueError: x"), started_at=80.0),)
+    snap = replace(snap, job=replace(snap.job, attempt=1, attempt_started_at=95.0, attempts=ends))
+    got = decode_line(encode_line(snap, "n1", full_for=frozenset(), seq=1)).snapshot
+    assert got.job == snap.job and got.job.attempts[0].exit.message == "ValueError: x"

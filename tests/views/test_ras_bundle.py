@@ -79,4 +79,7 @@ def test_summary_shows_the_ras_state():
     assert "### NCCL RAS (every rank of the job, from this node)" in text
     assert "rank 6 (10.0.0.12, pid 5203, GPU 2): ok; Broadcast 1, AllGather 3, AllReduce 1204" in text
     assert "No Flight Recorder trace was obtainable (see below); NCCL RAS answered." in text
-    assert snap.verdict.kind == "hang"  # one look: counts apart is not yet a stall, the sampled verdict stands
+    # One look: counts apart is not yet a stall in a running job; with every local rank waiting it is
+    # the rank behind, said as resting on one reply.
+    assert snap.verdict.kind == "straggler" and snap.verdict.culprits == (6,), snap.verdict
+    assert "one NCCL RAS reply" in snap.verdict.summary

@@ -17,6 +17,9 @@ FATAL_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("CUDA device-side assert", r"device-side assert triggered"),
         ("CUDA out of memory", r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory"),
         ("NCCL: duplicate GPU (two ranks on one device)", r"Duplicate GPU detected"),
+        # A library that saw the ranks' calls disagree, in its own words (read/logs/library_words.py)
+        ("collective mismatch (gloo)", r"Received data size doesn't match expected size"),
+        ("collective mismatch (c10d)", r"Detected mismatch between collectives on ranks"),
         ("NCCL watchdog timeout", r"Watchdog caught collective operation timeout"),
         ("NCCL watchdog timeout", r"ProcessGroupNCCL.*(?:timeout|timed out)|collective operation timeout"),
         ("NCCL error", r"NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|ncclRemoteError|"
@@ -108,31 +111,33 @@ def parse_faulthandler(text: str) -> FaultTrace | None:
     first = dump.splitlines()[0]
     signal = next((sig for name, sig in _FATAL_SIGNALS.items() if name in first), None)
     frame = function = None
-    lines = dump.splitlines()
-    for i, line in enumerate(lines):
-        if THREAD_HEADER.match(line) and line.startswith("Current thread"):
-            for follow in lines[i + 1:]:
-                found = FAULTHANDLER_FRAME.match(follow)
-                if found:
-                    path, lineno, function = found.groups()
-                    frame = f"{_short(path)}:{lineno} {function}"
-                    break
-            break
-    return FaultTrace(signal=signal, frame=frame, function=function, text=dump.strip())
+    for path, lineno, function in _crashing_frames(dump.splitlines())[:1]:
+        frame = f"{_short(path)}:{lineno} {function}"
+    return FaultTrace(signal=signal, frame=frame, function=function if frame else None, text=dump.strip())
+
+
+def _crashing_frames(lines: list[str]) -> list[tuple[str, str, str]]:
+    """(file, line, function) of the crashing thread, innermost first. A signal raised on a thread
+    that runs no Python (gloo's, NCCL's: ``std::terminate``, SIGABRT) has no "Current thread"
+    section; the main thread, which faulthandler lists last, is then where the job was."""
+    blocks: list[tuple[bool, list[tuple[str, str, str]]]] = []
+    for line in lines:
+        if THREAD_HEADER.match(line):
+            blocks.append((line.startswith("Current thread"), []))
+            continue
+        found = FAULTHANDLER_FRAME.match(line)
+        if found and blocks:
+            blocks[-1][1].append(found.groups())  # type: ignore[arg-type]
+    current = [frames for is_current, frames in blocks if is_current]
+    if current:
+        return current[0]
+    return blocks[-1][1] if blocks else []
 
 
 def user_frame(trace: FaultTrace, skip: tuple[str, ...] = ("/site-packages/", "/lib/python")) -> str | None:
     """The innermost crashing-thread frame outside the standard library and site-packages."""
-    in_current = False
-    for line in trace.text.splitlines():
-        if THREAD_HEADER.match(line):
-            if in_current:
-                break
-            in_current = line.startswith("Current thread")
-            continue
-        found = FAULTHANDLER_FRAME.match(line) if in_current else None
-        if found and not any(part in found.group(1) for part in skip):
-            path, lineno, function = found.groups()
+    for path, lineno, function in _crashing_frames(trace.text.splitlines()):
+        if not any(part in path for part in skip):
             return f"{_short(path)}:{lineno} {function}"
     return trace.frame
 

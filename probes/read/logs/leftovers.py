@@ -24,8 +24,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import crashlog, launcher_log, ranklog
-from ..collectives import flightrec
+from . import crashlog, launcher_log, library_words, ranklog
+from ..collectives import flightrec, last_words
 from .logtail import read_tail
 from ... import rundir
 from ...errors import BadLeftovers
@@ -87,6 +87,9 @@ class RankLeft(Record):
     error_file: str | None = None  # torchelastic's error file message
     dumps: list[LeftDump] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    shared_abort: list[str] = field(default_factory=list)  # a C++ abort's unprefixed lines in a log it shared
+    armed: bool = False  # `trainwatch run` armed it (its hook.json): its hook would have said how it ended
+    stop_trace: bool = False  # faulthandler's trace at a stop signal (last-words.log) is there: a stop came
 
 
 @dataclass(repr=False)
@@ -120,6 +123,7 @@ def read_leftovers(paths: list[Path], max_entries: int = MAX_ENTRIES) -> Leftove
         if not path.exists():
             raise BadLeftovers(f"no such file or folder: {path}")
         files += _walk(path, found, max_entries)
+    files.sort(key=_reading_order)  # attempt_2 after attempt_1 after attempt_0: a rank's latest words last
     run_dirs = sorted({f.parent for f in files if f.name == "run.json" and (f.parent / "ranks").is_dir()})
     inside_run = set()
     for run_dir in run_dirs:
@@ -175,6 +179,11 @@ def _walk(root: Path, found: Leftovers, max_entries: int) -> list[Path]:
             except OSError as exc:
                 found.notes.append(f"{entry.path}: not readable ({exc.strerror or exc})")
     return out
+
+
+def _reading_order(path: Path) -> tuple:
+    """The path with its numbers compared as numbers (``attempt_10`` after ``attempt_9``)."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(path)))
 
 
 def _head(path: Path) -> bytes | None:
@@ -295,14 +304,16 @@ def _read_log(path: Path, found: Leftovers) -> None:
     if launcher and found.launcher_pid is None:
         found.launcher_pid = int(launcher.group(1))
     own = _own_rank(path)
-    if own is not None:
-        _add_lines(found.rank(own), path, lines, own=True)
+    if own is not None:  # its own file: every line is its, torch's [rankN]: prefix or not
+        _add_lines(found.rank(own), path, [ranklog.split_prefix(line)[2] for line in lines], own=True)
         found.used.append((str(path), f"rank {own}'s own log"))
         return
     ranks = sorted({r for r in (ranklog.split_prefix(line)[0] for line in lines) if r is not None})
     ranks += sorted({index for index, _, _ in crashlog.spawn_reports(lines)} - set(ranks))
+    abort = library_words.abort_lines(lines)
     for number in ranks:
         _add_lines(found.rank(number), path, ranklog.rank_lines(lines, number, None, own=False), own=False)
+        found.rank(number).shared_abort = abort or found.rank(number).shared_abort
     what = f"log of ranks {compact_ranks(ranks)}" if ranks else "log"
     found.used.append((str(path), what + (" with the launcher's failure report" if failures else "")))
 
@@ -338,6 +349,9 @@ def _read_run_dir(run_dir: Path, found: Leftovers) -> set[Path]:
         left = found.rank(number)
         hook = rundir.read_json(rundir.hook_json(run_dir, number)) or {}
         left.pid, left.host = hook.get("pid"), hook.get("host")
+        left.armed = bool(hook)
+        left.stop_trace = rundir.last_words_log(run_dir, number).is_file() and \
+            rundir.last_words_log(run_dir, number).stat().st_size > 0
         log = rundir.rank_log_file(run_dir, number)
         if log.is_file():
             lines = _tail(log) or []
@@ -368,18 +382,10 @@ def _read_last_words(path: Path, rank: int, found: Leftovers) -> None:
     left.last_words = words
     found.used.append((str(path), f"rank {rank}'s last words ({words.trigger})"))
     found.newest = max(found.newest, at or 0.0)
-    if isinstance(record.get("fr"), str):
-        try:
-            traces, notes = flightrec.hook_reply_traces(record["fr"])
-        except flightrec.TraceError as exc:
-            left.notes.append(f"rank {rank}'s last words: Flight Recorder unreadable ({exc})")
-            return
-        left.notes += [f"rank {rank}'s last words: {note}" for note in notes]
-        merged = flightrec.merge_traces([trace for _, trace in traces])
-        if merged is not None:
-            left.dumps.append(LeftDump(rank, str(path), merged, at or _mtime(path), source="last-words"))
-    elif record.get("fr_error"):
-        left.notes.append(f"rank {rank}'s last words: no Flight Recorder ({record['fr_error']})")
+    merged, notes = last_words.trace_of(record)
+    left.notes += [f"rank {rank}'s last words: {note}" for note in notes]
+    if merged is not None:
+        left.dumps.append(LeftDump(rank, str(path), merged, at or _mtime(path), source="last-words"))
 
 
 def _read_last_words_log(path: Path, rank: int, found: Leftovers) -> None:
@@ -400,8 +406,13 @@ def _span(trace: dict) -> tuple[float, float] | None:
 
 
 def _check_one_job(found: Leftovers) -> None:
-    """Refuse dumps from two jobs: one job's ranks were busy at the same time (their dumps' spans
-    overlap); two jobs' dumps fall into spans apart from each other, or into different world sizes."""
+    """Refuse files from two runs, naming each run's files. One run's ranks were busy at the same
+    time (their dumps' spans overlap), started their first collective together, and were a few
+    collectives apart at any moment; two runs' dumps fall into spans apart from each other, or
+    began their collectives apart, or were far apart in their numbering at the same moment, or
+    have different world sizes; two torchrun ``--log-dir`` run folders are two runs."""
+    _check_run_folders(found)
+    _check_launcher_pids(found)
     dumps = [d for left in found.ranks.values() for d in left.dumps]
     spans = sorted(((s, d) for d in dumps if (s := _span(d.trace))), key=lambda item: item[0][0])
     clusters: list[list[LeftDump]] = []
@@ -412,10 +423,13 @@ def _check_one_job(found: Leftovers) -> None:
             end = stop
         clusters[-1].append(dump)
         end = max(end, stop)
+    why = ""
+    if len(clusters) == 1:
+        clusters, why = _runs(clusters[0])
     if len(clusters) > 1:
         parts = "; ".join(f"{_when(c)}: {', '.join(sorted({Path(d.path).name for d in c})[:6])}" for c in clusters)
-        raise BadLeftovers(f"these Flight Recorder dumps come from {len(clusters)} different runs ({parts})",
-                           "give the dumps of one run only (one folder per run)")
+        raise BadLeftovers(f"these Flight Recorder dumps come from {len(clusters)} different runs ({parts})"
+                           + (f": {why}" if why else ""), "give the dumps of one run only (one folder per run)")
     sizes = {}
     for dump in dumps:
         size = _default_group_size(dump.trace)
@@ -425,6 +439,109 @@ def _check_one_job(found: Leftovers) -> None:
         parts = "; ".join(f"world size {size}: {', '.join(sorted(set(names))[:6])}" for size, names in sorted(sizes.items()))
         raise BadLeftovers(f"these Flight Recorder dumps come from jobs of different sizes ({parts})",
                            "give the dumps of one job only")
+
+
+RUN_START_SKEW_S = 30.0  # one run's ranks begin their first collective together (init_process_group waits for all)
+RUN_AHEAD = 64  # collectives one rank can be ahead of another at one moment (async work in flight, DDP's buckets)
+
+
+def _runs(dumps: list[LeftDump]) -> tuple[list[list[LeftDump]], str]:
+    """Dumps whose spans overlap, split into runs by what identifies a run: when each began its
+    first collective (#1 of the default group, where the dump still holds it), and where each was
+    in its numbering at the same moment. Returns the runs and why they were told apart."""
+    runs: list[list[LeftDump]] = []
+    why = ""
+    for dump in sorted(dumps, key=lambda d: _first_collective(d.trace) or 0.0):
+        for run in runs:
+            reason = _apart(run[0], dump)
+            if reason is None:
+                run.append(dump)
+                break
+            why = why or reason
+        else:
+            runs.append([dump])
+    return runs, why if len(runs) > 1 else ""
+
+
+def _apart(a: LeftDump, b: LeftDump) -> str | None:
+    """Why two dumps cannot be one run's, or None."""
+    first_a, first_b = _first_collective(a.trace), _first_collective(b.trace)
+    if first_a is not None and first_b is not None and abs(first_a - first_b) > RUN_START_SKEW_S:
+        return (f"{Path(a.path).name} began its first collective at {_clock(first_a)}, {Path(b.path).name} at "
+                f"{_clock(first_b)} (one run's ranks begin together)")
+    seq_a, seq_b = _numbering(a.trace), _numbering(b.trace)
+    for at, seq in seq_a:
+        other = [s for t, s in seq_b if t <= at]
+        if not other or at > seq_b[-1][0]:
+            continue
+        if abs(seq - other[-1]) > RUN_AHEAD:
+            return (f"at {_clock(at)} {Path(a.path).name} had enqueued collective #{seq} and {Path(b.path).name} "
+                    f"#{other[-1]} (one run's ranks are a few collectives apart)")
+    return None
+
+
+def _first_collective(trace: dict) -> float | None:
+    """When the default group's collective #1 was enqueued (unix s), where the dump holds it."""
+    for entry in trace.get("entries") or []:
+        if isinstance(entry, dict) and entry.get("collective_seq_id") == 1 and str(entry.get("pg_id", 0)) == "0":
+            stamp = entry.get("time_created_ns")
+            if isinstance(stamp, int) and stamp > 1e18:
+                return stamp / 1e9
+    return None
+
+
+def _numbering(trace: dict) -> list[tuple[float, int]]:
+    """(when enqueued, collective #) of the default group's collectives, in time order."""
+    found = []
+    for entry in trace.get("entries") or []:
+        if not isinstance(entry, dict) or entry.get("is_p2p") or str(entry.get("pg_id", 0)) != "0":
+            continue
+        stamp, seq = entry.get("time_created_ns"), entry.get("collective_seq_id")
+        if isinstance(stamp, int) and stamp > 1e18 and isinstance(seq, int) and seq > 0:
+            found.append((stamp / 1e9, seq))
+    return sorted(found)
+
+
+def _check_run_folders(found: Leftovers) -> None:
+    """torchrun ``--log-dir`` keeps each run in a folder named for its run id: two are two runs."""
+    runs: dict[str, list[str]] = {}
+    for path, what in found.used:
+        folder = _run_folder(Path(path))
+        if folder is not None:
+            runs.setdefault(str(folder), []).append(Path(path).name)
+    if len(runs) > 1:
+        parts = "; ".join(f"{folder}: {', '.join(sorted(set(names))[:4])}" for folder, names in sorted(runs.items()))
+        raise BadLeftovers(f"these logs come from {len(runs)} different torchrun runs ({parts})",
+                           "give the files of one run only (one run id's folder)")
+
+
+def _check_launcher_pids(found: Leftovers) -> None:
+    """Two launchers' failure summaries that give one rank two PIDs are two runs (a SLURM requeue,
+    a job run again into the same folder): one launcher's log, restarts and all, is one job."""
+    pids: dict[int, dict[int, str]] = {}  # rank -> PID -> the log that says so
+    for path, text in found.logs.items():
+        for failure in launcher_log.failures(text).values():
+            if failure.rank is not None:
+                pids.setdefault(failure.rank, {}).setdefault(failure.pid, path)
+    for rank, by_pid in sorted(pids.items()):
+        files = sorted(set(by_pid.values()))
+        if len(by_pid) > 1 and len(files) > 1:
+            named = "; ".join(f"{Path(path).name}: pid {pid}" for pid, path in sorted(by_pid.items()))
+            raise BadLeftovers(f"these logs come from {len(files)} different runs: their launchers' summaries give "
+                               f"rank {rank} different processes ({named})",
+                               "give the files of one run only")
+
+
+def _run_folder(path: Path) -> Path | None:
+    """``<dir>/<run id>`` of a file in ``<dir>/<run id>/attempt_N/<local rank>/``."""
+    for parent in path.parents:
+        if parent.name.startswith("attempt_") and parent.name[8:].isdigit():
+            return parent.parent
+    return None
+
+
+def _clock(at: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(at))
 
 
 def _when(dumps: list[LeftDump]) -> str:

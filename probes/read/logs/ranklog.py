@@ -15,8 +15,9 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from . import crashlog
+from . import crashlog, library_words
 from ...redact import scrub
+from ...snapshot import LibraryError
 from .logtail import read_tail
 from ..stacks.stack_text import TRACEBACK_FRAME
 from ...record import Record
@@ -235,6 +236,19 @@ class RankLogs:
         found = reason_of(rank_lines(lines or (), rank, local_rank, self.own(path)))
         self._reasons[key] = (version, found)
         return found
+
+    def library_error(self, path: str | None, rank: int | None, local_rank: int | None,
+                      aborted: bool = False) -> LibraryError | None:
+        """What a collective library said in ``rank``'s lines of ``path`` (``library_words``).
+        ``aborted``: the rank died of SIGABRT, so a C++ abort's unprefixed lines in a shared file
+        (C++ writes no rank prefix) are taken as its own."""
+        if not path:
+            return None
+        lines = self.read(path) or ()
+        mine = rank_lines(lines, rank, local_rank, self.own(path))
+        if aborted and not self.own(path):
+            mine = [*mine, *library_words.abort_lines(lines)]
+        return library_words.library_error(mine)
 
     def tail(self, path: str | None, rank: int | None, local_rank: int | None,
              count: int = 30) -> tuple[str, ...] | None:

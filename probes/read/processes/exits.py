@@ -23,14 +23,14 @@ from ... import rundir
 from ...observed import SIGNAL_REASONS, ObservedRank, abnormal
 from ...redact import Redactor, scrub
 from ...wording import how_ended
-from ..logs import crashlog, launcher_log
+from ..logs import crashlog, launcher_log, library_words
 from . import procfacts, procfs
 from .discover import expected_local_ranks
 from .exit_events import ExitEvents
 from ..logs.kernlog import kernel_fault
 from .process import JobProcesses, RankProcess
 from ..logs.ranklog import LogReason, RankLogs
-from ...snapshot import ExitInfo, ThreadStack
+from ...snapshot import ExitInfo, LibraryError, ThreadStack
 from ...record import Record
 
 Clean = Callable[[str], str]
@@ -52,6 +52,7 @@ class CrashRecord(Record):
     error_file: str | None = None  # our copy of the torchelastic error file
     saved_to: str | None = None
     log_path: str | None = None  # the log its reason was read from
+    attempt: int | None = None  # a restarted job's attempt it belonged to (its TORCHELASTIC_RESTART_COUNT)
 
 
 # -- recording an exit --------------------------------------------------------------------------
@@ -111,14 +112,49 @@ def read_exit(proc: RankProcess, status: tuple[int | None, str | None] | None, *
         (crashlog.classify(kernel[1]) or SIGNAL_REASONS.get(sig or ""), "kernel: " + kernel[1][:160], None)
         if kernel else None,
     ]
+    library = _library_error(proc, path, logs, sig, exception, error_text)
+    if library is not None:  # a library's words on a collective: named even where the log's own lines are not
+        said = (crashlog.classify(library.words), library.words, None)
+        # A mismatch the library saw says more than the abort it caused ("aborted", from the fault trace).
+        if library.mismatch:
+            candidates.insert(0, said)
+        else:
+            candidates.append(said)
     chosen = next((c for c in candidates if c and c[0]), (None, None, None))
-    recorded_frame = (exit_rec or {}).get("frame")
-    frame = (recorded_frame if isinstance(recorded_frame, str) else None) or next((c[2] for c in candidates if c and c[2]), None)
+    frame = job_frame((exit_rec or {}).get("frame")) or next((c[2] for c in candidates if c and c[2]), None)
     info = ExitInfo(code=code, signal=sig, at=at, reason=chosen[0], frame=frame,
-                    message=clean(chosen[1]) if chosen[1] else None)
+                    message=clean(chosen[1]) if chosen[1] else None, library=_cleaned(library, clean))
     tail = logs.tail(path, proc.rank, proc.local_rank, 60) if logs and abnormal(info) else None
+    restarts = proc.env.get("TORCHELASTIC_RESTART_COUNT", "")
     return CrashRecord(proc.rank, proc.pid, info, exception=exception, fault_trace=fault.text if fault else None,
-                       log_tail="\n".join(tail or ()), log_path=path)
+                       log_tail="\n".join(tail or ()), log_path=path,
+                       attempt=int(restarts) if restarts.isdigit() else None)
+
+
+def _library_error(proc: RankProcess, path: str | None, logs: RankLogs | None, sig: str | None,
+                   exception: str | None, error_text: str) -> LibraryError | None:
+    """What a collective library said as the rank failed: in its log (a C++ abort's unprefixed
+    lines count for a rank that died of SIGABRT), its recorded exception, its error file."""
+    found = logs.library_error(path, proc.rank, proc.local_rank, aborted=sig == "SIGABRT") if logs else None
+    for text in (exception, _error_file_message(error_text)):
+        if found is None and text:
+            found = library_words.library_error(text.splitlines())
+    return found
+
+
+def _cleaned(library: LibraryError | None, clean: Clean) -> LibraryError | None:
+    return replace(library, words=clean(library.words)) if library is not None else None
+
+
+def job_frame(recorded: object) -> str | None:
+    """The frame an armed rank's hook recorded, when it is the job's own (an older hook recorded
+    the innermost frame, often torch's), shortened as every frame shown is."""
+    if not isinstance(recorded, str) or any(part in recorded for part in ("/site-packages/", "/dist-packages/",
+                                                                           "/lib/python")):
+        return None
+    path, _, rest = recorded.partition(":")
+    parts = path.replace("\\", "/").split("/")
+    return f"{'/'.join(parts[-2:]) if len(parts) > 2 else path}:{rest}" if rest else recorded
 
 
 def with_worker_ends(info: ExitInfo, events: ExitEvents | None) -> ExitInfo:
