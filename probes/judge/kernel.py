@@ -40,7 +40,8 @@ def from_kernel(ranks: Sequence[Rank], waits_text: Callable[[list[Rank]], str],
     if not local:
         return None
     stalled = _stalled_since(local, now)
-    stopped = [r for r in local if r.kernel.letter in ("T", "t") and not looked_at_after(r, stalled)]
+    stopped = [r for r in local if r.kernel.letter in ("T", "t") and not looked_at_after(r, stalled)
+               and not being_dumped(r)]
     if stopped and len(stopped) == len(local) and all(r.kernel.letter == "T" for r in stopped):
         return Verdict("unknown", (), "every rank is stopped (T): the job is suspended (SIGSTOP, `scontrol "
                                       "suspend`, job control), not hung; `kill -CONT` resumes it")
@@ -74,6 +75,13 @@ def _stalled_since(ranks: Sequence[Rank], now: float | None) -> float | None:
     if now is None:
         return None
     return min((now - r.stuck_for_s for r in ranks if r.state == "stuck" and r.stuck_for_s is not None), default=None)
+
+
+def being_dumped(rank: Rank) -> bool:
+    """Held by py-spy: a dump (another trainwatch's, someone's `py-spy dump`) holds a rank for
+    milliseconds; it is a look, never what the job waits for."""
+    kernel = rank.kernel
+    return kernel is not None and kernel.letter == "t" and (kernel.tracer or "").startswith("py-spy ")
 
 
 def looked_at_after(rank: Rank, stalled_since: float | None) -> bool:

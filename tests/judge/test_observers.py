@@ -146,3 +146,11 @@ def test_a_rank_held_a_moment_that_nothing_waits_on_is_no_hang():
     ranks = [r if r.rank == 0 else Rank(rank=r.rank, pid=r.pid, state="running", kernel=r.kernel) for r in ranks]
     ranks[0] = Rank(rank=0, pid=100, state="running", kernel=ranks[0].kernel)
     assert from_kernel(ranks, lambda r: "", now=1000.0) is None
+
+
+def test_a_rank_a_py_spy_dump_holds_is_no_culprit():
+    """Another trainwatch's or a person's py-spy holds a rank for milliseconds: a look, not a hold."""
+    held = Rank(rank=0, pid=100, state="stuck", phase="collective", stuck_for_s=3.0,
+                kernel=KernelState(letter="t", tracer="py-spy (PID 77)", tracer_since=999.9))
+    ranks = [held, kernel_rank(1, "S", 3.0), kernel_rank(2, "S", 3.0)]
+    assert from_kernel(ranks, lambda r: "wait in all_reduce", now=1000.0) is None
