@@ -25,9 +25,11 @@ from ..record import Record
 
 # Rounding for "enough": a window of samples taken on a schedule ends a little early.
 SLACK = 0.95
-# Another trainwatch's last look at a rank and its last dump of it, which our first look finds the
-# thread asleep since, are this close at most (its dump ends its window; it judges just after).
-ELSEWHERE_SLACK_S = 1.0
+# Another trainwatch's last dump of a rank comes before its last judgement (``until``): a thread
+# asleep since before that has not run since. The slack covers only the two clocks' difference
+# (asleep_since is read off the scheduler's task clock): a wider one let a rank that ran a moment
+# after the other trainwatch looked (a job resumed with SIGCONT) join a stillness it had left.
+ELSEWHERE_SLACK_S = 0.1
 
 
 @dataclass(repr=False)

@@ -69,15 +69,17 @@ def test_snapshot_names_the_rank_on_the_other_node(split_job):
     assert not any("another job" in n for n in data["notes"]), data["notes"]
 
 
-# file stem -> (the verdict, what RAS's finding says of rank 2); NCCL 2.27.7 text for each (see at_2_27_7)
+# file stem -> (the verdict, what RAS's finding says of rank 2); NCCL 2.27.7 text for each (see at_2_27_7).
+# A rank RAS names (behind, unreachable, dead, in error, aborted) holds the others up: a straggler;
+# a `hang` names no rank (docs/how-trainwatch-decides.md).
 SCENARIOS_2_27_7 = {"behind": ("straggler", "is 1 collective behind"),
                     "mismatch": ("mismatch", "launched AllGather #4 where the 2 others launched AllReduce #101"),
                     "notstarted": ("straggler", "has not launched any collective"),
-                    "unreachable": ("hang", "is unreachable by NCCL RAS"),
-                    "dead": ("hang", "is considered dead by NCCL RAS"),
+                    "unreachable": ("straggler", "is unreachable by NCCL RAS"),
+                    "dead": ("straggler", "is considered dead by NCCL RAS"),
                     "nocomm": ("mismatch", "no longer has the communicator"),
-                    "asyncerror": ("hang", "reports an NCCL asynchronous error"),
-                    "abort": ("hang", "aborted its communicator")}
+                    "asyncerror": ("straggler", "reports an NCCL asynchronous error"),
+                    "abort": ("straggler", "aborted its communicator")}
 
 
 def at_2_27_7(raw: str) -> str:
