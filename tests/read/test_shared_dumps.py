@@ -20,10 +20,11 @@ STACK = (ThreadStack("MainThread", tid=1, is_main=True, frames=(Frame("train", "
 def rank():
     """A process to stand for a rank (its PID and start time name the shared file)."""
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    path = runtime_files.rank_file(shared_dumps.PREFIX, proc.pid)
     yield proc.pid
     proc.kill()
     proc.wait()
-    shared_dumps.forget(proc.pid)
+    path.unlink(missing_ok=True)
 
 
 def left_by_another(pid: int, **changes) -> None:

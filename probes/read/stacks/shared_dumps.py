@@ -77,9 +77,3 @@ def leave(pid: int, threads: tuple[ThreadStack, ...], ints: dict | None, at: flo
     except OSError:  # a full disk, a removed folder: the others dump for themselves
         tmp.unlink(missing_ok=True)
     runtime_files.sweep()
-
-
-def forget(pid: int) -> None:
-    path = _path(pid)
-    if path is not None:
-        path.unlink(missing_ok=True)
