@@ -102,8 +102,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--baseline", type=Path, help="another checkout whose `snapshot` is timed beside this one")
     args = parser.parse_args(argv)
-    # Each run times its own dumps: one must not take another's (read/stacks/shared_dumps.py).
+    # Each run times its own dumps: one must not take another's (read/stacks/shared_dumps.py). Set for
+    # the commands it starts and this process's own pass, and put back (the suite runs it in-process).
+    before = os.environ.get("TRAINWATCH_SHARED_DUMPS")
     os.environ["TRAINWATCH_SHARED_DUMPS"] = "0"
+    try:
+        return _measure(args)
+    finally:
+        if before is None:
+            os.environ.pop("TRAINWATCH_SHARED_DUMPS", None)
+        else:
+            os.environ["TRAINWATCH_SHARED_DUMPS"] = before
+
+
+def _measure(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as shim:
         env = baseline_env(args.baseline, Path(shim)) if args.baseline else None
         for ranks in (int(n) for n in args.ranks.split(",")):

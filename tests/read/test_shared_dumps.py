@@ -17,8 +17,9 @@ STACK = (ThreadStack("MainThread", tid=1, is_main=True, frames=(Frame("train", "
 
 
 @pytest.fixture
-def rank():
+def rank(monkeypatch):
     """A process to stand for a rank (its PID and start time name the shared file)."""
+    monkeypatch.delenv("TRAINWATCH_SHARED_DUMPS", raising=False)
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     path = runtime_files.rank_file(shared_dumps.PREFIX, proc.pid)
     yield proc.pid
