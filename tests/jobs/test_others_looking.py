@@ -22,7 +22,7 @@ from watching import Watch
 
 pytestmark = pytest.mark.job
 
-HUNG_FOR_S = 12.0  # how long the job has hung, untouched, before the first test looks
+HUNG_FOR_S = 8.0  # how long the job has hung, untouched, before the first test looks
 PY_SPY = str(Path(sys.executable).with_name("py-spy"))
 
 

@@ -5,6 +5,8 @@ on node2, each in its own PID/UTS/mount/network namespace); a `TorchTrainer` wit
 runs on it, two on each node. Ray numbers the ranks and places them: which ranks land on node2 is
 Ray's choice, read here from its own records. Then the last worker on node2 stalls in its own code
 while the other three wait in DDP's all_reduce. trainwatch runs on node1, given the driver's PID.
+Then, on the same cluster, a worker group of plain Ray actors (no Ray Train): 4 gloo actors, rank 0
+pinned to node1, the rest where Ray puts them; rank 3 stops in its own code.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from real_jobs import FRAMEWORK_JOBS, kill_tree
 from sshd import remote_trainwatch
 import two_hosts
 
-pytest.importorskip("ray.train.torch")
+pytest.importorskip("ray.train.torch")  # Ray Train; the plain actors need only ray
 pytestmark = [pytest.mark.job, pytest.mark.slow]
 
 TRAINWATCH = str(Path(sys.executable).parent / "trainwatch")
@@ -33,10 +35,51 @@ RAY_ENV = ["env", "RAY_DISABLE_USAGE_STATS=1", "RAY_AUTH_MODE=disabled", "RAY_DE
 HEAD = f"{two_hosts.ADDRS['node1']}:6379"
 
 
+class RayHosts:
+    """Two hosts with Ray on both, and one training run on them at a time (each a driver on node1)."""
+
+    def __init__(self, hosts, workdir: Path) -> None:
+        self.hosts, self.root = hosts, workdir
+        self.driver_proc: subprocess.Popen | None = None
+
+    def __getattr__(self, name: str):  # noqa: ANN204 (the hosts' own: on(), ssh_config)
+        return getattr(self.hosts, name)
+
+    def run(self, script: str, ready, *env: str) -> None:
+        """Start ``script`` from tests/jobs_frameworks/ as a driver on node1 (the previous run stopped
+        first: the cluster's 4 CPUs hold one run's 4 workers) and wait until ``ready(log text)``."""
+        self.stop()
+        self.workdir = self.root / Path(script).stem
+        self.workdir.mkdir()
+        for helper in FRAMEWORK_JOBS.glob("_*.py"):
+            shutil.copy(helper, self.workdir / helper.name)
+        shutil.copy(FRAMEWORK_JOBS / script, self.workdir)
+        self.log = self.workdir / "job.log"
+        with open(self.log, "wb") as out:
+            self.driver_proc = subprocess.Popen(
+                self.hosts.on("node1", [*RAY_ENV, f"RAY_ADDRESS={HEAD}", "TW_RAY_WORKERS=4", *env, sys.executable,
+                                        script, "--deadline", "150"], cwd=str(self.workdir)),
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 120
+        while not ready(self.log.read_text(errors="replace")):
+            assert self.driver_proc.poll() is None, f"the driver exited early:\n{self.log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"the ranks did not start:\n{self.log.read_text()[-3000:]}"
+            time.sleep(0.5)
+        self.driver = int((self.workdir / "driver.pid").read_text())  # as node1's PID namespace sees it
+
+    def stop(self) -> None:
+        if self.driver_proc is not None:
+            kill_tree(self.driver_proc.pid)
+            self.driver_proc.wait(timeout=10)
+            self.driver_proc = None
+            time.sleep(2.0)  # Ray hands the workers' CPUs back once it sees them gone
+
+
 @pytest.fixture(scope="module")
-def ray_cluster(tmp_path_factory):
+def ray_hosts(tmp_path_factory):
     """Two hosts, Ray on both (each node its own temp dir: Ray's sockets live there, and a short path
-    keeps them under the 107-byte limit), and the training run; all of it dies with the namespaces."""
+    keeps them under the 107-byte limit); all of it dies with the namespaces. One cluster for every
+    run of this module: a Ray Train run, then a worker group of plain Ray actors."""
     reason = two_hosts.unavailable_reason()
     if reason:
         if two_hosts.in_ci():
@@ -44,8 +87,8 @@ def ray_cluster(tmp_path_factory):
         pytest.skip(reason)
     workdir = tmp_path_factory.mktemp("raynodes")
     temps = {node: tempfile.mkdtemp(prefix=f"twray-{node}-", dir="/tmp") for node in two_hosts.ADDRS}
-    driver = None
     with two_hosts.TwoHosts(workdir / "hosts") as hosts:
+        cluster = RayHosts(hosts, workdir)
         try:
             for node, addr in two_hosts.ADDRS.items():
                 where = ["--head", "--port", "6379", "--include-dashboard=false"] if node == "node1" else [
@@ -55,30 +98,28 @@ def ray_cluster(tmp_path_factory):
                                                       "--disable-usage-stats"]),
                                       capture_output=True, text=True, timeout=120)
                 assert done.returncode == 0, f"ray start on {node}: {done.stderr[-2000:]}"
-            for helper in FRAMEWORK_JOBS.glob("_*.py"):
-                shutil.copy(helper, workdir / helper.name)
-            shutil.copy(FRAMEWORK_JOBS / "ray_train_straggler.py", workdir)
-            log = workdir / "job.log"
-            with open(log, "wb") as out:
-                driver = subprocess.Popen(
-                    hosts.on("node1", [*RAY_ENV, f"RAY_ADDRESS={HEAD}", "TW_RAY_WORKERS=4",
-                                       f"TW_STALL_IP={two_hosts.ADDRS['node2']}", sys.executable,
-                                       "ray_train_straggler.py", "--deadline", "150"], cwd=str(workdir)),
-                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-            deadline = time.monotonic() + 120
-            while log.read_text(errors="replace").count("step 10\n") < 4:
-                assert driver.poll() is None, f"the driver exited early:\n{log.read_text()[-3000:]}"
-                assert time.monotonic() < deadline, f"the ranks did not start:\n{log.read_text()[-3000:]}"
-                time.sleep(0.5)
-            hosts.workdir, hosts.log = workdir, log
-            hosts.driver = int((workdir / "driver.pid").read_text())  # as node1's PID namespace sees it
-            yield hosts
+            yield cluster
         finally:
-            if driver is not None:
-                kill_tree(driver.pid)
-                driver.wait(timeout=10)
+            cluster.stop()
     for temp in temps.values():
         shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(ray_hosts):
+    """A Ray Train run (4 gloo workers, two on each node) on the module's cluster."""
+    ray_hosts.run("ray_train_straggler.py", lambda text: text.count("step 10\n") >= 4,
+                  f"TW_STALL_IP={two_hosts.ADDRS['node2']}")
+    return ray_hosts
+
+
+@pytest.fixture(scope="module")
+def actor_cluster(ray_hosts):
+    """A worker group of 4 plain Ray actors (rank 0 pinned to node1) on the module's cluster."""
+    ray_hosts.run("ray_actor_group.py", lambda text: "[rank 3] step 10" in text)
+    rows = [line.split() for line in (ray_hosts.workdir / "ranks.txt").read_text().splitlines() if line.strip()]
+    ray_hosts.placed = {int(rank): host for rank, _, host in rows}
+    return ray_hosts
 
 
 def snapshot(hosts, *extra: str) -> dict:
@@ -128,3 +169,32 @@ def test_ray_auto_where_the_controller_log_is_not(ray_cluster):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
     assert "does not hold the run's controller log" in done.stderr and "driver's node" in done.stderr, done.stderr
+
+
+def test_ray_auto_finds_the_other_nodes_ranks_through_the_store(actor_cluster):
+    """A worker group of plain Ray actors: no Ray Train, so no controller log names the nodes; the
+    store rank 0 serves on the driver's node sees the other node's ranks connect, and the agent on
+    that node finds them by their connection to the store's address."""
+    hosts = actor_cluster
+    local = sorted(rank for rank, host in hosts.placed.items() if host == "node1")
+    here = snapshot(hosts)
+    assert here["job"]["launcher"] == "ray actors" and here["job"]["world_size"] == 4, here["job"]
+    assert sorted(r["rank"] for r in here["ranks"]) == local, (here["ranks"], hosts.placed)
+    assert here["job"]["nnodes"] == 2 and here["job"]["rendezvous"]["served_here"] is True, here["job"]
+    assert any(two_hosts.ADDRS["node2"] in n and "ranks on other nodes" in n for n in here["notes"]), here["notes"]
+
+    remote = ["--ray", "auto", "--ssh-option", f"-F {hosts.ssh_config}", "--remote-trainwatch", remote_trainwatch()]
+    healthy = snapshot(hosts, *remote)
+    assert {r["rank"]: r["host"] for r in healthy["ranks"]} == hosts.placed, healthy["ranks"]
+    assert healthy["verdict"]["kind"] == "healthy", healthy["verdict"]
+    assert not any(h["error"] for h in healthy["hosts"]), healthy["hosts"]
+
+    (hosts.workdir / "stall-now").touch()
+    deadline = time.monotonic() + 120
+    while "straggling" not in hosts.log.read_text(errors="replace"):
+        assert time.monotonic() < deadline, hosts.log.read_text()[-3000:]
+        time.sleep(0.3)
+    time.sleep(1.0)
+    stuck = snapshot(hosts, *remote)
+    assert (stuck["verdict"]["kind"], stuck["verdict"]["culprits"]) == ("straggler", [3]), stuck["verdict"]
+    assert "evaluate_forever" in stuck["verdict"]["summary"], stuck["verdict"]
