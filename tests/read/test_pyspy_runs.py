@@ -74,7 +74,15 @@ def test_started_is_called_once_every_run_is_under_way(tmp_path, monkeypatch, sl
     seen: list[list[str]] = []
 
     def started() -> None:
-        seen.append(subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split())
+        # each stand-in is a shell that execs its `sleep` a moment after it starts (on a loaded machine,
+        # a few hundred ms): look until all are there, well within their second
+        deadline = time.monotonic() + 0.8
+        while True:
+            found = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+            if len(found) >= len(sleepers) or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        seen.append(found)
 
     samples = sample_all([(pid, False, None, False, None) for pid in sleepers], timeout=5.0, started=started)
     assert len(seen) == 1 and len(seen[0]) == len(sleepers), seen  # called once, with all three running
