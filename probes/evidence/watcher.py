@@ -67,27 +67,35 @@ class Episodes:
 
     An episode ends only when the job has looked healthy for ``hang_after`` too: one healthy
     sample in the middle of a hang (a flapping verdict) must not start a second episode.
+    The problem's age is the verdict's ``since`` (the job's own evidence); but a verdict that
+    blames ranks not judged yet (``unsure``: read once, or not read) waits ``hang_after`` of our
+    own looking, so a node's agent gets its second look before the bundle is written.
     """
 
     def __init__(self, hang_after: float) -> None:
         self.hang_after = hang_after
         self.started: float | None = None
+        self.seen_at: float | None = None
         self.healthy_since: float | None = None
         self.bundled = False
 
-    def observe(self, verdict: Verdict, now: float) -> bool:
+    def observe(self, verdict: Verdict, now: float, unsure: bool = False) -> bool:
         """True once per episode, when the problem has lasted long enough to bundle."""
         if verdict.kind in HANG_VERDICTS:
             self.healthy_since = None
             if self.started is None:
                 self.started = min(verdict.since or now, now)
-            if not self.bundled and now - self.started >= self.hang_after:
+                self.seen_at = now
+            long_enough = now - self.started >= self.hang_after
+            if unsure:
+                long_enough = long_enough and now - (self.seen_at or now) >= self.hang_after
+            if not self.bundled and long_enough:
                 self.bundled = True
                 return True
         elif verdict.kind in HEALTHY_VERDICTS and self.started is not None:
             self.healthy_since = self.healthy_since or now
             if now - self.healthy_since >= self.hang_after:
-                self.started, self.healthy_since, self.bundled = None, None, False
+                self.started, self.seen_at, self.healthy_since, self.bundled = None, None, None, False
         return False
 
 
@@ -195,7 +203,8 @@ class Watcher:
             self._problems.append(verdict.kind)
         if verdict.kind in CRASH_VERDICTS:
             self._on_lingering_crash(snapshot)
-        if self.episodes.observe(verdict, time.time()):
+        unsure = any(r.state == "unknown" for r in snapshot.ranks if r.rank in verdict.culprits)
+        if self.episodes.observe(verdict, time.time(), unsure):
             path = self._bundle(snapshot, f"{verdict.kind}: {verdict.summary}") \
                 if verdict.kind in self.dump_on else None
             self._say(WatchEvent("problem", "", verdict.kind, verdict.culprits, verdict.summary, path))

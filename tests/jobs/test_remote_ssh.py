@@ -157,10 +157,14 @@ def test_live_agents_over_ssh_name_the_remote_culprit_and_leave_nothing(world, s
     from trainwatch.probes.live import LocalSource
     from trainwatch.probes.remote.streams import StreamSource
 
-    def ours() -> list[int]:  # this test's agents (other tests may run agents beside it)
-        pinned = str(world.pids[1])  # the wrapper below puts node-b's launcher PID in the agent's command line
-        return [p.pid for p in psutil.process_iter(["cmdline"])
-                if "agent" in (cmd := p.info["cmdline"] or []) and pinned in cmd]
+    begun = time.time() - 0.5  # create_time is rounded to clock ticks
+
+    def ours() -> list[int]:
+        """This test's agents: the wrapper below puts node-b's launcher PID in the agent's command line;
+        an earlier test's agent may still be on its way out (it leaves within a grace of its stop)."""
+        pinned = str(world.pids[1])
+        return [p.pid for p in psutil.process_iter(["cmdline", "create_time"])
+                if "agent" in (cmd := p.info["cmdline"] or []) and pinned in cmd and p.info["create_time"] >= begun]
 
     local = LocalSource(world.pids[0], window=1.0, gpu=False)
     remote = SshRemote("node-b", options=("-F", str(sshd.config)))

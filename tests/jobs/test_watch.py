@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -28,6 +29,18 @@ def test_one_bundle_per_episode():
     assert not episodes.observe(Verdict(kind="healthy"), 171)  # healthy for 11 s: over
     assert not episodes.observe(hang, 180)
     assert episodes.observe(hang, 191)
+
+
+def test_a_hang_older_than_the_first_look_bundles_at_once_unless_it_blames_ranks_not_judged_yet():
+    old = Verdict(kind="straggler", since=50.0, culprits=(2, 3))
+    assert Episodes(hang_after=10).observe(old, 100)  # hung 50 s before we looked: no need to wait
+    episodes = Episodes(hang_after=10)
+    assert not episodes.observe(old, 100, unsure=True)  # ranks 2-3 read once (a node's first answer)
+    assert not episodes.observe(old, 105, unsure=True)
+    assert episodes.observe(dataclasses.replace(old, culprits=(3,)), 106)  # judged: the old hang is bundled
+    episodes = Episodes(hang_after=10)
+    assert not episodes.observe(old, 100, unsure=True)
+    assert episodes.observe(old, 110, unsure=True)  # never judged: bundled after 10 s of our own looking
 
 
 @pytest.mark.job
