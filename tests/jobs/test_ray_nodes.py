@@ -4,7 +4,8 @@ A Ray cluster is started the way clusters are (`ray start --head` on node1, `ray
 on node2, each in its own PID/UTS/mount/network namespace); a `TorchTrainer` with 4 gloo workers
 runs on it, two on each node. Ray numbers the ranks and places them: which ranks land on node2 is
 Ray's choice, read here from its own records. Then the last worker on node2 stalls in its own code
-while the other three wait in DDP's all_reduce. trainwatch runs on node1, given the driver's PID.
+while the other three wait in DDP's all_reduce. trainwatch runs on node1, given the driver's PID
+(and a worker's: any PID of the job finds it whole).
 Then, on the same cluster, a worker group of plain Ray actors (no Ray Train): 4 gloo actors, rank 0
 pinned to node1, the rest where Ray puts them; rank 3 stops in its own code.
 """
@@ -122,11 +123,18 @@ def actor_cluster(ray_hosts):
     return ray_hosts
 
 
-def snapshot(hosts, *extra: str) -> dict:
-    done = subprocess.run(hosts.on("node1", [TRAINWATCH, "snapshot", str(hosts.driver), "--json", *extra]),
+def snapshot(hosts, *extra: str, pid: int | None = None) -> dict:
+    done = subprocess.run(hosts.on("node1", [TRAINWATCH, "snapshot", str(pid or hosts.driver), "--json", *extra]),
                           capture_output=True, text=True, timeout=90)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
+
+
+def workers(hosts, node: str) -> list[int]:
+    """The Ray Train workers on ``node``, as its PID namespace numbers them."""
+    found = subprocess.run(hosts.on(node, ["pgrep", "-f", "^ray::RayTrainWorker"]), capture_output=True, text=True,
+                           timeout=20).stdout.split()
+    return sorted(map(int, found))
 
 
 def on_node2(found: dict) -> list[int]:
@@ -136,7 +144,12 @@ def on_node2(found: dict) -> list[int]:
 def test_ray_auto_reads_the_nodes_ray_placed_the_run_on(ray_cluster):
     hosts = ray_cluster
     here = snapshot(hosts)
+    assert here["job"]["launcher"] == "ray train", here["job"]  # its root: the raylet `ray start` began
     assert len(here["ranks"]) == 2 and {r["host"] for r in here["ranks"]} == {"node1"}, here["ranks"]
+    assert any("rank numbers from Ray Train's worker logs" in n for n in here["notes"]), here["notes"]
+    # the loop runs in Ray's TrainingThread: that is the thread judged; Ray's other helpers are no ranks
+    assert all("train_loop" in (r["where"] or "") or r["phase"] != "unknown" for r in here["ranks"]), here["ranks"]
+    assert sorted(r["pid"] for r in here["ranks"]) == workers(hosts, "node1"), here["ranks"]
     assert here["job"]["world_size"] == 4 and here["job"]["nnodes"] == 2, here["job"]
     placed = next(n for n in here["notes"] if n.startswith("Ray Train's worker group"))
     assert two_hosts.ADDRS["node2"] in placed, here["notes"]
@@ -158,6 +171,10 @@ def test_ray_auto_reads_the_nodes_ray_placed_the_run_on(ray_cluster):
     culprit = max(on_node2(stuck))  # the last worker on node2, whatever number Ray gave it
     assert (stuck["verdict"]["kind"], stuck["verdict"]["culprits"]) == ("straggler", [culprit]), stuck["verdict"]
     assert "evaluate_forever" in stuck["verdict"]["summary"], stuck["verdict"]
+    assert "all_reduce" in stuck["verdict"]["summary"], stuck["verdict"]
+    from_a_worker = snapshot(hosts, *remote, pid=workers(hosts, "node1")[0])  # any PID of the job will do
+    assert (from_a_worker["verdict"]["kind"], from_a_worker["verdict"]["culprits"]) == ("straggler", [culprit])
+    assert {r["rank"]: r["host"] for r in from_a_worker["ranks"]} == {r["rank"]: r["host"] for r in stuck["ranks"]}
 
 
 def test_ray_auto_where_the_controller_log_is_not(ray_cluster):

@@ -6,6 +6,7 @@ on the log it left tells the loop too. A job that restarts once and then runs on
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 
@@ -66,7 +67,9 @@ def test_watch_alerts_the_crash_then_the_loop_once_and_never_a_healthy_job_betwe
     alerts = [e for e in events if e["event"] == "crashed"]
     assert [a["culprits"] for a in alerts] == [[1], [1]], alerts
     assert alerts[1]["summary"].startswith("a crash loop: rank 1 died: exit code 1"), alerts[1]
-    assert "the same end as the attempt before it (restarted once)" in alerts[1]["summary"]
+    # raised once, at the second end; a loaded machine may bring the launcher's news of it after the third
+    assert re.search(r"the same end as (the attempt before it \(restarted once\)|each of the 2 attempts before it "
+                     r"\(restarted 2 times\))", alerts[1]["summary"]), alerts[1]
     first_crash = next(i for i, e in enumerate(events) if e["event"] == "crash")
     assert not [e for e in events[first_crash:] if e["event"] == "verdict" and e["verdict"] == "healthy"], events
     ended = next(e for e in events if e["event"] == "job_ended")
