@@ -310,7 +310,8 @@ def train(scenario: str, step_s: float, stop_at: float, ddp: bool = False, timeo
         else:
             loss = compute_step(model, batch)
         if step_s and scenario == "raiseat":
-            busy(step_s)  # a step of work on the CPU: each attempt reads as running until it fails
+            busy(min(step_s, 0.05))  # work on the CPU each step: each attempt reads as running until it fails
+            time.sleep(max(0.0, step_s - 0.05))
         elif step_s and scenario != "longstep":
             time.sleep(step_s)
         if scenario == "slowstep" and rank == 0:

@@ -27,9 +27,9 @@ JOBS = {
     "bench_steps": ["--ranks", "2", "--repeat", "1"],
     "bench_dump": ["--nproc", "2", "--repeat", "1"],
     "bench_first_verdict": ["--ranks", "2", "--window", "1"],
-    "bench_hook": ["--seconds", "2", "--nproc", "2", "--rounds", "1"],
+    "bench_hook": ["--seconds", "2", "--nproc", "1", "--rounds", "1"],
     "bench_attach": ["--ranks", "2", "--seconds", "8", "--interval", "1"],
-    "bench_native": ["--ranks", "2", "--seconds", "2", "--polls", "3"],
+    "bench_native": ["--ranks", "2", "--seconds", "1", "--polls", "2"],
     "bench_latency": ["--reps", "1", "--ranks", "2", "--stall-min", "3", "--stall-max", "4", "--modes", "attach"],
 }
 # Benchmarks with a test file of their own (stronger checks on what they return).

@@ -117,27 +117,33 @@ def _all_bytes(path: Path) -> bytes:
 
 # ---- armed jobs (through `trainwatch run` and the hook)
 
-def test_mismatch_bundle_has_every_flight_recorder_trace_and_names_the_culprit(tmp_path):
-    job = _start(tmp_path, "mismatch", nproc=3, armed=True)
+@pytest.fixture(scope="module")
+def armed_mismatch(tmp_path_factory):
+    """An armed 3-rank mismatch, read (never changed) by the tests below: its rank PIDs."""
+    job = _start(tmp_path_factory.mktemp("armed"), "mismatch", nproc=3, armed=True)
     try:
-        pids = _wait(job, 3, MISMATCH)
-        out = subprocess.run([sys.executable, "-m", "trainwatch.tui.cli", "dump", str(pids[0]), "--out",
-                              str(tmp_path / "out"), "--no-native", "--window", "0.5"],
-                             capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0, out.stderr
-        bundle = Path(out.stdout.strip().splitlines()[-1])
-        assert bundle.is_dir() and bundle.parent == tmp_path / "out"
-        for rank in range(3):
-            assert list((bundle / "ranks" / str(rank) / "flight-recorder").glob("*.json")), rank
-        summary = (bundle / "summary.md").read_text()
-        assert "rank 2 enqueued all_gather #" in summary and "ranks 0-1 enqueued all_reduce #" in summary
-        assert "Culprit rank(s) by collectives: 2" in summary
-        assert BundleSource(bundle).poll().collectives.culprits == (2,)
+        yield _wait(job, 3, MISMATCH)
     finally:
         _stop(job)
 
 
-def test_bundle_verdict_is_judged_again_with_its_collective_state(tmp_path):
+def test_mismatch_bundle_has_every_flight_recorder_trace_and_names_the_culprit(armed_mismatch, tmp_path):
+    pids = armed_mismatch
+    out = subprocess.run([sys.executable, "-m", "trainwatch.tui.cli", "dump", str(pids[0]), "--out",
+                          str(tmp_path / "out"), "--no-native", "--window", "0.5"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    bundle = Path(out.stdout.strip().splitlines()[-1])
+    assert bundle.is_dir() and bundle.parent == tmp_path / "out"
+    for rank in range(3):
+        assert list((bundle / "ranks" / str(rank) / "flight-recorder").glob("*.json")), rank
+    summary = (bundle / "summary.md").read_text()
+    assert "rank 2 enqueued all_gather #" in summary and "ranks 0-1 enqueued all_reduce #" in summary
+    assert "Culprit rank(s) by collectives: 2" in summary
+    assert BundleSource(bundle).poll().collectives.culprits == (2,)
+
+
+def test_bundle_verdict_is_judged_again_with_its_collective_state(armed_mismatch, tmp_path):
     """The verdict handed to the bundle came from stacks alone and blamed the wrong ranks (as a
     real bundle once did: "straggler, culprits 0-1" over a Collective state section naming rank 2).
     The bundle judges again with the Flight Recorder traces it collected: one story throughout."""
@@ -145,27 +151,23 @@ def test_bundle_verdict_is_judged_again_with_its_collective_state(tmp_path):
     import json as _json
     from trainwatch.probes.snapshot import Verdict
 
-    job = _start(tmp_path, "mismatch", nproc=3, armed=True)
-    try:
-        pids = _wait(job, 3, MISMATCH)
-        sampled = _snapshot(pids[0])
-        wrong = Verdict("straggler", (0, 1), "ranks 0-1 are in compute while rank 2 waits in all_gather")
-        given = dataclasses.replace(sampled, verdict=wrong, collectives=None)
-        bundle = write_bundle(pids[0], given, tmp_path / "out", native=False)
-        summary = (bundle / "summary.md").read_text()
-        verdict_section = summary.split("## Verdict")[1].split("## Collective state")[0]
-        collective_section = summary.split("## Collective state")[1].split("## Stack groups")[0]
-        assert "rank 2 enqueued all_gather #" in collective_section
-        assert "Culprit rank(s) by collectives: 2" in collective_section
-        assert "**mismatch**: rank 2 enqueued all_gather #" in verdict_section, verdict_section
-        assert "Culprit rank(s): 2\n" in verdict_section and "straggler" not in verdict_section
-        data = _json.loads((bundle / "snapshot.json").read_text())
-        assert (data["verdict"]["kind"], data["verdict"]["culprits"]) == ("mismatch", [2])
-        assert [g["ranks"] for g in data["groups"] if g["culprit"]] == [[2]]
-        reopened = BundleSource(bundle).poll()
-        assert reopened.verdict.culprits == reopened.collectives.culprits == (2,)
-    finally:
-        _stop(job)
+    pids = armed_mismatch
+    sampled = _snapshot(pids[0])
+    wrong = Verdict("straggler", (0, 1), "ranks 0-1 are in compute while rank 2 waits in all_gather")
+    given = dataclasses.replace(sampled, verdict=wrong, collectives=None)
+    bundle = write_bundle(pids[0], given, tmp_path / "out", native=False)
+    summary = (bundle / "summary.md").read_text()
+    verdict_section = summary.split("## Verdict")[1].split("## Collective state")[0]
+    collective_section = summary.split("## Collective state")[1].split("## Stack groups")[0]
+    assert "rank 2 enqueued all_gather #" in collective_section
+    assert "Culprit rank(s) by collectives: 2" in collective_section
+    assert "**mismatch**: rank 2 enqueued all_gather #" in verdict_section, verdict_section
+    assert "Culprit rank(s): 2\n" in verdict_section and "straggler" not in verdict_section
+    data = _json.loads((bundle / "snapshot.json").read_text())
+    assert (data["verdict"]["kind"], data["verdict"]["culprits"]) == ("mismatch", [2])
+    assert [g["ranks"] for g in data["groups"] if g["culprit"]] == [[2]]
+    reopened = BundleSource(bundle).poll()
+    assert reopened.verdict.culprits == reopened.collectives.culprits == (2,)
 
 
 def test_straggler_bundle_has_faulthandler_traces_of_all_threads(tmp_path):

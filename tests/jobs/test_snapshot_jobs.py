@@ -72,13 +72,39 @@ def test_straggler_names_the_rank_and_its_line(planted):
     assert main["frames"][0]["file"].endswith("train.py") and {"function", "file", "line"} <= set(main["frames"][0])
 
 
-def test_mismatched_collectives(planted):
-    job = planted("mismatch", nproc=3)
-    rc, data, err = snapshot(job.pid, "--window", "2")
+@pytest.fixture(scope="module")
+def mismatch(tmp_path_factory):
+    """A 3-rank mismatch under `timeout`, as in a batch script (read only: shared)."""
+    with PlantedJob(tmp_path_factory.mktemp("mismatch"), "mismatch", nproc=3, prefix=["timeout", "150"],
+                    deadline=120) as job:
+        job.wait_for_ranks()
+        yield job
+
+
+def test_mismatched_collectives(mismatch):
+    rc, data, err = snapshot(mismatch.pid, "--window", "2")
     assert data["verdict"]["kind"] == "mismatch", data["verdict"]
     assert data["verdict"]["culprits"] == [2]
     assert "all_gather" in data["verdict"]["summary"] and "all_reduce" in data["verdict"]["summary"]
     assert by_rank(data)[2]["where"].endswith("sync_metrics")
+
+
+def test_attach_by_non_python_ancestor(mismatch):
+    # `timeout` above torchrun: the job is found beneath it.
+    rc, data, err = snapshot(mismatch.pid, "--window", "1")
+    assert rc == 0, err
+    assert data["job"]["launcher"] == "torchrun" and data["job"]["pid"] != mismatch.pid
+    assert data["job"]["pid"] in [p.pid for p in psutil.Process(mismatch.pid).children()]
+    assert sorted(by_rank(data)) == [0, 1, 2]
+
+
+def test_attach_by_rank_pid_finds_the_whole_job(mismatch):
+    launcher = psutil.Process(mismatch.pid).children()[0].pid
+    rank_pid = mismatch.rank_pids()[1]
+    rc, data, err = snapshot(rank_pid, "--window", "0")
+    assert rc == 0, err
+    assert data["job"]["pid"] == launcher and len(data["ranks"]) == 3
+    assert data["verdict"]["kind"] == "unknown"  # one sample cannot judge progress, and says so
 
 
 def test_uneven_data_rank_leaves_loop_early(planted):
@@ -109,11 +135,14 @@ def test_lock_deadlock_points_at_the_other_thread(planted):
     assert any(t["name"] == "metrics-writer" for t in culprit["threads"])
 
 
-def test_segfaulted_rank_is_crashed_with_its_signal(tmp_path):
+def test_segfaulted_rank_is_missing_from_no_sample_then_crashed_with_its_signal(tmp_path):
     # A slow launcher monitor keeps the dead rank as a zombie long enough to read its status.
     with PlantedJob(tmp_path, "segfault", nproc=3, monitor_interval=30) as job:
         job.wait_for_ranks()
         wait_for_zombie(job)
+        # Reap nothing ourselves: the launcher keeps the zombie; the rank is reported, not lost.
+        rc, data, err = snapshot(job.pid, "--window", "0")
+        assert sorted(by_rank(data)) == [0, 1, 2]
         rc, data, err = snapshot(job.pid, "--window", "1")
         assert data is not None, err
         assert data["verdict"]["kind"] == "crashed", data["verdict"]
@@ -131,34 +160,6 @@ def test_single_process_without_launcher(tmp_path):
         assert data["job"]["launcher"] == "python"
         assert [r["rank"] for r in data["ranks"]] == [0]
         assert data["ranks"][0]["pid"] == job.pid
-
-
-def test_attach_by_non_python_ancestor(tmp_path):
-    # `timeout` above torchrun, as in a batch script: the job is found beneath it.
-    with PlantedJob(tmp_path, "mismatch", nproc=2, prefix=["timeout", "120"]) as job:
-        job.wait_for_ranks()
-        rc, data, err = snapshot(job.pid, "--window", "1")
-        assert rc == 0, err
-        assert data["job"]["launcher"] == "torchrun" and data["job"]["pid"] != job.pid
-        assert sorted(by_rank(data)) == [0, 1]
-
-
-def test_attach_by_rank_pid_finds_the_whole_job(planted):
-    job = planted("mismatch", nproc=2)
-    rank_pid = job.rank_pids()[1]
-    rc, data, err = snapshot(rank_pid, "--window", "0")
-    assert rc == 0, err
-    assert data["job"]["pid"] == job.pid and len(data["ranks"]) == 2
-    assert data["verdict"]["kind"] == "unknown"  # one sample cannot judge progress, and says so
-
-
-def test_missing_rank_is_reported(tmp_path):
-    with PlantedJob(tmp_path, "segfault", nproc=3, monitor_interval=30) as job:
-        job.wait_for_ranks()
-        wait_for_zombie(job)
-        # Reap nothing ourselves: the launcher keeps the zombie; the rank is reported, not lost.
-        rc, data, err = snapshot(job.pid, "--window", "0")
-        assert sorted(by_rank(data)) == [0, 1, 2]
 
 
 def wait_for_zombie(job: PlantedJob) -> None:
