@@ -96,6 +96,8 @@ def one_run(root: Path, scenario: str, minutes: float, n: int) -> tuple[dict[str
                 time.sleep(minutes * 60)
         finally:
             watch.stop()
+            time.sleep(0.5)  # its last lines reach the reader thread
+            watch.finish(timeout=10)  # the events it printed, drained
             subprocess.run([*tmux, "kill-server"], capture_output=True, timeout=30)
     seen = dict(others.seen)
     seen["watch"] = Counter(e["verdict"] for e in watch.events if e["event"] == "verdict")
