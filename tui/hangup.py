@@ -9,10 +9,34 @@ was ignored when trainwatch started (``nohup``) stays ignored.
 
 from __future__ import annotations
 
+import os
 import signal
+import threading
+import time
 from collections.abc import Callable
 
 EXIT_HANGUP = 128 + signal.SIGHUP
+LAST_RESORT_S = 10.0  # the live view's shutdown can block writing to a terminal that is gone
+_cleanups: list[Callable[[], object]] = []
+
+
+def at_hangup(cleanup: Callable[[], object]) -> None:
+    """``cleanup`` (stopping what this command started) runs even if the view's shutdown hangs."""
+    _cleanups.append(cleanup)
+
+
+def _last_resort() -> None:
+    """If the process is still here ``LAST_RESORT_S`` after SIGHUP, run the cleanups and exit."""
+    def run() -> None:
+        time.sleep(LAST_RESORT_S)
+        for cleanup in reversed(_cleanups):
+            try:
+                cleanup()
+            except (OSError, RuntimeError, ValueError):
+                pass  # best effort on the way out: the next cleanup still runs
+        os._exit(EXIT_HANGUP)
+
+    threading.Thread(target=run, name="tw-hangup-last-resort", daemon=True).start()
 
 
 class Hangup(KeyboardInterrupt):
@@ -36,7 +60,11 @@ def quit_loop_on_hangup(quit_app: Callable[[], object]) -> bool:
 
     if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
         return False
-    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, quit_app)
+    def hung_up() -> None:
+        _last_resort()
+        quit_app()
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, hung_up)
     return True
 
 

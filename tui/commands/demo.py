@@ -16,6 +16,7 @@ from pathlib import Path
 from ...probes import TrainwatchError
 from .common import WINDOW_DEFAULTS, count_between, positive_seconds, require_terminal
 from ..planted import SCENARIOS, stop_job_tree
+from .. import hangup
 
 PLANTED = Path(__file__).resolve().parents[1] / "planted.py"  # copied next to the job as train.py
 
@@ -133,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
         require_terminal("demo", "use `trainwatch demo --no-tui` for one snapshot table")
     require_torch()
     job = DemoJob(args.scenario, args.ranks, args.deadline).start()
+    hangup.at_hangup(job.stop)
     try:
         print(f"trainwatch: starting a {args.ranks}-rank '{args.scenario}' demo job (torchrun, gloo on this CPU) "
               f"in {job.dir}", file=sys.stderr)
