@@ -68,6 +68,15 @@ class RayHosts:
             time.sleep(0.5)
         self.driver = int((self.workdir / "driver.pid").read_text())  # as node1's PID namespace sees it
 
+    def stall(self, timeout: float) -> None:
+        """Tell the run's last worker to stop in its own code, and wait until it says it has."""
+        (self.workdir / "stall-now").touch()
+        deadline = time.monotonic() + timeout
+        while "straggling" not in self.log.read_text(errors="replace"):
+            assert time.monotonic() < deadline, self.log.read_text()[-3000:]
+            time.sleep(0.3)
+        time.sleep(1.0)
+
     def stop(self) -> None:
         if self.driver_proc is not None:
             kill_tree(self.driver_proc.pid)
@@ -161,12 +170,7 @@ def test_ray_auto_reads_the_nodes_ray_placed_the_run_on(ray_cluster):
     assert len(on_node2(healthy)) == 2 and healthy["verdict"]["kind"] == "healthy", healthy["verdict"]
     assert [h["name"] for h in healthy["hosts"]] == ["node1", "node2"] and not any(h["error"] for h in healthy["hosts"])
 
-    (hosts.workdir / "stall-now").touch()
-    deadline = time.monotonic() + 60
-    while "straggling" not in hosts.log.read_text(errors="replace"):
-        assert time.monotonic() < deadline, hosts.log.read_text()[-3000:]
-        time.sleep(0.3)
-    time.sleep(1.0)
+    hosts.stall(timeout=60)
     stuck = snapshot(hosts, *remote)
     culprit = max(on_node2(stuck))  # the last worker on node2, whatever number Ray gave it
     assert (stuck["verdict"]["kind"], stuck["verdict"]["culprits"]) == ("straggler", [culprit]), stuck["verdict"]
@@ -180,9 +184,8 @@ def test_ray_auto_reads_the_nodes_ray_placed_the_run_on(ray_cluster):
 def test_ray_auto_where_the_controller_log_is_not(ray_cluster):
     """On a worker-only node nothing names the other nodes: a clear refusal, not this node alone."""
     hosts = ray_cluster
-    worker = subprocess.run(hosts.on("node2", ["pgrep", "-f", "^ray::RayTrainWorker"]), capture_output=True,
-                            text=True, timeout=20).stdout.split()[0]
-    done = subprocess.run(hosts.on("node2", [TRAINWATCH, "snapshot", worker, "--ray", "auto"]),
+    worker = workers(hosts, "node2")[0]
+    done = subprocess.run(hosts.on("node2", [TRAINWATCH, "snapshot", str(worker), "--ray", "auto"]),
                           capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
     assert "does not hold the run's controller log" in done.stderr and "driver's node" in done.stderr, done.stderr
@@ -206,12 +209,7 @@ def test_ray_auto_finds_the_other_nodes_ranks_through_the_store(actor_cluster):
     assert healthy["verdict"]["kind"] == "healthy", healthy["verdict"]
     assert not any(h["error"] for h in healthy["hosts"]), healthy["hosts"]
 
-    (hosts.workdir / "stall-now").touch()
-    deadline = time.monotonic() + 120
-    while "straggling" not in hosts.log.read_text(errors="replace"):
-        assert time.monotonic() < deadline, hosts.log.read_text()[-3000:]
-        time.sleep(0.3)
-    time.sleep(1.0)
+    hosts.stall(timeout=120)
     stuck = snapshot(hosts, *remote)
     assert (stuck["verdict"]["kind"], stuck["verdict"]["culprits"]) == ("straggler", [3]), stuck["verdict"]
     assert "evaluate_forever" in stuck["verdict"]["summary"], stuck["verdict"]
