@@ -41,8 +41,9 @@ BANNERS = ("HEALTHY", "STRAGGLER", "MISMATCH", "HANG", "RENDEZVOUS", "CRASHED", 
 class Onlookers:
     """The py-spy loop, the snapshot loop and the attach screen, each in a thread, counting verdicts."""
 
-    def __init__(self, job: PlantedJob, tmux: list[str]) -> None:
-        self.job, self.tmux = job, tmux
+    def __init__(self, job: PlantedJob, tmux: list[str], wrong: str) -> None:
+        self.job, self.tmux, self.wrong = job, tmux, wrong
+        self.kept: list[Path] = []  # what a snapshot said when it was wrong, for the record
         self.seen: dict[str, Counter] = {"snapshot": Counter(), "attach": Counter()}
         self.dumps = 0
         self._stop = threading.Event()
@@ -69,7 +70,11 @@ class Onlookers:
             proc = subprocess.run([*TRAINWATCH, "snapshot", str(self.job.pid), "--json"], capture_output=True,
                                   text=True, timeout=120)
             if proc.returncode == 0:
-                self.seen["snapshot"][json.loads(proc.stdout)["verdict"]["kind"]] += 1
+                kind = json.loads(proc.stdout)["verdict"]["kind"]
+                self.seen["snapshot"][kind] += 1
+                if kind == self.wrong or (self.wrong == "problem" and kind not in ("healthy", "unknown")):
+                    self.kept.append(self.job.workdir / f"wrong-snapshot-{len(self.kept)}.json")
+                    self.kept[-1].write_text(proc.stdout)
 
     def _screen(self) -> None:
         while not self._stop.wait(2.0):
@@ -92,7 +97,7 @@ def one_run(root: Path, scenario: str, minutes: float, n: int) -> tuple[dict[str
                         f"env TERM=xterm-256color {attach}"], check=True, timeout=30)
         watch = Watch(job.pid, job.workdir, extra_args=("--interval", "5", "--hang-after", "20"))
         try:
-            with Onlookers(job, tmux) as others:
+            with Onlookers(job, tmux, "healthy" if scenario == "straggler" else "problem") as others:
                 time.sleep(minutes * 60)
         finally:
             watch.stop()
@@ -102,6 +107,9 @@ def one_run(root: Path, scenario: str, minutes: float, n: int) -> tuple[dict[str
     seen = dict(others.seen)
     seen["watch"] = Counter(e["verdict"] for e in watch.events if e["event"] == "verdict")
     bundled = any(e["event"] == "bundle" for e in watch.events)
+    if others.kept or (scenario == "healthy" and set(seen["watch"]) - {"healthy", "unknown"}):
+        (job.workdir / "watch-events.json").write_text(json.dumps(watch.events, indent=1))
+        print(f"  kept: {job.workdir} ({len(others.kept)} wrong snapshots, the watch's events)")
     print(f"  {scenario} #{n + 1}: {others.dumps} py-spy dumps; "
           + "; ".join(f"{who} {dict(c)}" for who, c in seen.items()) + f"; watch bundled: {bundled}")
     return seen, bundled

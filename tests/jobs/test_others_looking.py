@@ -76,10 +76,14 @@ class Onlookers:
 
 @pytest.fixture(scope="module")
 def hung(tmp_path_factory):
-    """A 3-rank straggler job (rank 2 sleeps at step 3, ranks 0-1 wait in all_reduce), left alone
+    """A 3-rank straggler job (rank 2 sleeps after 1 s, ranks 0-1 wait in all_reduce), left alone
     until it has hung for ``HUNG_FOR_S``; the tests below read it in file order."""
-    with PlantedJob(tmp_path_factory.mktemp("hung"), "straggler", nproc=3, deadline=240) as job:
+    with PlantedJob(tmp_path_factory.mktemp("hung"), "straggler", nproc=3, deadline=240,
+                    script_args=["--stall-after", "1"]) as job:
         pids = job.wait_for_ranks()
+        # Its own line first: a rank waiting for its DataLoader's first batch on a loaded machine uses
+        # no CPU either, and seconds of steps may still follow (seen in CI: 3 s).
+        job.wait_for_log(r"rank 2 stops at")
         wait_quiet(pids)
         time.sleep(HUNG_FOR_S)
         yield job, pids, time.time() - HUNG_FOR_S
