@@ -171,9 +171,11 @@ class Sampler:
         force, now = poll % FULL_REFRESH_EVERY == 0 or problem, time.time()
         # Also every rank whose last look showed neither a new stack nor a sign in its counters: a loop
         # spinning at one wait each step (a CUDA sync) shows only that, and only its step tells
-        # whether it went round (judge/progress.py). Blocking waits that wake, and moving ranks, need none.
+        # whether it went round (judge/progress.py); and every rank last seen in such a wait, so that
+        # a second look there reads the step in the same pass. Other waits that wake, and moving ranks, need none.
         return frozenset(pid for pid, native, _prev, _skip, counters, *_ in requests
-                         if not native and self.steps.due(pid, counters, now, force=force or self.watch.unclear(pid)))
+                         if not native and self.steps.due(pid, counters, now, force=force or self.watch.unclear(pid)
+                                                          or self.watch.blind(pid)))
 
     def _read_steps(self, samples: dict[int, StackSample], now: float) -> None:
         """Feed the step clock; a step that changed is that rank's progress."""

@@ -28,7 +28,8 @@ progress. Signs of progress between two samples:
   between ``isCompleted()`` checks), and each wake-up is its timer's, not an answer;
 * its step-like local (``step``, ``global_step``... read with ``--locals``, see
   :mod:`trainwatch.probes.judge.steps`) changed: the loop went round, whatever line it waits at.
-  Read at each dump of a rank whose last look was :meth:`StackWatch.unclear`;
+  Read at each dump of a rank whose last look was :meth:`StackWatch.unclear` or found it in a
+  wait its counters cannot see through (:meth:`StackWatch.blind`);
 * it burnt CPU (2 ms or more between two looks) while not in a wait that spins (a long compute
   line is still work, and so is a loop read at its short ``time.sleep`` each time; a thread
   spinning inside a collective or a CUDA synchronize is not: the phase comes from a native sample
@@ -80,6 +81,7 @@ class _Look(Record):
     signs: list[float] = field(default_factory=list)  # when progress was seen, not yet handed on
     first: FirstLook | None = None  # the first look, before any dump of ours woke it
     seen_at: float = 0.0  # unix time of the last look
+    phase: str = ""  # the main thread's phase at the last look
 
 
 def spun(before: ThreadCounters, after: ThreadCounters) -> bool | None:
@@ -169,6 +171,7 @@ class StackWatch:
             self.mark(pid, asleep_since if went_still else now)
         look.seen_at = now
         look.unclear = not progressed
+        look.phase = phase
         look.signature, look.after = signature, after
         if dumped:
             look.dumped_after = after
@@ -223,6 +226,16 @@ class StackWatch:
         its loop."""
         look = self._looks.get(pid)
         return look is not None and look.unclear
+
+    def blind(self, pid: int) -> bool:
+        """Whether the last look found the main thread in a wait where its counters cannot tell
+        progress from waiting (a collective or GPU wait: CPU there may be spin, wake-ups a poll
+        loop's timer). Its step is then read at the next dump, in the same pass: the ranks of a
+        lockstep job wait for each other every step, and a healthy one caught at the same wait at
+        two looks in a row showed nothing else (seen: the healthy job called a straggler under
+        load, the kernel's read catching its `time.sleep` timer and the dump its all_reduce)."""
+        look = self._looks.get(pid)
+        return look is not None and (look.phase in SPINNING_WAITS or look.phase in POLLED_PHASES)
 
     def woke(self, pid: int, before: ThreadCounters | None) -> bool:
         """Whether the main thread blocked and woke up repeatedly since the last observation (not

@@ -11,7 +11,7 @@ healthy, watched for ``--minutes`` by everything a team points at a job at once:
 Counted: every verdict any of them showed. A hung job must never read healthy and `watch` must
 write its bundle; a healthy job must never read as a problem.
 
-    python tests/bench/stress_observers.py [--runs 10] [--minutes 5]
+    python tests/bench/stress_observers.py [--runs 10] [--minutes 5] [--only healthy]
 """
 
 from __future__ import annotations
@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--minutes", type=float, default=5.0)
+    parser.add_argument("--only", choices=("straggler", "healthy"), help="run only this kind of job")
     args = parser.parse_args(argv)
     if shutil.which("tmux") is None:
         print("needs tmux")
@@ -126,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="tw-stress-observers-"))
     failures = 0
     for scenario, wrong in (("straggler", "healthy"), ("healthy", "problem")):
+        if args.only not in (None, scenario):
+            continue
         bad_runs, unbundled = 0, 0
         for n in range(args.runs):
             seen, bundled = one_run(root, scenario, args.minutes, n)

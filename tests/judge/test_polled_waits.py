@@ -51,3 +51,22 @@ def test_a_rank_read_on_a_timer_is_dumped_again_and_sampled_natively():
     assert watch.needs_dump(7, look(1, "clock_nanosleep"))  # its wake-ups may be a poll's: look again
     assert not watch.woke(7, look(1, "clock_nanosleep"))  # so a native sample may say which wait it is
     assert not watch.needs_dump(7, look(1, "futex")) and watch.woke(7, look(1, "futex"))
+
+
+def test_a_rank_last_seen_in_a_collective_has_its_step_read_in_the_next_dump():
+    """A lockstep job's ranks wait for each other every step: a healthy rank is caught at its
+    all_reduce at two looks running, its wake-ups read on its own ``time.sleep``'s timer (the kernel
+    is read just before the dump). Only its step says it went round, so the next dump reads it
+    (seen under load: a healthy job called a straggler for one look)."""
+    from trainwatch.probes.read.processes.exits import ExitLedger
+    from trainwatch.probes.sampling import Sampler
+
+    sampler = Sampler(ExitLedger(root_pid=1))
+    for pid, phase in ((7, "collective"), (8, "sleep"), (9, "gpu_wait")):
+        sampler.steps.observe(pid, (), {}, look(0, "clock_nanosleep"), 1000.0)  # its step read a round ago
+        sampler.watch.observe(pid, ("computing",), "compute", look(0, None), look(0, None), 1000.0)
+        sampler.watch.observe(pid, ("waiting",), phase, look(1, "clock_nanosleep"), look(1, "clock_nanosleep"), 1001.0)
+        assert not sampler.watch.unclear(pid)  # its stack moved: progress, and nothing unclear yet
+    requests = [(pid, False, None, False, look(2, "clock_nanosleep"), None) for pid in (7, 8, 9)]
+    due = sampler._steps_due(requests, poll=1, problem=False)
+    assert due == {7, 9}  # the sleeping loop's wake-ups already showed progress: no --locals for it

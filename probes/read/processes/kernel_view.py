@@ -63,18 +63,21 @@ def kernel_state(pid: int, tid: int | None = None) -> KernelState | None:
     for _ in range(5):  # a py-spy attach (another viewer's) holds a rank for milliseconds: look past it
         stat = procfs.read_text(f"{base}/stat")
         tracer_pid = procfs.status_field(pid, "TracerPid") or "0"
-        if not tracer_pid.isdigit() or tracer_pid == "0" or \
-                (procfs.read_text(f"/proc/{tracer_pid}/comm") or "").strip() != "py-spy":
+        state = stat.rsplit(")", 1)[1].split()[0] if stat else None
+        tracing = tracer_pid.isdigit() and tracer_pid != "0"
+        comm = (procfs.read_text(f"/proc/{tracer_pid}/comm") or "").strip() if tracing else None
+        # Reads of one moment only: a tracing stop (t) whose tracer had gone by the next read, or a
+        # tracer gone before its name was read, is a stop that just ended (seen: a healthy rank called
+        # "stopped by a tracer" as another shell's py-spy dump detached).
+        ended = (state == "t" and not tracing) or (tracing and not comm)
+        if not (ended or comm == "py-spy"):
             break
         time.sleep(0.05)
     if not stat:
         return None
-    state = stat.rsplit(")", 1)[1].split()[0]
     wchan = procfs.wchan(pid, tid)
     call = _syscall(pid, base, wchan)
-    tracer = None
-    if tracer_pid.isdigit() and tracer_pid != "0":
-        tracer = f"{(procfs.read_text(f'/proc/{tracer_pid}/comm') or '?').strip()} (PID {tracer_pid})"
+    tracer = f"{comm or '?'} (PID {tracer_pid})" if tracing else None
     io = _io(pid)
     return KernelState(letter=state, wchan=wchan if wchan not in (None, "0") else None, syscall=call.name,
                        target=call.target, fs_type=call.fs_type, tracer=tracer, read_bytes=io.get("read_bytes"),
