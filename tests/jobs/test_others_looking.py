@@ -151,6 +151,14 @@ def test_py_spy_and_gdb_looking_at_a_hung_job_change_nothing(hung):
     assert verdicts == [("straggler", (2,))] * 3, [(d["verdict"], d["ranks"]) for d in seen]
 
 
+def how_long(watch: Watch) -> str:
+    """What the watch's bundle said of how long each rank had been stuck (for a failure's message)."""
+    bundles = [e["bundle"] for e in watch.events if e.get("bundle")]
+    summaries = [Path(b) / "summary.md" for b in bundles if (Path(b) / "summary.md").exists()]
+    lines = [line for path in summaries for line in path.read_text().splitlines() if "stuck" in line]
+    return "\n".join(list(dict.fromkeys(lines))[:12]) or f"no summary.md in {bundles}"
+
+
 def test_watch_on_a_job_hung_long_ago_bundles_at_once_despite_onlookers(hung, tmp_path):
     """``--hang-after`` counts from when the job stopped (its own evidence), not from when watch
     started: the hang began long before watch did, so the bundle comes well before 40 s of watch's
@@ -165,7 +173,7 @@ def test_watch_on_a_job_hung_long_ago_bundles_at_once_despite_onlookers(hung, tm
         finally:
             watch.stop()
     assert alert["verdict"] == "straggler" and alert["culprits"] == [2], alert
-    assert took < 35, f"bundled after {took:.1f}s: --hang-after counted from watch's start"
+    assert took < 35, f"bundled after {took:.1f}s: --hang-after counted from watch's start\n{how_long(watch)}"
     assert not [e for e in watch.events if e.get("verdict") == "healthy"], watch.events
 
 
