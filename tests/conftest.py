@@ -24,28 +24,11 @@ def planted(tmp_path):
         job.stop()
 
 
-SHARED_SCOPES = ("module", "class", "package")
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    """Every test under tests/jobs/ starts real processes: mark it ``job`` (``-m 'not job'`` skips them).
-
-    A test that uses a fixture shared by its module (a job several tests read) runs on the same
-    xdist worker as the rest of its file (``--dist=loadgroup``); any other test may go to whichever
-    worker is free, so one long file of independent jobs no longer holds one worker to the end."""
+    """Every test under tests/jobs/ starts real processes: mark it ``job`` (``-m 'not job'`` skips them)."""
     for item in items:
         if "jobs" in item.path.parent.parts[-1:]:
             item.add_marker(pytest.mark.job)
-        if _shares_a_fixture(item):
-            item.add_marker(pytest.mark.xdist_group(item.path.name))
-
-
-def _shares_a_fixture(item) -> bool:
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None:  # pytest's internals moved: keep the file together, as before
-        return True
-    return any(d.scope in SHARED_SCOPES for defs in info.name2fixturedefs.values() for d in defs)
 
 
 @pytest.fixture(scope="session")

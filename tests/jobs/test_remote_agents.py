@@ -133,7 +133,7 @@ def test_an_agent_started_late_answers_with_the_others_when_the_first_answers_ar
     # viewer calls for the first answers, a window + FIRST_CALL_S after launching: it answers once
     # half of its window was watched, not a whole window later, and the viewer says so.
     job = straggler
-    script = f'sleep 2; shift 3; exec {" ".join(CLI)} agent {job.proc.pid} "$@"'  # drops --match x:1
+    script = f'sleep 1.5; shift 3; exec {" ".join(CLI)} agent {job.proc.pid} "$@"'  # drops --match x:1
     source = StreamSource(None, [ScriptRemote("node-late", script)], match=["--match", "x:1"], interval=1,
                           window=2, timeout=60)
     try:
