@@ -11,7 +11,7 @@ healthy, watched for ``--minutes`` by everything a team points at a job at once:
 Counted: every verdict any of them showed. A hung job must never read healthy and `watch` must
 write its bundle; a healthy job must never read as a problem.
 
-    python tests/bench/stress_observers.py [--runs 10] [--minutes 5] [--only healthy]
+    python tests/bench/stress_observers.py [--runs 10] [--minutes 5] [--only healthy] [--record DIR]
 """
 
 from __future__ import annotations
@@ -120,7 +120,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--minutes", type=float, default=5.0)
     parser.add_argument("--only", choices=("straggler", "healthy"), help="run only this kind of job")
+    parser.add_argument("--record", type=Path, metavar="DIR",
+                        help="every trainwatch process writes each problem poll's evidence here (recorder/)")
     args = parser.parse_args(argv)
+    if args.record:  # the trainwatch processes started from here on (tmux's too) inherit these
+        args.record.mkdir(parents=True, exist_ok=True)
+        os.environ["TW_RECORD"] = str(args.record.resolve())
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent / "recorder"),
+                                                                 os.environ.get("PYTHONPATH")]))
     if shutil.which("tmux") is None:
         print("needs tmux")
         return 2
