@@ -35,6 +35,10 @@ def crash_under_watch(workdir: Path, culprit: int, *, armed: bool, odd_numel: in
         crashed = watch.until(lambda e: e["event"] == "crashed", 60)
         watch.until(lambda e: e["event"] == "job_ended", 60)
         watch.finish()
+        try:  # `trainwatch run` writes what the dead job left as the job ends: let it finish, not kill it
+            job.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass  # the teardown kills it; the leftovers test then says what was missing
     return crashed, job
 
 
