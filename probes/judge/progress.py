@@ -235,7 +235,7 @@ class StackWatch:
         two looks in a row showed nothing else (seen: the healthy job called a straggler under
         load, the kernel's read catching its `time.sleep` timer and the dump its all_reduce)."""
         look = self._looks.get(pid)
-        return look is not None and (look.phase in SPINNING_WAITS or look.phase in POLLED_PHASES)
+        return look is not None and look.phase in SPINNING_WAITS  # the polled waits among them
 
     def woke(self, pid: int, before: ThreadCounters | None) -> bool:
         """Whether the main thread blocked and woke up repeatedly since the last observation (not

@@ -41,7 +41,7 @@ def test_the_sleep_is_measured_on_one_clock_whatever_cpu_reads_it(theirs, ours):
     assert asleep.wait(10)
     time.sleep(1.5)
     base = f"/proc/{os.getpid()}/task/{thread.native_id}"
-    assert kernel_view._last_cpu(base) == cpu
+    assert kernel_view._last_cpu(open(f"{base}/stat").read()) == cpu
     mine = {"same": {cpu}, "other": {CPUS[1 - theirs]}, "any": set(CPUS)}[ours]
     before = os.sched_getaffinity(0)
     os.sched_setaffinity(0, mine)  # "other": the CPU is outside what we may use (another cpuset)

@@ -84,19 +84,20 @@ def kernel_state(pid: int, tid: int | None = None) -> KernelState | None:
                        write_bytes=io.get("write_bytes"), rchar=io.get("rchar"), wchar=io.get("wchar"),
                        kernel_stack=_stack(base), target_kind=call.kind, peers=call.peers,
                        peers_known=call.peers_known,
-                       asleep_since=asleep_since(base) if state in ("S", "D") else None,
+                       asleep_since=asleep_since(base, stat) if state in ("S", "D") else None,
                        tracer_since=_started(int(tracer_pid)) if tracer else None)
 
 
-def asleep_since(base: str) -> float | None:
+def asleep_since(base: str, stat: str | None = None) -> float | None:
     """Unix time the thread at ``base`` (``/proc/PID/task/TID``) last got a CPU, for a thread read
     asleep: it has slept since (in one wait or several, without running in between). From the
     scheduler's ``se.exec_start``, which runs on the task clock of the CPU the thread last ran on.
     Each CPU's task clock leaves out its own stolen time (in a VM): two CPUs' clocks drift apart,
     4.8 s after 7 hours of a loaded 2-core VM here, so ours is read on the thread's CPU
     (:func:`_own_exec_start_ms`) and only time stolen during the sleep is left out: a figure a
-    little short, never long. None where the kernel has no such file."""
-    cpu = _last_cpu(base)
+    little short, never long. ``stat``: the thread's ``stat`` if just read. None where the kernel
+    has no such file."""
+    cpu = _last_cpu(stat or procfs.read_text(f"{base}/stat") or "")
     theirs = _exec_start_ms(f"{base}/sched")
     ours = _own_exec_start_ms(cpu) if theirs is not None else None
     if theirs is None or ours is None:
@@ -104,9 +105,8 @@ def asleep_since(base: str) -> float | None:
     return time.time() - max(0.0, ours - theirs) / 1000
 
 
-def _last_cpu(base: str) -> int | None:
-    """The CPU the thread last ran on (``stat`` field 39)."""
-    stat = procfs.read_text(f"{base}/stat") or ""
+def _last_cpu(stat: str) -> int | None:
+    """The CPU a thread last ran on, from its ``stat`` (field 39)."""
     fields = stat.rsplit(")", 1)[-1].split()
     try:
         return int(fields[36])  # field 39, counted from field 3 (the state) after the name
@@ -126,7 +126,7 @@ def _own_exec_start_ms(cpu: int | None) -> float | None:
         ours = _exec_start_ms("/proc/thread-self/sched")
         if ours is None or cpu is None:
             return ours
-        here = _last_cpu("/proc/thread-self")
+        here = _last_cpu(procfs.read_text("/proc/thread-self/stat") or "")
         stolen = _stolen_ms()
         if here is None or cpu not in stolen or here not in stolen:
             return ours
