@@ -24,6 +24,10 @@ def verb(ranks: Sequence, singular: str, plural: str) -> str:
 
 # Phases in which a rank waits for its peers: in a collective, or (NCCL) blocked on its GPU behind one.
 PEER_WAITS: frozenset[Phase] = frozenset({"collective", "gpu_wait"})
+# Places whose Python line cannot say what a thread asleep there waits for: DDP's gradient all_reduce
+# waits inside ``backward``, an async collective's ``work.wait()`` reads as a lock; a native sample
+# names the wait (judge/native.py), and where none was read the wait is unread, not the rank's own work.
+UNNAMED_WAITS: frozenset[Phase] = frozenset({"compute", "unknown", "lock"})
 
 
 def place(rank: Rank) -> str:
@@ -389,13 +393,31 @@ def _from_stacks(ranks: Sequence[Rank], collectives: CollectiveState | None,
     if waiting and len(waiting) == len(live):
         return _mismatch_or_hang(waiting, collectives, familiar, now)
     culprits = [r for r in stuck if r.phase not in PEER_WAITS]
+    unnamed = [r for r in culprits if _wait_unnamed(r)]
+    own = _without(culprits, unnamed)
+    if len(culprits) == len(live) and unnamed and own:  # those may wait for these: the likely case, said so
+        text = (f"{each_at(own, stuck=True)} while {who(_numbers(unnamed))} {verb(unnamed, 'is', 'are')} asleep in "
+                f"{place(unnamed[0])} in a wait its Python stack does not name (no native sample was read: "
+                "a collective may wait there, as DDP's all_reduce does inside backward)")
+        return Verdict("straggler", tuple(_numbers(own)), text)
     text = each_at(culprits, stuck=True)
     if len(culprits) == len(live):  # no rank waits for another: none holds the others up, so none is named
         alone = "" if len(live) == 1 else ": every rank is stuck in its own work, none waits for another"
+        if unnamed and len(live) > 1:
+            alone = (": every rank is asleep in a wait its Python stack does not name (a native sample names it: "
+                     "`n` in the live view, or --native)")
         return Verdict("hang", (), text + alone)
     others = _without(live, culprits)
     text += f" while {who(_numbers(others))} {verb(others, 'runs', 'run')} on"
     return Verdict("straggler", tuple(_numbers(culprits)), text)
+
+
+def _wait_unnamed(rank: Rank) -> bool:
+    """Stuck asleep where its Python line cannot say in what (``UNNAMED_WAITS``), with neither a
+    native sample nor the kernel's view naming what it waits for."""
+    kernel = rank.kernel
+    return (rank.phase in UNNAMED_WAITS and not rank.native and rank.waits_for is None
+            and kernel is not None and kernel.letter == "S")
 
 
 def _none_live(ranks: Sequence[Rank]) -> str:

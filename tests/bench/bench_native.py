@@ -117,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
         job.stop()
     print(f"straggler DDP job, {args.ranks} ranks, {args.polls} polls each (2 s window on the first):")
     assert on["verdict"].kind == "straggler" and on["verdict"].culprits == (args.ranks - 1,), on["verdict"]
+    # Without a native sample (off here; timed out on a loaded node) the waiting ranks' wait is unnamed,
+    # not their own work: the straggler is still the one in its own work, and the summary says what is unread.
+    assert off["verdict"].kind == "straggler" and off["verdict"].culprits == (args.ranks - 1,), off["verdict"]
+    assert "a wait its Python stack does not name" in off["verdict"].summary, off["verdict"]
     for name, run in (("auto native on ", on), ("auto native off", off)):
         times = run["times"]
         print(f"  {name}: native samples per poll {run['natives']}, first poll {times[0]:.2f}s, "

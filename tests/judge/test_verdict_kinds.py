@@ -31,6 +31,7 @@ SHAPES = {
     "in a child": ("stuck", "subprocess", {}),
     "on storage": ("stuck", "io", {"op": "open", "kernel": STORAGE}),
     "stopped": ("stuck", "unknown", {"kernel": KernelState(letter="T")}),
+    "asleep in backward": ("stuck", "compute", {"kernel": KernelState(letter="S", syscall="futex")}),
     "unread": ("unknown", "unknown", {}),
     "missing": ("missing", "unknown", {"pid": None}),
     "killed": ("exited", "unknown", {"exit": ExitInfo(signal="SIGKILL", at=5.0)}),
@@ -89,3 +90,37 @@ def test_an_unread_rank_while_the_others_wait_is_named_as_a_missing_one_is():
     verdict = judge(ranks, JOB)
     assert (verdict.kind, verdict.culprits) == ("straggler", (1,)), verdict
     assert "rank 1 could not be read, so it may be what it waits for" in verdict.summary
+
+
+ASLEEP = KernelState(letter="S", syscall="futex")
+
+
+def test_a_rank_asleep_in_backward_with_no_native_sample_may_wait_for_the_one_in_its_own_work():
+    """DDP's all_reduce waits inside ``backward``: without the native sample that says so (it timed
+    out on a loaded node, or automatic native samples are off) rank 0's wait is unnamed, not its own
+    work. The rank in its own work is the straggler, and the summary says what was not read (seen:
+    "every rank is stuck in its own work" for a DDP straggler under a loaded CI)."""
+    ranks = [rank(0, "stuck", "compute", stuck_for_s=9.0, kernel=ASLEEP), rank(1, "stuck", "sleep", stuck_for_s=9.0)]
+    verdict = judge(ranks, JOB)
+    assert (verdict.kind, verdict.culprits) == ("straggler", (1,)), verdict
+    assert verdict.summary == ("rank 1 is stuck in sleep at train.py:11 f while rank 0 is asleep in compute at "
+                               "train.py:10 f in a wait its Python stack does not name (no native sample was read: "
+                               "a collective may wait there, as DDP's all_reduce does inside backward)")
+
+
+def test_a_native_sample_or_a_named_wait_makes_it_the_rank_s_own_again():
+    """Once a native sample said compute (or the kernel named a child it waits for), it is its own work."""
+    for extra in ({"native": True}, {"waits_for": "its child process PID 812 `sleep 60` (running 41 s)"},
+                  {"kernel": KernelState(letter="R")}):
+        ranks = [rank(0, "stuck", "compute", stuck_for_s=9.0, **{"kernel": ASLEEP, **extra}), rank(1, "stuck", "sleep")]
+        verdict = judge(ranks, JOB)
+        assert (verdict.kind, verdict.culprits) == ("hang", ()), (extra, verdict)
+        assert verdict.summary.endswith("every rank is stuck in its own work, none waits for another"), verdict
+
+
+def test_every_rank_asleep_in_an_unnamed_wait_is_a_hang_that_says_so():
+    ranks = [rank(n, "stuck", "compute", stuck_for_s=9.0, kernel=ASLEEP) for n in range(2)]
+    verdict = judge(ranks, JOB)
+    assert (verdict.kind, verdict.culprits) == ("hang", ()), verdict
+    assert verdict.summary.endswith("every rank is asleep in a wait its Python stack does not name (a native "
+                                    "sample names it: `n` in the live view, or --native)"), verdict
