@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import compileall
+from pathlib import Path
+
 import pytest
 
 from real_jobs import PlantedJob
@@ -22,6 +25,16 @@ def planted(tmp_path):
     yield start
     for job in jobs:
         job.stop()
+
+
+def pytest_configure(config):
+    """Compile trainwatch's own modules once, before any test starts a process: with
+    PYTHONDONTWRITEBYTECODE set (as on CI's machines) every trainwatch command and rank would
+    otherwise compile them again, about a CPU-second each on a suite that is bound by CPU."""
+    if not hasattr(config, "workerinput"):  # the controller, not each xdist worker
+        root = Path(__file__).resolve().parents[1]
+        for folder in ("probes", "tui"):
+            compileall.compile_dir(root / folder, quiet=2)
 
 
 def pytest_collection_modifyitems(config, items):

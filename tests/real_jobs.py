@@ -104,13 +104,34 @@ def rank_stuck_at(script: Path, marker: str, code: Path | None = None) -> bool:
     return False
 
 
-def kill_tree(pid: int) -> None:
-    """Kill a test job, every descendant, and anything left in its process group."""
+def _elastic_dirs(pid: int) -> set[Path]:
+    """The temp folders torchrun made for the job's ranks (``/tmp/torchelastic_*``, named in each
+    rank's ``TORCHELASTIC_ERROR_FILE``): a torchrun killed leaves them behind."""
+    found = set()
+    try:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return found
+    for proc in procs:
+        try:
+            error_file = proc.environ().get("TORCHELASTIC_ERROR_FILE", "")
+        except psutil.Error:
+            continue
+        found.update(d for d in Path(error_file).parents if d.name.startswith("torchelastic_"))
+    return found
+
+
+def kill_tree(pid: int, elastic: set[Path] | frozenset[Path] = frozenset()) -> None:
+    """Kill a test job, every descendant, and anything left in its process group; then remove the
+    temp folders its torchrun made (``elastic``: those seen earlier; torchrun never removes them)."""
+    elastic = set(elastic) | _elastic_dirs(pid)
     stop_job_tree(pid, grace=0.5)
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+    for folder in elastic:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 class OwnedTree:
@@ -119,6 +140,7 @@ class OwnedTree:
     reaped; nothing outlives the test."""
 
     proc: subprocess.Popen | None = None
+    elastic: set[Path] = set()  # torchrun's temp folders, seen while it ran (removed on stop)
 
     def start(self):  # noqa: ANN201 (each subclass returns itself)
         raise NotImplementedError
@@ -126,7 +148,7 @@ class OwnedTree:
     def stop(self) -> None:
         if self.proc is None:
             return
-        kill_tree(self.proc.pid)
+        kill_tree(self.proc.pid, self.elastic)
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -220,6 +242,8 @@ class PlantedJob(OwnedTree):
             text = self.log.read_text(errors="replace") if self.log.exists() else ""
             if text.count("scenario ") >= self.nproc:
                 time.sleep(0.3 * steps)
+                if self.proc is not None:
+                    self.elastic = self.elastic | _elastic_dirs(self.proc.pid)
                 return self.rank_pids()
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"job exited early ({self.proc.returncode}):\n{text[-3000:]}")
@@ -235,6 +259,8 @@ class PlantedJob(OwnedTree):
             text = self.log.read_text(errors="replace") if self.log.exists() else ""
             missing = [p for p in patterns if not re.search(p, text, re.M)]
             if not missing:
+                if self.proc is not None:
+                    self.elastic = self.elastic | _elastic_dirs(self.proc.pid)
                 return text
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"job exited ({self.proc.returncode}) before {missing}:\n{text[-3000:]}")
