@@ -17,13 +17,22 @@ from pathlib import Path
 from real_jobs import PlantedJob, default_signals
 
 TRAINWATCH = [sys.executable, "-m", "trainwatch.tui.cli"]
+RECORDER = Path(__file__).resolve().parent / "bench" / "recorder"
 
 
 class Watch:
     """`trainwatch watch PID --json --on-event` running beside the job; events read as they come."""
 
-    def __init__(self, pid: int, workdir: Path, env: dict | None = None, extra_args: tuple[str, ...] = ()) -> None:
+    def __init__(self, pid: int, workdir: Path, env: dict | None = None, extra_args: tuple[str, ...] = (),
+                 record: bool = False) -> None:
+        """``record``: the watch writes each problem poll's evidence (tests/bench/recorder), for
+        :meth:`recorded` to put in a failure's message."""
         self.hook_out = workdir / "on-event.txt"
+        self.record_dir = workdir / "recorded" if record else None
+        if self.record_dir is not None:
+            self.record_dir.mkdir(exist_ok=True)
+            env = {**(env or {}), "TW_RECORD": str(self.record_dir),
+                   "PYTHONPATH": os.pathsep.join(filter(None, [str(RECORDER), os.environ.get("PYTHONPATH")]))}
         hook = f'echo "$TRAINWATCH_EVENT $TRAINWATCH_CULPRITS $TRAINWATCH_SUMMARY" >> {self.hook_out}'
         self.proc = subprocess.Popen([*TRAINWATCH, "watch", str(pid), "--json", "--interval", "1",
                                       "--out", str(workdir / "watch"), "--on-event", hook, *extra_args],
@@ -66,6 +75,15 @@ class Watch:
         while not self.lines.empty():
             self.events.append(json.loads(self.lines.get()))
         return self.proc.returncode
+
+
+    def recorded(self, limit: int = 6000, first: bool = False) -> str:
+        """What the watch recorded of its problem polls (the end of it, or with ``first`` its start),
+        or why there is nothing."""
+        if self.record_dir is None:
+            return "(not recorded)"
+        text = "".join(path.read_text(errors="replace") for path in sorted(self.record_dir.glob("*.txt")))
+        return (text[:limit] if first else text[-limit:]) if text else "(no problem poll recorded)"
 
 
 def rank_pid(job: PlantedJob, rank: int) -> int:

@@ -11,6 +11,7 @@ import dataclasses
 import socket
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
@@ -36,6 +37,7 @@ from ..record import Record
 
 
 MIN_PAUSE_S = 0.2  # between the end of a poll that took longer than the interval and the next
+RECENT_KEPT = 4  # polls kept: the last one judged before a signal reached the ranks is among them
 SETTLE_S = 1.5  # the crash alert waits this long after the first death for the cause to be read
 EARLY_TIMEOUT_S = 2.0  # the survivors' stacks at the first death: py-spy's bound for each
 EARLY_PARALLEL = 16  # py-spy runs at once then (a node's ranks, all at once on common nodes)
@@ -143,6 +145,7 @@ class Watcher:
         self.source = source
         self.window = window
         self.last: Snapshot | None = None
+        self._recent: deque[Snapshot] = deque(maxlen=RECENT_KEPT)  # the last polls, for the one before a stop
         self.bundles: list[Path] = []
         self.saw_problem = self.saw_crash = False
         self._crash_bundled = False
@@ -190,6 +193,7 @@ class Watcher:
             self._say(WatchEvent("note", f"note: snapshot failed: {exc}"))
             return
         self.last = snapshot
+        self._recent.append(snapshot)
         if snapshot.job.run_dir and self.catcher.run_dir is None:
             self.catcher.run_dir = Path(snapshot.job.run_dir)
         verdict = snapshot.verdict
@@ -296,7 +300,7 @@ class Watcher:
         self._alert_due = None
         if self._crash_bundled or not self.catcher.records:
             return
-        base = self.last or _bare_snapshot(self.pid)
+        base = self._before_the_signal() or _bare_snapshot(self.pid)
         if base.job.stopped_by is None:
             base = dataclasses.replace(base, job=dataclasses.replace(base.job, stopped_by=self.catcher.launcher_stop()))
         judged = with_crashes(base, self.catcher.records, self.early, self._last_words(base))
@@ -314,6 +318,18 @@ class Watcher:
         if self._alerted is None and held:
             self._alerted = held[0]
         self._alert_crash(judged)
+
+    def _before_the_signal(self) -> Snapshot | None:
+        """The last poll judged before a signal reached the ranks, where their last words say when
+        (an armed job): a poll during a stop reads the ranks' handling of the signal (faulthandler's
+        dump, the hook writing) as progress, and a hung job stopped would read as one making progress."""
+        run_dir = self.catcher.run_dir
+        if self.last is None or run_dir is None:
+            return self.last
+        ranks = sorted({r.rank for r in self.last.ranks if r.rank is not None} | set(self.catcher.rank_numbers_known()))
+        at = last_words.signalled_at(run_dir, ranks, since=self.last.job.started_at or 0.0)
+        before = [s for s in self._recent if at is not None and s.taken_at is not None and s.taken_at < at]
+        return before[-1] if before else self.last
 
     def _on_later_attempt(self, record: CrashRecord) -> None:
         """A death in an attempt the launcher started after the one alerted: the same end again is

@@ -104,7 +104,7 @@ def judge_job(evidence: ObservedJob, memory: JudgeMemory, now: float,
     for rank in ranks:  # where each rank goes while it makes progress: breaks ties between waiting ranks
         if rank.state == "running" and rank.where and rank.rank is not None:
             memory.familiar[rank.rank] = memory.familiar.get(rank.rank, frozenset()) | {rank.where}
-    verdict = judge(ranks, evidence.job, collectives, familiar=memory.familiar, now=now)
+    verdict = judge(ranks, evidence.job, collectives, familiar=memory.familiar, now=now, before=memory.verdict)
     if verdict.kind in UNJUDGED_VERDICTS:
         verdict = _unjudged(verdict, ranks, evidence.unsampled)
     if memory.verdict is not None and memory.verdict.kind == verdict.kind and memory.verdict.since is not None:

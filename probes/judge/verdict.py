@@ -107,15 +107,16 @@ def abnormal(rank: Rank) -> bool:
 
 def judge(ranks: Sequence[Rank], job: Job | None = None,
           collectives: CollectiveState | None = None, familiar: Mapping[int, frozenset[str]] | None = None,
-          now: float | None = None) -> Verdict:
+          now: float | None = None, before: Verdict | None = None) -> Verdict:
     """The verdict and its culprits over judged ranks (``judgement.judge_job`` calls it).
 
     ``familiar``: per rank, the places (``where``) it was seen at while making progress; it breaks
     ties between ranks that wait in different places (a place nobody else ever visited is the odd one).
     ``now``: the time the ranks were observed, for the age of pending collectives.
+    ``before``: the verdict of the look before this one, if there was one (a live source's last poll).
     """
     familiar = familiar or {}
-    verdict = (_ended_while_hung(ranks, collectives, familiar, now, job) or _crashed(ranks, collectives)
+    verdict = (_ended_while_hung(ranks, collectives, familiar, now, job, before) or _crashed(ranks, collectives)
                or _rendezvous(ranks, job)
                or from_kernel(ranks, lambda waiting: waits(by_place(waiting)[0], collectives, now),
                               lambda others: each_at(others, stuck=True), now=now)
@@ -164,14 +165,18 @@ def _crashed(ranks: Sequence[Rank], collectives: CollectiveState | None = None) 
 
 
 def _ended_while_hung(ranks: Sequence[Rank], collectives: CollectiveState | None,
-                      familiar: Mapping[int, frozenset[str]], now: float | None, job: Job | None = None) -> Verdict | None:
+                      familiar: Mapping[int, frozenset[str]], now: float | None, job: Job | None = None,
+                      before: Verdict | None = None) -> Verdict | None:
     """A job that is over, where no rank died of a cause of its own: each ended by a teardown
     (SIGTERM from a launcher, ``timeout`` or SLURM), a collective timeout, which follow a hang, or
     a stop from outside (every rank killed at one moment; the launcher saying it was signalled).
     The ranks are judged where they were when they ended (their last stacks, their pending
     collectives), as stuck ranks of a live job are; a rank that left nothing is missing, and a
     rank that had exited normally is absent from the collective the others waited in. A job
-    stopped while every rank made progress was stopped, not crashed: healthy."""
+    stopped while every rank made progress was stopped, not crashed: healthy. So is one stopped
+    from outside after a look that found it healthy (``before``) and with no rank seen stuck since:
+    a lockstep job's ranks wait for each other every step, so where each last was (one in its
+    sleep, one in all_reduce) says nothing of a hang that no look saw."""
     over = ranks and all(r.state in ("exited", "missing") for r in ranks)
     dead = [r for r in ranks if r.state == "exited" and abnormal(r)]
     infos = [d.exit for d in dead if d.exit]
@@ -180,6 +185,9 @@ def _ended_while_hung(ranks: Sequence[Rank], collectives: CollectiveState | None
         return None
     ended = exits.how_they_ended(infos)
     stop = f"was stopped by {job.stopped_by}" if job is not None and job.stopped_by else f"ended ({ended})"
+    if (before is not None and before.kind == "healthy" and not any(r.stuck_for_s is not None for r in dead)
+            and not any(info.reason in exits.WAITED for info in infos)):  # its own end says it waited: no
+        return Verdict("healthy", (), f"the job {stop} while its ranks made progress: no rank failed")
     held = [_as_left(r, collectives, now) for r in ranks]
     if not any(r.state == "stuck" and r.phase in PEER_WAITS for r in held) and not (collectives and collectives.divergence):
         if all(r.exit and r.exit.reason == UNTOLD for r in dead):

@@ -165,7 +165,7 @@ def test_watch_on_a_job_hung_long_ago_bundles_at_once_despite_onlookers(hung, tm
     own looking."""
     job, pids, _ = hung
     with Onlookers(pids):
-        watch = Watch(job.pid, tmp_path, extra_args=("--hang-after", "40"))
+        watch = Watch(job.pid, tmp_path, extra_args=("--hang-after", "40"), record=True)
         try:
             started = time.monotonic()
             alert = watch.until(lambda e: e["event"] == "problem", 90)
@@ -173,7 +173,8 @@ def test_watch_on_a_job_hung_long_ago_bundles_at_once_despite_onlookers(hung, tm
         finally:
             watch.stop()
     assert alert["verdict"] == "straggler" and alert["culprits"] == [2], alert
-    assert took < 35, f"bundled after {took:.1f}s: --hang-after counted from watch's start\n{how_long(watch)}"
+    assert took < 35, (f"bundled after {took:.1f}s: --hang-after counted from watch's start\n{how_long(watch)}\n"
+                       f"what the watch judged (tests/bench/recorder):\n{watch.recorded(4000, first=True)}")
     assert not [e for e in watch.events if e.get("verdict") == "healthy"], watch.events
 
 

@@ -70,12 +70,13 @@ def test_stopping_a_hung_job_is_no_crash(tmp_path, armed, stop):
 def test_stopping_a_healthy_job_is_a_clean_end(tmp_path):
     with PlantedJob(tmp_path / "job", "healthy", nproc=2, deadline=90) as job:
         job.wait_for_ranks()
-        watch = Watch(job.pid, tmp_path)
+        watch = Watch(job.pid, tmp_path, record=True)
         try:
             watch.until(lambda e: e["event"] == "verdict" and e["verdict"] == "healthy", 60)
             code, ended = stop_and_watch_end(job, watch, term_launcher)
         finally:
             watch.stop()
     assert code == 0, watch.events
-    assert "stopped by SIGTERM to the launcher" in ended["message"] and "made progress" in ended["message"]
+    assert "stopped by SIGTERM to the launcher" in ended["message"] and "made progress" in ended["message"], \
+        f"{ended['message']}\nwhat the watch judged (tests/bench/recorder):\n{watch.recorded()}"
     assert not [e for e in watch.events if e["event"] in ("crash", "crashed", "problem")], watch.events

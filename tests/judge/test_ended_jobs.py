@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from trainwatch.probes.judge.judgement import JudgeMemory, judge_job
 from trainwatch.probes.observed import UNTOLD, ObservedJob, ObservedRank
-from trainwatch.probes.snapshot import CollectiveState, ExitInfo, Job, RankCollective
+from trainwatch.probes.snapshot import CollectiveState, ExitInfo, Job, RankCollective, Verdict
 
 JOB = Job("torchrun", 1, "h", world_size=3)
 TERM = ExitInfo(signal="SIGTERM", at=100.0, source="launcher log")
@@ -76,6 +76,28 @@ def test_every_rank_killed_at_one_moment_is_a_stop_said_with_who_stopped_it():
     alone = verdict(dead(0, "collective", "all_reduce", "a"), dead(1, "collective", "all_reduce", "a"),
                     dead(2, "compute", None, "b", ExitInfo(signal="SIGKILL", at=99.0)))
     assert (alone.kind, alone.culprits) == ("crashed", (2,))
+
+
+def test_a_healthy_lockstep_job_stopped_after_a_healthy_look_is_a_stop_not_a_hang():
+    """A 2-rank job in lockstep (one rank in its step's sleep, the other waiting for it in
+    all_reduce: any moment of a healthy step) stopped by SIGTERM to torchrun right after a look
+    that found both making progress. Where each last was is no hang no look saw (seen under load:
+    "stopped … while the job was stuck: straggler" for a healthy job, 5 of 7 runs)."""
+    last = (dead(0, "sleep", "sleep", "train.py:316 train"), dead(1, "collective", "all_reduce", "train.py:78 sync"))
+    job = Job("torchrun", 1, "h", world_size=2, stopped_by="SIGTERM to the launcher")
+    looked = JudgeMemory(verdict=Verdict("healthy", (), "2 ranks making progress", since=90.0))
+    stopped = judge_job(ObservedJob(job, last), looked, now=100.0).verdict
+    assert (stopped.kind, stopped.culprits) == ("healthy", ()), stopped
+    assert stopped.summary == "the job was stopped by SIGTERM to the launcher while its ranks made progress: no rank failed"
+    # No look before (files left behind), or a look that saw the hang: the last places are all there is.
+    for memory in (JudgeMemory(), JudgeMemory(verdict=Verdict("straggler", (0,), "rank 0 …", since=90.0))):
+        hung = judge_job(ObservedJob(job, last), memory, now=100.0).verdict
+        assert (hung.kind, hung.culprits) == ("straggler", (0,)), hung
+    # Their own end says they waited (a collective timeout): a hang began after the look.
+    timeout = ExitInfo(code=1, reason="collective timeout", at=100.0)
+    waited = (dead(0, "sleep", "sleep", "train.py:316 train", timeout),
+              dead(1, "collective", "all_reduce", "train.py:78 sync", timeout))
+    assert judge_job(ObservedJob(JOB, waited), looked, now=100.0).verdict.kind == "straggler"
 
 
 def test_ranks_timing_out_together_have_no_first_death():

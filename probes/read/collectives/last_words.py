@@ -47,6 +47,27 @@ def run_dir_state(run_dir: Path, ranks: list[int], since: float = 0.0) -> Collec
     return flightrec.read_rows(traces, source="last-words") if traces else None
 
 
+def signalled_at(run_dir: Path, ranks: list[int], since: float = 0.0) -> float | None:
+    """When the first of these ranks was told to stop (SIGTERM, SIGINT, ...), after ``since``: when
+    faulthandler's C handler wrote its trace (the log's time: at the signal itself, even while the
+    main thread is blocked in C++), or when the hook's last words say they began (written from a
+    thread the signal woke: later on a loaded node). None when no rank left either."""
+    times = []
+    for rank in ranks:
+        try:
+            log = rundir.last_words_log(run_dir, rank).stat()  # made empty when the hook armed the rank
+            if log.st_size and log.st_mtime >= since:
+                times.append(log.st_mtime)
+        except OSError:  # no trace: not signalled, or not armed for it
+            pass
+        path = rundir.last_words_file(run_dir, rank)
+        record = rundir.read_json(path) if path.is_file() else None
+        at = record.get("at") if record else None
+        if isinstance(at, (int, float)) and at >= since and str(record.get("trigger", "")).startswith("SIG"):
+            times.append(float(at))
+    return min(times, default=None)
+
+
 def survivors_state(run_dir: Path, ranks: list[int], timeout: float = 1.0) -> CollectiveState | None:
     """Each of these armed ranks' collectives, asked of its hook now, all at once, each bounded
     (source ``hook``); ranks that do not answer in time are left out."""
