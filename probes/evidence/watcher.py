@@ -320,16 +320,21 @@ class Watcher:
         self._alert_crash(judged)
 
     def _before_the_signal(self) -> Snapshot | None:
-        """The last poll judged before a signal reached the ranks, where their last words say when
-        (an armed job): a poll during a stop reads the ranks' handling of the signal (faulthandler's
-        dump, the hook writing) as progress, and a hung job stopped would read as one making progress."""
+        """The last poll that found a rank alive, and, where the ranks' last words say when a signal
+        reached them (an armed job), judged before it: a poll during a stop reads the ranks' handling
+        of the signal (faulthandler's dump, the hook writing) as progress, and one after their deaths
+        (their ends not yet read) says "job finished"; neither is what the job was doing."""
+        if self.last is None:
+            return None
+        looks = [s for s in self._recent if any(r.state in ("running", "stuck") for r in s.ranks)]
         run_dir = self.catcher.run_dir
-        if self.last is None or run_dir is None:
-            return self.last
-        ranks = sorted({r.rank for r in self.last.ranks if r.rank is not None} | set(self.catcher.rank_numbers_known()))
-        at = last_words.signalled_at(run_dir, ranks, since=self.last.job.started_at or 0.0)
-        before = [s for s in self._recent if at is not None and s.taken_at is not None and s.taken_at < at]
-        return before[-1] if before else self.last
+        if run_dir is not None:
+            ranks = sorted({r.rank for r in self.last.ranks if r.rank is not None}
+                           | set(self.catcher.rank_numbers_known()))
+            at = last_words.signalled_at(run_dir, ranks, since=self.last.job.started_at or 0.0)
+            if at is not None:
+                looks = [s for s in looks if s.taken_at is not None and s.taken_at < at] or looks
+        return looks[-1] if looks else self.last
 
     def _on_later_attempt(self, record: CrashRecord) -> None:
         """A death in an attempt the launcher started after the one alerted: the same end again is

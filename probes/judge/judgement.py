@@ -39,7 +39,10 @@ class JudgeMemory(Record):
     ``progress``: per PID, when each rank last showed progress (the readers' moments in its
     evidence, its completed collectives, RAS counts) and its rhythm;
     ``familiar``: per rank, the places it was seen at while running (breaks ties between groups);
-    ``verdict``: the last verdict, so ``since`` says when the current one first held."""
+    ``verdict``: the last verdict, so ``since`` says when the current one first held;
+    ``alive``: the verdict of the last look that found a rank alive (running or stuck): what the job
+    was doing before it ended (a look just after the ranks died, their ends not yet read, says
+    "job finished", which is no look at the job)."""
 
     progress: ProgressTracker = field(default_factory=ProgressTracker)
     completed: CompletedCollectives = field(default_factory=CompletedCollectives)
@@ -48,12 +51,14 @@ class JudgeMemory(Record):
     ras_at: float = 0.0  # when the last RAS reply judged was asked for
     familiar: dict[int, frozenset[str]] = field(default_factory=dict)
     verdict: Verdict | None = None
+    alive: Verdict | None = None
 
     @classmethod
     def after(cls, snapshot: Snapshot, familiar: Mapping[int, frozenset[str]] | None = None) -> JudgeMemory:
         """A memory that knows ``snapshot``'s verdict (re-judging a snapshot keeps its ``since``)
         and, when given, the places its source saw each rank at while running (a copy)."""
-        return cls(verdict=snapshot.verdict, familiar=dict(familiar or {}))
+        alive = snapshot.verdict if any(r.state in ("running", "stuck") for r in snapshot.ranks) else None
+        return cls(verdict=snapshot.verdict, alive=alive, familiar=dict(familiar or {}))
 
 
 @dataclass(frozen=True, repr=False)
@@ -104,7 +109,7 @@ def judge_job(evidence: ObservedJob, memory: JudgeMemory, now: float,
     for rank in ranks:  # where each rank goes while it makes progress: breaks ties between waiting ranks
         if rank.state == "running" and rank.where and rank.rank is not None:
             memory.familiar[rank.rank] = memory.familiar.get(rank.rank, frozenset()) | {rank.where}
-    verdict = judge(ranks, evidence.job, collectives, familiar=memory.familiar, now=now, before=memory.verdict)
+    verdict = judge(ranks, evidence.job, collectives, familiar=memory.familiar, now=now, before=memory.alive)
     if verdict.kind in UNJUDGED_VERDICTS:
         verdict = _unjudged(verdict, ranks, evidence.unsampled)
     if memory.verdict is not None and memory.verdict.kind == verdict.kind and memory.verdict.since is not None:
@@ -116,6 +121,8 @@ def judge_job(evidence: ObservedJob, memory: JudgeMemory, now: float,
                     default=verdict.since)
         verdict = replace(verdict, since=min(verdict.since, began))
     memory.verdict = verdict
+    if any(r.state in ("running", "stuck") for r in ranks):
+        memory.alive = verdict
     return Judgement(ranks=tuple(ranks), groups=group_ranks(ranks, verdict.culprits), verdict=verdict,
                      collectives=collectives, warnings=job_warnings(evidence.job, ranks, options.window),
                      read_workers=tuple(r.pid for r in ranks if _waits_on_worker(r) and r.dataloader_worker is None),

@@ -85,12 +85,16 @@ def test_a_healthy_lockstep_job_stopped_after_a_healthy_look_is_a_stop_not_a_han
     "stopped … while the job was stuck: straggler" for a healthy job, 5 of 7 runs)."""
     last = (dead(0, "sleep", "sleep", "train.py:316 train"), dead(1, "collective", "all_reduce", "train.py:78 sync"))
     job = Job("torchrun", 1, "h", world_size=2, stopped_by="SIGTERM to the launcher")
-    looked = JudgeMemory(verdict=Verdict("healthy", (), "2 ranks making progress", since=90.0))
+    healthy = Verdict("healthy", (), "2 ranks making progress", since=90.0)
+    looked = JudgeMemory(verdict=healthy, alive=healthy)
     stopped = judge_job(ObservedJob(job, last), looked, now=100.0).verdict
     assert (stopped.kind, stopped.culprits) == ("healthy", ()), stopped
     assert stopped.summary == "the job was stopped by SIGTERM to the launcher while its ranks made progress: no rank failed"
     # No look before (files left behind), or a look that saw the hang: the last places are all there is.
-    for memory in (JudgeMemory(), JudgeMemory(verdict=Verdict("straggler", (0,), "rank 0 …", since=90.0))):
+    # A look just after the deaths, their ends not yet read ("job finished"), is no look at the job.
+    stuck = Verdict("straggler", (0,), "rank 0 …", since=90.0)
+    finished = Verdict("healthy", (), "job finished: all 2 ranks exited normally", since=99.0)
+    for memory in (JudgeMemory(), JudgeMemory(verdict=stuck, alive=stuck), JudgeMemory(verdict=finished, alive=stuck)):
         hung = judge_job(ObservedJob(job, last), memory, now=100.0).verdict
         assert (hung.kind, hung.culprits) == ("straggler", (0,)), hung
     # Their own end says they waited (a collective timeout): a hang began after the look.
