@@ -409,6 +409,12 @@ def _from_stacks(ranks: Sequence[Rank], collectives: CollectiveState | None,
                 "a collective may wait there, as DDP's all_reduce does inside backward)")
         return Verdict("straggler", tuple(_numbers(own)), text)
     text = each_at(culprits, stuck=True)
+    if len(culprits) == len(live) and unread:  # never "none holds the others up" while a rank is unread
+        they = "it" if len(unread) == 1 else "they"
+        text += (f" while {who(_numbers(unread))} could not be read, so whether {they} "
+                 f"{verb(unread, 'waits', 'wait')} for {'it' if len(culprits) == 1 else 'them'} is not known "
+                 "(see the notes for why)")
+        return Verdict("straggler", tuple(_numbers(culprits)), text)
     if len(culprits) == len(live):  # no rank waits for another: none holds the others up, so none is named
         alone = "" if len(live) == 1 else ": every rank is stuck in its own work, none waits for another"
         if unnamed and len(live) > 1:

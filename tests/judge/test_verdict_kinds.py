@@ -124,3 +124,14 @@ def test_every_rank_asleep_in_an_unnamed_wait_is_a_hang_that_says_so():
     assert (verdict.kind, verdict.culprits) == ("hang", ()), verdict
     assert verdict.summary.endswith("every rank is asleep in a wait its Python stack does not name (a native "
                                     "sample names it: `n` in the live view, or --native)"), verdict
+
+
+def test_a_rank_stuck_in_its_own_work_beside_an_unread_one_is_named_not_a_hang():
+    """A 2-node job read from a login node: rank 1 stuck in its own work, rank 0 (the other node,
+    read through srun) not judged under load. "hang" would claim no rank holds another up, which the
+    unread rank leaves open; the one stuck in its own work is the one the job would wait for (seen in CI)."""
+    ranks = [rank(0, "unknown", "unknown"), rank(1, "stuck", "sleep", stuck_for_s=30.0)]
+    verdict = judge(ranks, JOB)
+    assert (verdict.kind, verdict.culprits) == ("straggler", (1,)), verdict
+    assert verdict.summary == ("rank 1 is stuck in sleep at train.py:11 f while rank 0 could not be read, so whether "
+                               "it waits for it is not known (see the notes for why)")
