@@ -300,7 +300,7 @@ class Watcher:
         self._alert_due = None
         if self._crash_bundled or not self.catcher.records:
             return
-        base = self._before_the_signal() or _bare_snapshot(self.pid)
+        base = self._last_live_look() or _bare_snapshot(self.pid)
         if base.job.stopped_by is None:
             base = dataclasses.replace(base, job=dataclasses.replace(base.job, stopped_by=self.catcher.launcher_stop()))
         judged = with_crashes(base, self.catcher.records, self.early, self._last_words(base))
@@ -319,7 +319,7 @@ class Watcher:
             self._alerted = held[0]
         self._alert_crash(judged)
 
-    def _before_the_signal(self) -> Snapshot | None:
+    def _last_live_look(self) -> Snapshot | None:
         """The last poll that found a rank alive, and, where the ranks' last words say when a signal
         reached them (an armed job), judged before it: a poll during a stop reads the ranks' handling
         of the signal (faulthandler's dump, the hook writing) as progress, and one after their deaths

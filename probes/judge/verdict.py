@@ -11,6 +11,7 @@ from .exits import raised_while_alive
 from .gpuwait import judge_gpu_wait, span
 from .groups import group_key
 from .kernel import from_kernel
+from .native import AMBIGUOUS_PHASES
 from .rendezvous import launcher_waiting, never_joined
 from .restarts import with_restarts
 from .steps import step_note
@@ -24,10 +25,11 @@ def verb(ranks: Sequence, singular: str, plural: str) -> str:
 
 # Phases in which a rank waits for its peers: in a collective, or (NCCL) blocked on its GPU behind one.
 PEER_WAITS: frozenset[Phase] = frozenset({"collective", "gpu_wait"})
-# Places whose Python line cannot say what a thread asleep there waits for: DDP's gradient all_reduce
-# waits inside ``backward``, an async collective's ``work.wait()`` reads as a lock; a native sample
-# names the wait (judge/native.py), and where none was read the wait is unread, not the rank's own work.
-UNNAMED_WAITS: frozenset[Phase] = frozenset({"compute", "unknown", "lock"})
+# Places whose Python line cannot say what a thread asleep there waits for (the ones a native sample
+# is taken for, judge/native.py; "native" is a place a native sample already named): DDP's gradient
+# all_reduce waits inside ``backward``, an async collective's ``work.wait()`` reads as a lock. Where
+# no native sample was read, the wait is unnamed, not the rank's own work.
+UNNAMED_WAITS: frozenset[Phase] = AMBIGUOUS_PHASES - {"native"}
 
 
 def place(rank: Rank) -> str:
@@ -113,7 +115,7 @@ def judge(ranks: Sequence[Rank], job: Job | None = None,
     ``familiar``: per rank, the places (``where``) it was seen at while making progress; it breaks
     ties between ranks that wait in different places (a place nobody else ever visited is the odd one).
     ``now``: the time the ranks were observed, for the age of pending collectives.
-    ``before``: the verdict of the look before this one, if there was one (a live source's last poll).
+    ``before``: the verdict of the last earlier look that found a rank alive, if there was one.
     """
     familiar = familiar or {}
     verdict = (_ended_while_hung(ranks, collectives, familiar, now, job, before) or _crashed(ranks, collectives)
