@@ -30,7 +30,7 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("Remote", "SshRemote"), ".remote.reach"),
     **dict.fromkeys(("Child", "run_relay"), ".remote.relay"),
     **dict.fromkeys(("NodeSpec", "DEFAULT_TIMEOUT_S", "RELAY_FROM"), ".remote.node_spec"),
-    **dict.fromkeys(("find_job_matching",), ".read.processes.discover"),
+    **dict.fromkeys(("find_job_matching", "find_only_job"), ".read.processes.discover"),
     "find_pyspy": ".read.stacks.pyspy",
     "check_out_dir": ".outdir",
     "kill_groups": ".process_group",
@@ -41,7 +41,8 @@ _EXPORTS: dict[str, str] = {
     # words the views share with bundles
     "step_label": ".judge.steps",
     "group_what": ".judge.groups",
-    **dict.fromkeys(("NA", "na", "how_ended", "duration", "size", "pct", "log_activity", "kernel_words"), ".wording"),
+    **dict.fromkeys(("NA", "na", "how_ended", "duration", "size", "pct", "log_activity", "kernel_words", "job_title"),
+                    ".wording"),
     # `trainwatch run`: the armed run directory
     "rundir": ".rundir",
     "signal_name": ".rundir",

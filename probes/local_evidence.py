@@ -105,6 +105,7 @@ class LocalEvidence:
         self._io_progress(proc.pid, kernel, now)
         return ObservedRank(
             rank=proc.rank, pid=proc.pid, host=socket.gethostname(), local_rank=proc.local_rank,
+            container_pid=proc.container_pid,
             phase=cls.phase if cls else "unknown",
             op=cls.op if cls else None,
             where=cls.where if cls else None,

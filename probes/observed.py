@@ -142,6 +142,8 @@ class ObservedRank(Record):
     log_tail: tuple[str, ...] | None = None  # the telling end of that log, secrets masked (read/logs/ranklog.py)
     collective_timeout_s: float | None = None  # from the rank's environment
     kernel: KernelState | None = None  # the kernel's view of its main thread (read/processes/kernel_view.py)
+    container_pid: int | None = None  # its PID in its own PID namespace (a container's), when not ours
+    scheduler: str | None = None  # what Kubernetes says of the pod that should run it (never ran, died)
     longest_quiet_s: float | None = None  # as reported (bundles, other nodes); live: the judge's memory
     # Live ranks: when the readers saw it progress this poll (stacks, log, storage), and since when it
     # is watched; the judge's memory of its progress takes them in (judge/progress.py).

@@ -23,7 +23,7 @@ from .read.logs.loggrowth import LogGrowth, LogGrowthWatch
 from .read.processes.process import JobProcesses
 from .read.stacks.pyspy import find_pyspy
 from .read.stacks.sampler import StackSample, sample_all
-from .read.stacks.source_lines import source_line
+from .read.stacks.source_lines import source_line, source_line_of
 from .observed import FirstLook
 from .snapshot import LogActivity
 
@@ -114,8 +114,8 @@ class Sampler:
         (``take_native``) where a Python stack cannot say, and look at each rank's progress
         (``watch``). Recorded samples replayed by the tests come through here too."""
         self._read_steps(samples, now)
-        classified = {pid: classify(sample.threads, source_line, sample.kernel) for pid, sample in samples.items()
-                      if sample.threads is not None}
+        classified = {pid: classify(sample.threads, source_line_of(pid), sample.kernel)
+                      for pid, sample in samples.items() if sample.threads is not None}
         if self.auto_native and resolve:
             samples, classified = resolve_natively(samples, classified, self.native, self.watch, now,
                                                    take_native, source_line)

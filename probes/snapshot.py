@@ -280,6 +280,12 @@ class Rank(Record):
     longest_quiet_s: float | None = None  # longest stretch without progress that ended in progress (live)
     collective_timeout_s: float | None = None  # the job's collective timeout, where its environment shows it
     kernel: KernelState | None = None  # the kernel's view of its main thread
+    # Its PID inside its own PID namespace (a container, a pod seen from its node): what a person in
+    # the container sees; None where that is ``pid``.
+    container_pid: int | None = None
+    # What the scheduler says of the pod it belongs to when that pod is not running it (never
+    # scheduled, an image it cannot pull, dead): "llm-worker-1 is Pending: 0/8 nodes are available: …"
+    scheduler: str | None = None
 
     @property
     def key(self) -> str:
@@ -429,6 +435,24 @@ class AttemptEnd(Record):
 
 
 @dataclass(frozen=True, repr=False)
+class PodState(Record):
+    """One pod of the job as Kubernetes reports it (``kubectl get pods -o json``), in its own words:
+    a pod that never ran or died says why there, not on any node trainwatch can read."""
+
+    name: str
+    pod_phase: str = "Unknown"  # Kubernetes' phase of the pod: Pending, Running, Succeeded, Failed, Unknown
+    node: str | None = None  # the Kubernetes node it was placed on (None: not scheduled)
+    node_rank: int | None = None  # its rank among the job's nodes (PET_NODE_RANK, --node-rank, ...)
+    ranks: tuple[int, ...] = ()  # the global ranks it runs: node rank x ranks per node, where known
+    reason: str | None = None  # Unschedulable, ImagePullBackOff, CrashLoopBackOff, OOMKilled, Evicted, ...
+    message: str | None = None  # Kubernetes' own message ("0/8 nodes are available: ...")
+    exit_code: int | None = None  # its container's last exit, where it ended
+    restarts: int = 0
+    ended_at: float | None = None  # unix time that last exit was, where known
+    words: str = ""  # all of it in one line: "llm-worker-1 is Pending: 0/8 nodes are available: ..."
+
+
+@dataclass(frozen=True, repr=False)
 class Job(Record):
     """The job as discovered: its launcher, size, rendezvous and run directory."""
 
@@ -453,6 +477,10 @@ class Job(Record):
     attempt: int | None = None
     attempt_started_at: float | None = None
     attempts: tuple[AttemptEnd, ...] = ()
+    # What the node read is, whatever its name: the kernel's boot ID and the job's PID namespace, so a
+    # pod named as its node (hostNetwork) or reached twice is one node, and two pods of a node two.
+    node_id: str | None = None
+    pods: tuple[PodState, ...] = ()  # the job's pods as Kubernetes reports them (--k8s), every phase
 
 
 @dataclass(frozen=True, repr=False)

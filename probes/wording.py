@@ -3,7 +3,7 @@ plain ``snapshot`` table and ``summary.md`` alike (an unreadable value is always
 
 from __future__ import annotations
 
-from .snapshot import FILE_SYSCALLS, ExitInfo, KernelState, LogActivity, age_text
+from .snapshot import FILE_SYSCALLS, ExitInfo, Job, KernelState, LogActivity, age_text
 
 NA = "n/a"
 
@@ -11,6 +11,17 @@ NA = "n/a"
 def na(value: object | None) -> str:
     """``value`` as text, or ``n/a`` when it is unknown (None or empty)."""
     return NA if value is None or value == "" else str(value)
+
+
+def job_title(job: Job) -> str:
+    """What the job is and where: ``torchrun pid 4046 on vm``; a ``--k8s`` job by its pods (their
+    PIDs are each pod's own): ``torchrun in pods llm-master-0, llm-worker-0, llm-worker-1``."""
+    if not job.pods:
+        return f"{job.launcher} pid {job.pid} on {job.host}"
+    names = [p.name for p in job.pods]
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    what = "Kubernetes job" if job.launcher == "kubernetes" else job.launcher
+    return f"{what} in pod{'s' if len(names) > 1 else ''} {shown}"
 
 
 def duration(seconds: float | None) -> str:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from ..probes import Remote
 
 __all__ = ["PARTIAL_EXIT", "add_remote_arguments", "wants_remote", "remotes_from_args", "wrap_source",
-           "detect_slurm", "slurm_job_here"]
+           "detect_slurm", "slurm_job_here", "pods_only", "pods_source"]
 
 
 def add_remote_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,7 +35,9 @@ def add_remote_arguments(parser: argparse.ArgumentParser) -> None:
                        help="reach the other nodes of a Ray Train run over ssh ('auto': the nodes its "
                             "controller's log places ranks on; run on the driver's node)")
     group.add_argument("--k8s", metavar="SELECTOR",
-                       help="reach the pods matching this label selector with kubectl exec")
+                       help="reach the pods matching this label selector with kubectl exec (or name the job: "
+                            "pytorchjob/NAME, jobset/NAME, trainjob/NAME, job/NAME); without a PID, from any "
+                            "machine with kubectl")
     group.add_argument("--k8s-namespace", metavar="NS", help="namespace of the --k8s pods")
     group.add_argument("--k8s-container", metavar="NAME", help="container to exec into in each pod")
     group.add_argument("--ssh-option", action="append", default=[], metavar="OPT",
@@ -54,6 +56,22 @@ def add_remote_arguments(parser: argparse.ArgumentParser) -> None:
 
 def wants_remote(args: argparse.Namespace) -> bool:
     return node_spec(args).named
+
+
+def pods_only(args: argparse.Namespace) -> bool:
+    """``--k8s`` and no PID (nor --match): the job is wherever its pods run, none of it here (a
+    login box with kubectl): every pod is read through its agent."""
+    return (getattr(args, "pid", None) is None and bool(getattr(args, "k8s", None))
+            and not getattr(args, "match", None) and not getattr(args, "match_job_id", None))
+
+
+def pods_source(args: argparse.Namespace, *, wait_s: float | None = None, window: float | None = None,
+                stream_interval: float | None = None) -> Any:
+    """The source over a ``--k8s`` job's pods alone (see :func:`pods_only`)."""
+    from types import SimpleNamespace
+
+    job = SimpleNamespace(master_addr=None, master_port=None, job_id=None, world_size=None, ranks=(), launcher=None)
+    return wrap_source(args, None, job, wait_s=wait_s, window=window, stream_interval=stream_interval)
 
 
 def ssh_options(values: list[str]) -> tuple[str, ...]:

@@ -16,7 +16,7 @@ from rich.console import Group as RichGroup
 from rich.table import Table
 from rich.text import Text
 
-from ..probes import Group, Rank, Snapshot, age_text, group_what, step_label, who
+from ..probes import Group, Rank, Snapshot, age_text, group_what, job_title, step_label, who
 from .widgets import format as fmt
 from .widgets.lines import group_line, phase_style, phase_text, state_text, verdict_line
 
@@ -64,7 +64,7 @@ def _columns(snapshot: Snapshot) -> dict[str, Column]:
 
     columns = {
         "rank": Column("rank", rank_cell),
-        "pid": Column("pid", lambda r: str(r.pid or fmt.NA)),
+        "pid": Column("pid", lambda r: fmt.pid_text(r.pid, r.container_pid)),
         "state": Column("state", state_text),
         "phase": Column("phase", lambda r: phase_text(r.phase)),
         "op": Column("op", lambda r: r.op or ""),
@@ -171,7 +171,7 @@ def render_table(snapshot: Snapshot, wide: bool = False) -> RichGroup:
     column, whatever the width."""
     job = snapshot.job
     world = fmt.NA if job.world_size is None else job.world_size
-    head = Text(f"{job.launcher} pid {job.pid} on {job.host}  world size {world}  "
+    head = Text(f"{job_title(job)}  world size {world}  "
                 f"window {snapshot.window_s:g}s", style="bold")
     culprits = set(snapshot.verdict.culprits)
     parts: list = [head, verdict_line(snapshot), RanksTable(snapshot, wide=wide)]

@@ -38,13 +38,13 @@ from .summary import render
 from ..judge.judgement import JudgeMemory, JudgeOptions, judge_job
 from ..judge.warnings import rejudged_warnings
 from ..read.collectives import hookclient, nccl_state
-from ..read.collectives.collective_feed import CollectiveFeed
+from ..read.collectives.collective_feed import CollectiveFeed, FeedEvidence
 from ..read.processes.discover import find_job
 from ..read.collectives.nccl_state import PIPE_WAIT_S
 from ..read.processes.process import JobProcesses, RankProcess
 from ..read.collectives.sources import FeedOptions
 from ..observed import observed_snapshot
-from ..snapshot import UNJUDGED_VERDICTS, CollectiveState, Snapshot, ThreadStack
+from ..snapshot import UNJUDGED_VERDICTS, CollectiveState, Rank, Snapshot, ThreadStack
 from ..source import Source
 
 BUNDLE_FORMAT = "trainwatch-bundle"
@@ -53,7 +53,7 @@ MAX_WORKERS = 8
 COLLECTIVE_WAIT_S = PIPE_WAIT_S + 10.0  # after the ranks' own evidence: a pipe dump may still come
 
 
-def bundle_name(host: str, pid: int, when: float | None = None) -> str:
+def bundle_name(host: str, pid: int | str, when: float | None = None) -> str:
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(when or time.time()))
     return f"trainwatch-{host}-{pid}-{stamp}"
 
@@ -100,8 +100,8 @@ def _plans(job, snapshot: Snapshot, native: bool, fault_signal: int | None,
     if job is not None:
         procs = [(r.pid, r.rank, r.log_path) for r in job.ranks]
         launcher, host = job.launcher_pid, job.host
-    else:  # discovery failed: fall back to the snapshot's ranks
-        procs = [(r.pid, r.rank, r.log_path) for r in snapshot.ranks if r.pid]
+    else:  # discovery failed: fall back to the snapshot's ranks of this node (never another node's PIDs)
+        procs = [(r.pid, r.rank, r.log_path) for r in snapshot.ranks if r.pid and _here(r, snapshot)]
         launcher, host = None, snapshot.job.host
     known = {pid for pid, _, _ in procs}
     procs += [(r.pid, r.rank, r.log_path) for r in snapshot.ranks if r.pid in early and r.pid not in known]
@@ -159,10 +159,15 @@ def _host_files(snapshot: Snapshot) -> tuple[dict[str, str], list[str]]:
     return files, notes
 
 
+def _here(rank: Rank, snapshot: Snapshot) -> bool:
+    """A rank of this node: a merged snapshot holds other nodes' PIDs, which mean other processes here."""
+    return rank.host in ("", snapshot.job.host, socket.gethostname())
+
+
 def _snapshot_job(snapshot: Snapshot) -> JobProcesses:
     """The snapshot's ranks as a job to read collective state of (discovery failed at dump time)."""
     ranks = tuple(RankProcess(pid=r.pid, rank=r.rank, local_rank=r.local_rank, log_path=r.log_path)
-                  for r in snapshot.ranks if r.pid)
+                  for r in snapshot.ranks if r.pid and _here(r, snapshot))
     return JobProcesses(launcher=snapshot.job.launcher, root_pid=snapshot.job.pid, host=snapshot.job.host,
                         ranks=ranks, run_dir=snapshot.job.run_dir, started_at=snapshot.job.started_at)
 
@@ -226,15 +231,18 @@ def _env_text(env: dict[str, str] | None, redactor: Redactor) -> str:
 def write_evidence(source: Source, snapshot: Snapshot, out_dir: Path, **options: Any) -> Path:
     """Write an evidence bundle about ``snapshot``'s job into ``out_dir`` while ``source`` holds
     its judgement; returns the bundle's path (``write_bundle`` names it)."""
+    # A source over other nodes alone (a login box's view of pods) has no job here: its PIDs are the pods'.
+    pid = None if getattr(source, "local", "") is None else snapshot.job.pid
     with source.paused_judgement():
-        return write_bundle(snapshot.job.pid, snapshot, out_dir, familiar=source.remembered_places(), **options)
+        return write_bundle(pid, snapshot, out_dir, familiar=source.remembered_places(), **options)
 
 
-def write_bundle(source_pid: int, snapshot: Snapshot, out_dir: Path, *, tar: bool = False,
+def write_bundle(source_pid: int | None, snapshot: Snapshot, out_dir: Path, *, tar: bool = False,
                  redact: bool = True, reason: str | None = None, native: bool = True,
                  fault_signal: int | None = None, familiar: Mapping[int, frozenset[str]] | None = None,
                  early_stacks: Mapping[int, tuple[ThreadStack, ...]] | None = None) -> Path:
-    """Collect evidence about the job of ``source_pid`` and write the bundle; returns its path.
+    """Collect evidence about the job of ``source_pid`` and write the bundle; returns its path
+    (``source_pid`` None: no rank runs here, a login box's view of pods: the snapshot alone).
     ``familiar``: the source judge's memory of where ranks ran (see :func:`rejudged`);
     ``early_stacks``: per PID, stacks read at the job's first death (``watch``), kept for a rank
     that is gone by now.
@@ -243,7 +251,7 @@ def write_bundle(source_pid: int, snapshot: Snapshot, out_dir: Path, *, tar: boo
     """
     out_dir = Path(out_dir)
     host = socket.gethostname()
-    name = bundle_name(host, source_pid)
+    name = bundle_name(host, source_pid if source_pid is not None else "pods")
     partial = out_dir / f"{name}.partial"
     final = out_dir / (f"{name}.tar.gz" if tar else name)
     try:
@@ -255,24 +263,31 @@ def write_bundle(source_pid: int, snapshot: Snapshot, out_dir: Path, *, tar: boo
 
     try:  # whatever stops it half-way (an error, Ctrl-C, SIGTERM, the terminal's SIGHUP) leaves no .partial
         notes: list[str] = []
-        try:
-            job = find_job(source_pid)
-        except TrainwatchError as exc:
-            job = None
-            notes.append(f"job discovery failed at dump time ({exc.message}); used the snapshot's ranks")
+        job = None
+        if source_pid is not None:
+            try:
+                job = find_job(source_pid)
+            except TrainwatchError as exc:
+                notes.append(f"job discovery failed at dump time ({exc.message}); used the snapshot's ranks")
         debug_urls: dict[int, str] = {}
         no_debug_server = None
         if job is not None:
             ranks = [r.rank for r in job.ranks if r.rank is not None]
             result, why = bounded(lambda: nccl_state.debug_server_urls(job.master_addr, job.master_port, ranks), 30)
             debug_urls, no_debug_server = result if result else ({}, why)
-        feed = _collective_evidence(job or _snapshot_job(snapshot), debug_urls)
-        try:
-            evidence = _collect_all(_plans(job, snapshot, native, fault_signal, debug_urls, early_stacks or {}), native)
-            feed.wait(COLLECTIVE_WAIT_S)
-            collective = feed.evidence()
-        finally:
-            feed.close()
+        if source_pid is None:  # no rank runs here (a login box): the nodes' own bundles hold their ranks
+            evidence, collective = [], FeedEvidence({})
+            notes.append("no rank of the job runs where this bundle was written: each node's (pod's) own bundle "
+                         "is under hosts/<node>/")
+        else:
+            feed = _collective_evidence(job or _snapshot_job(snapshot), debug_urls)
+            try:
+                evidence = _collect_all(_plans(job, snapshot, native, fault_signal, debug_urls, early_stacks or {}),
+                                        native)
+                feed.wait(COLLECTIVE_WAIT_S)
+                collective = feed.evidence()
+            finally:
+                feed.close()
         for ev in evidence:
             if ev.faulthandler and ev.faulthandler != "collected":
                 ev.note(f"faulthandler traces: {ev.faulthandler}")
@@ -302,7 +317,8 @@ def write_bundle(source_pid: int, snapshot: Snapshot, out_dir: Path, *, tar: boo
             for rel, content in {**host_files, **collective.files}.items():
                 writer.write(rel, content)
             root = job.root_pid if job else source_pid
-            writer.write("host/process-tree.txt", _process_tree(root, redactor))
+            if root is not None:
+                writer.write("host/process-tree.txt", _process_tree(root, redactor))
             if writer.altered:
                 notes.append(f"secrets masked inside binary files: {', '.join(writer.altered)}")
             writer.write("summary.md", render(bundle_snapshot, evidence, notes, reason=reason,

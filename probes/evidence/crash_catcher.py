@@ -62,6 +62,8 @@ class CrashCatcher:
         self.records: list[CrashRecord] = []
         self.logs = RankLogs()
         self._tracked: dict[int, RankProcess] = {}
+        # A container's ranks: the launcher there logs their PIDs in its own namespace (pid -> ours)
+        self._ours: dict[int, int] = {}
         self._done: set[int] = set()  # pids already judged
         # Dead with no reason said yet: mp.spawn's parent prints a rank's traceback only after
         # tearing the others down, so the reason may still come (pid -> (rank, status, died at)).
@@ -155,6 +157,8 @@ class CrashCatcher:
             self._launcher_log = procfs.log_file_of(job.launcher_pid) or self._launcher_log
             self.logs.note_writer(job.launcher_pid, self._launcher_log)
         for proc in ranks:
+            if proc.container_pid is not None:
+                self._ours[proc.container_pid] = proc.pid
             if proc.pid in self._tracked or proc.pid in self._done:
                 continue
             if proc.pid not in self._cgroups and (cgroup := cgroup_oom.memory_cgroup(proc.pid)) is not None:
@@ -224,7 +228,8 @@ class CrashCatcher:
     def _launcher_failures(self) -> dict[int, launcher_log.LauncherFailure]:
         if not self._launcher_log:
             return {}
-        return launcher_log.failures(ended.read_bounded(self._launcher_log, LAUNCHER_LOG_BYTES))
+        failures = launcher_log.failures(ended.read_bounded(self._launcher_log, LAUNCHER_LOG_BYTES))
+        return {self._ours.get(pid, pid): failure for pid, failure in failures.items()}
 
     def _oom(self, pid: int) -> str | None:
         """Why its cgroup says it was OOM-killed, when the count grew since the rank was first seen."""

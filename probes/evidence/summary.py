@@ -14,7 +14,8 @@ from ..judge.steps import step_label
 from ..judge.groups import group_what
 from ..read.logs import ranklog
 from ..observed import UNTOLD
-from ..snapshot import GpuDevice, Rank, Snapshot, age_text, compact_ranks, who
+from ..snapshot import GpuDevice, Job, Rank, Snapshot, age_text, compact_ranks, who
+from ..wording import job_title
 from ..wording import NA, how_ended, na, pct, size
 
 
@@ -30,7 +31,7 @@ def render(snapshot: Snapshot, evidence: list[RankEvidence], host_notes: list[st
     """The whole summary. ``sources``: collective-state source -> ranks/where it worked."""
     job, verdict = snapshot.job, snapshot.verdict
     title = f"{job.launcher} job {job.pid}" if job.pid else f"a job ({job.launcher})"
-    out = [f"# trainwatch evidence: {title} on {job.host}", ""]
+    out = [f"# trainwatch evidence: {job_title(job) if job.pods else f'{title} on {job.host}'}", ""]
     out.append(f"- taken: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(snapshot.taken_at or time.time()))}")
     if reason:
         out.append(f"- reason: {reason}")
@@ -44,6 +45,7 @@ def render(snapshot: Snapshot, evidence: list[RankEvidence], host_notes: list[st
         out.append(f"Culprit rank(s): {compact_ranks(verdict.culprits)}")
     out += [*(f"- warning: {w}" for w in snapshot.warnings)]
     out += _crash_lines(snapshot)
+    out += pod_lines(job)
 
     out += ["", "## Collective state", ""]
     state = snapshot.collectives
@@ -106,7 +108,8 @@ def render(snapshot: Snapshot, evidence: list[RankEvidence], host_notes: list[st
     for rank in snapshot.ranks:
         step = na(step_label(rank.step, rank.step_period_s))
         fault = faults[rank.rank] if faults[rank.rank] != common or len(faults) == 1 else ""
-        out.append(f"| {rank.rank} | {na(rank.pid)} | {state_word(rank)} | {step} | {rank.phase} "
+        pid = na(rank.pid) if rank.container_pid is None else f"{rank.pid} ({rank.container_pid} in its container)"
+        out.append(f"| {rank.rank} | {pid} | {state_word(rank)} | {step} | {rank.phase} "
                    f"| `{na(rank.where)}` |" + (f" {fault} |" if differs else ""))
 
     out += ["", "## GPUs and host", ""]
@@ -183,11 +186,28 @@ def _crash_lines(snapshot: Snapshot) -> list[str]:
     return out
 
 
+def pod_lines(job: Job) -> list[str]:
+    """The job's pods as Kubernetes reported them, one line each (``--k8s``)."""
+    if not job.pods:
+        return []
+    out = ["", "## Pods (Kubernetes)", ""]
+    for pod in job.pods:
+        ranks = f" (ranks {compact_ranks(pod.ranks)})" if pod.ranks else ""
+        node = f" on node {pod.node}" if pod.node else ""
+        out.append(f"- {pod.words}{ranks}{node}")
+    return out
+
+
+def _pid(rank: Rank) -> str:
+    """``812``, or ``812, 6 in its container``."""
+    return f"{rank.pid}, {rank.container_pid} in its container" if rank.container_pid is not None else str(rank.pid)
+
+
 def _crash_line(rank: Rank) -> str:
     info = rank.exit
     alive = rank.state != "exited"
     how = how_ended(info, alive)
-    line = f"- rank {rank.rank} (PID {rank.pid}): {how}" + (" — **first to die**" if info.first else "")
+    line = f"- rank {rank.rank} (PID {_pid(rank)}): {how}" + (" — **first to die**" if info.first else "")
     if info.reason:
         line += f"\n  - reason: {info.reason}"
     if info.message:

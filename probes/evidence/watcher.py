@@ -133,14 +133,15 @@ def with_crashes(snapshot: Snapshot, records: list[CrashRecord],
 class Watcher:
     """The loop behind ``trainwatch watch``: events on ``emit``, bundles into ``out_dir``."""
 
-    def __init__(self, pid: int, out_dir: Path, *, dump_on: frozenset[str] = PROBLEM_VERDICTS,
+    def __init__(self, pid: int | None, out_dir: Path, *, dump_on: frozenset[str] = PROBLEM_VERDICTS,
                  hang_after: float = 300.0, interval: float = 5.0, crash_interval: float = 0.2,
                  window: float = 1.0, emit: Callable[[str], None] = print, source: Source | None = None,
                  run_dir: Path | None = None, on_event: Callable[[WatchEvent], None] | None = None) -> None:
         self.pid, self.out_dir, self.dump_on = pid, Path(out_dir), dump_on  # verdict kinds to bundle
         self.interval, self.crash_interval, self.emit = interval, crash_interval, emit
         self.on_event = on_event
-        self.catcher = CrashCatcher(pid, run_dir, self.out_dir)
+        # No job here (a login box watching pods): no crash catcher; the nodes' answers say every death.
+        self.catcher = CrashCatcher(pid, run_dir, self.out_dir) if pid is not None else None
         self.episodes = Episodes(hang_after)
         self.source = source
         self.window = window
@@ -165,6 +166,8 @@ class Watcher:
         self._early_lock = threading.Lock()
 
     def run(self) -> int:
+        if self.catcher is None:
+            return self._run_remote()
         next_poll = 0.0
         threading.Thread(target=self._at_first_death, name="tw-first-death", daemon=True).start()
         while True:
@@ -184,6 +187,32 @@ class Watcher:
             time.sleep(self.crash_interval)
         return EXIT_CRASH if self.saw_crash else EXIT_PROBLEM if self.saw_problem else EXIT_CLEAN
 
+    def _run_remote(self) -> int:
+        """A job seen only through its nodes' agents (``watch --k8s`` from a login box): polls alone;
+        a ``crashed`` verdict is the crash alert; the watch ends when every pod of the job has ended."""
+        next_poll = 0.0
+        while True:
+            now = time.monotonic()
+            if now >= next_poll:
+                self._poll()
+                next_poll = max(now + self.interval, time.monotonic() + MIN_PAUSE_S)
+                last = self.last
+                if last is not None and last.verdict.kind in CRASH_VERDICTS and not self._crash_bundled:
+                    self._crash_bundled = self.saw_crash = True
+                    verdict = last.verdict
+                    self._say(WatchEvent("crash", f"crash {verdict.summary}", "crashed", verdict.culprits,
+                                         verdict.summary))
+                    self._alert_crash(last)
+                if last is not None and last.job.pods and all(p.pod_phase in ("Succeeded", "Failed")
+                                                              for p in last.job.pods):
+                    ended = "; ".join(p.words for p in last.job.pods)
+                    before = f"; before it: {', '.join(self._problems)}" if self._problems else ""
+                    self._say(WatchEvent("job_ended", f"job ended: {ended}{before}",
+                                         "crashed" if self.saw_crash else None, (), ended))
+                    break
+            time.sleep(self.crash_interval)
+        return EXIT_CRASH if self.saw_crash else EXIT_PROBLEM if self.saw_problem else EXIT_CLEAN
+
     def _poll(self) -> None:
         if self.source is None:
             return
@@ -194,7 +223,7 @@ class Watcher:
             return
         self.last = snapshot
         self._recent.append(snapshot)
-        if snapshot.job.run_dir and self.catcher.run_dir is None:
+        if snapshot.job.run_dir and self.catcher is not None and self.catcher.run_dir is None:
             self.catcher.run_dir = Path(snapshot.job.run_dir)
         verdict = snapshot.verdict
         if verdict.kind != self._last_kind and verdict.kind not in CRASH_VERDICTS:

@@ -53,12 +53,15 @@ def headline(info: ExitInfo) -> str | None:
 
 SOURCE_WORDS = {"kernel exit event": "the kernel's exit event", "launcher log": "the launcher's log",
                 "memory cgroup": "its memory cgroup"}
+KUBERNETES = "kubernetes"  # ExitInfo.source of a pod's ranks that Kubernetes says died (its words: the message)
 
 
 def describe_exit(info: ExitInfo) -> str:
     """``exit code 1, CUDA device-side assert, in train.py:60 main``; a death no one witnessed:
     ``vanished between 12:03:05 and 12:03:07; no exit status could be read (…)``."""
     if info.reason == VANISHED and info.message:
+        return info.message
+    if info.source == KUBERNETES and info.message:  # the pod's state in Kubernetes' words, exit included
         return info.message
     parts = [how(info) + (f" (from {SOURCE_WORDS[info.source]})" if info.source in SOURCE_WORDS else "")]
     why = headline(info)

@@ -38,7 +38,7 @@ def never_joined(ranks: Sequence[Rank], place: Callable[[Rank], str], job: Job |
     if any(r.phase in PEER_WAITS for r in elsewhere):
         return None  # a rank past init, in a collective: not a job that never formed (new_group vs a collective)
     missing = [r for r in ranks if r.state == "missing"]
-    unread = [r for r in ranks if r.state == "unknown" and r.pid is not None]
+    unread = [r for r in ranks if r.state == "unknown"]
     culprits = elsewhere + unread + missing
     if not culprits:
         return None  # every rank is in init: verdict._rendezvous words it
@@ -62,6 +62,27 @@ def never_joined(ranks: Sequence[Rank], place: Callable[[Rank], str], job: Job |
     return Verdict(kind, tuple(_numbers(culprits)), text)
 
 
+def never_scheduled(ranks: Sequence[Rank], place: Callable[[Rank], str], job: Job | None = None) -> Verdict | None:
+    """``rendezvous`` naming the ranks whose pod Kubernetes never ran (Pending: no node has room,
+    an image it cannot pull), in its words, while no rank of the job has got past forming it: the
+    others wait in their rendezvous, or their launchers wait to start them. None when the job
+    formed without them (an elastic job) or no pod is held back."""
+    held = [r for r in ranks if r.state == "missing" and r.scheduler]
+    live = [r for r in ranks if r.state in ("running", "stuck")]
+    if not held or any(r.phase != "init" for r in live):
+        return None
+    by_pod: dict[str, list[Rank]] = {}
+    for rank in held:
+        by_pod.setdefault(rank.scheduler or "", []).append(rank)
+    parts = [f"{who(_numbers(members))} never joined: {words}" for words, members in by_pod.items()]
+    if live:
+        lead = live[0]
+        parts.append(f"{who(_numbers(live))} {'waits' if len(live) == 1 else 'wait'} in {place(lead)}")
+    elif job is not None and job.waiting_rendezvous:
+        parts.append("the other pods' launchers wait for them in their rendezvous, with no rank started")
+    return Verdict("rendezvous", tuple(_numbers(held)), "; ".join(parts))
+
+
 def _joining(waiting: Sequence[Rank]) -> str:
     """What the waiting ranks are in: the outermost forming call on the main thread's stack
     (``init_process_group``), else their op (``new_group``)."""
@@ -77,7 +98,8 @@ def _where(rank: Rank, place: Callable[[Rank], str], alone: bool) -> str:
     unreadable rank (``rank 2 is …`` where several are named)."""
     name = "it" if alone or rank.rank is None else who([rank.rank])
     if rank.state == "unknown":
-        return f"{name} (PID {rank.pid}) could not be read: it may be the one they wait for (see the notes)"
+        what = f"{name} (PID {rank.pid})" if rank.pid is not None else name
+        return f"{what} could not be read: it may be the one they wait for (see the notes)"
     spot = f"at {rank.where}" if rank.phase in ("unknown", "compute", "io") and rank.where else f"in {place(rank)}"
     held = []
     kernel = rank.kernel

@@ -12,7 +12,7 @@ from .gpuwait import judge_gpu_wait, span
 from .groups import group_key
 from .kernel import from_kernel
 from .native import AMBIGUOUS_PHASES
-from .rendezvous import launcher_waiting, never_joined
+from .rendezvous import launcher_waiting, never_joined, never_scheduled
 from .restarts import with_restarts
 from .steps import step_note
 from ..observed import UNTOLD
@@ -149,8 +149,11 @@ def _crashed(ranks: Sequence[Rank], collectives: CollectiveState | None = None) 
     deaths = [r.exit for r in dead if r.exit]
     cause = [r for r in dead if r.exit and exits.is_cause(r.exit, deaths)][:1]
     culprits = first or cause or sorted(dead, key=lambda r: (r.exit.at or 0) if r.exit else 0)[:1]
-    numbers = _numbers(culprits)
     lead = culprits[0]
+    if lead.exit is not None and lead.exit.source == exits.KUBERNETES:  # a pod died: every rank it ran
+        culprits = [r for r in dead if r.exit is not None and r.exit.source == exits.KUBERNETES
+                    and r.exit.message == lead.exit.message]
+    numbers = _numbers(culprits)
     if raised_while_alive(lead):
         text = f"{who(numbers)} raised {_raised(lead)}"
     else:
@@ -245,6 +248,9 @@ def _raised(rank: Rank) -> str:
 def _rendezvous(ranks: Sequence[Rank], job: Job | None) -> Verdict | None:
     """The job never formed (``judge/rendezvous.py``): a launcher waiting for nodes, ranks waiting in
     init for ranks elsewhere, or every live rank in init while others never joined."""
+    unscheduled = never_scheduled(ranks, place, job)  # a pod Kubernetes never ran: its words
+    if unscheduled is not None:
+        return unscheduled
     if job is not None and job.waiting_rendezvous:
         return launcher_waiting(job)
     formed = never_joined(ranks, place, job)
@@ -394,7 +400,8 @@ def _from_stacks(ranks: Sequence[Rank], collectives: CollectiveState | None,
         if passing:  # shown in the table; named here too, or they would read as unaccounted for
             text += f" ({who(_numbers(passing))} at the same wait {verb(passing, 'shows', 'show')} progress)"
         return Verdict("straggler", tuple(_numbers(culprits)), text)
-    unread = [r for r in ranks if r.state == "unknown" and r.pid is not None]
+    # a rank not read (its process unreadable, or on a node or pod that could not be read) may be the one
+    unread = [r for r in ranks if r.state == "unknown"]
     if waiting and len(waiting) == len(live) and unread:  # never "no local culprit" while a rank is unread
         text = (f"{who(_numbers(waiting))} {waits(by_place(waiting)[0], collectives, now)}; "
                 f"{who(_numbers(unread))} could not be read, so {'it' if len(unread) == 1 else 'they'} may be "

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .reach import Remote, SshRemote
+from .pods import forbidden, not_installed
+from .reach import KubeRemote, Remote, SshRemote
 from ..record import Record
 
 STDERR_KEEP = 4000  # bytes of a node call's stderr kept for its error message
@@ -32,7 +33,7 @@ def _last_message(stderr: str) -> str:
 _NOT_INSTALLED = ("command not found", "executable file not found", "execve()", "not found in $path")
 
 
-def classify_failure(remote: Remote, result: Result, timeout: float) -> str:
+def classify_failure(remote: Remote, result: Result, timeout: float, trainwatch: str = "trainwatch") -> str:
     """One short reason a person can act on, naming the cause."""
     if result.start_error:
         return result.start_error
@@ -41,6 +42,13 @@ def classify_failure(remote: Remote, result: Result, timeout: float) -> str:
     rc, message = result.returncode, _last_message(result.stderr)
     low = result.stderr.lower()
     detail = f" ({message})" if message else ""
+    if isinstance(remote, KubeRemote):  # kubectl's own words: a verb RBAC denies, an image without trainwatch
+        denied = forbidden(result.stderr)
+        if denied:
+            return f"permission denied: {denied}"
+        missing = not_installed(remote.name, result.stderr, trainwatch)
+        if missing:
+            return missing
     if isinstance(remote, SshRemote) and rc == 255:
         if "permission denied" in low:
             return f"permission denied by ssh{detail}"

@@ -10,6 +10,7 @@ nodes it could not read. Everything here is linear in ranks.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,8 +19,9 @@ from ..gc_pause import gc_paused
 from ..judge.judgement import JudgeMemory, JudgeOptions, judge_job
 from ..judge.warnings import job_warnings
 from ..observed import ObservedJob, combine_states, observed_rank
-from ..snapshot import AttemptEnd, HostInfo, Job, Rank, Snapshot, Verdict
+from ..snapshot import AttemptEnd, HostInfo, Job, PodState, Rank, Snapshot, Verdict
 from ..record import Record
+from .pods import dead as pod_dead, exit_of, runs as pod_runs
 
 
 @dataclass(frozen=True, repr=False)
@@ -32,17 +34,42 @@ class NodeView(Record):
     stale_s: float | None = None  # the snapshot is an earlier one, this many seconds old
     note: str | None = None
     local: bool = False
+    pod: bool = False  # a Kubernetes pod: known by its name, whatever host name it reports (hostNetwork)
 
 
 def _node_labels(views: Sequence[NodeView]) -> dict[int, str]:
-    """The host name each node's ranks carry: its own, unless another node reports the same one."""
+    """The host name each node's ranks carry: its own, unless another node reports the same one; a
+    pod's name (a hostNetwork pod reports its node's host name, which two pods may share)."""
     own = {i: _own_host(v) for i, v in enumerate(views) if v.snapshot is not None}
     counts = Counter(own.values())
     labels = {}
     for i, host in own.items():
         unique_host = bool(host) and counts[host] == 1
-        labels[i] = host if unique_host or (views[i].local and host) else views[i].name
+        labels[i] = views[i].name if views[i].pod else host if unique_host or (views[i].local and host) \
+            else views[i].name
     return labels
+
+
+def one_view_per_node(views: Sequence[NodeView]) -> tuple[list[NodeView], list[str]]:
+    """Each node once, known by what it is (``Job.node_id``: its boot and PID namespace), not by
+    its name: a pod reached both here and through ``kubectl exec`` (its name and its node's being
+    different words for it) is read once, here; the local view then bears the pod's name."""
+    kept: list[NodeView] = []
+    notes: list[str] = []
+    seen: dict[str, int] = {}
+    for view in views:
+        node = view.snapshot.job.node_id if view.snapshot is not None else None
+        if node is None or node not in seen:
+            if node is not None:
+                seen[node] = len(kept)
+            kept.append(view)
+            continue
+        first = kept[seen[node]]
+        if view.pod and not first.pod:  # the pod trainwatch runs in: its name is the one a person knows
+            kept[seen[node]] = dataclasses.replace(first, name=view.name, pod=True)
+        notes.append(f"{view.name} is {first.name} (one PID namespace of one machine, reached twice): "
+                     "its ranks are read once")
+    return kept, notes
 
 
 def _own_host(view: NodeView) -> str:
@@ -80,25 +107,27 @@ def _attempts(jobs: list[Job]) -> dict:
 
 
 def merge_nodes(views: Sequence[NodeView], *, memory: JudgeMemory | None = None,
-                world_size: int | None = None) -> Snapshot:
+                world_size: int | None = None, pods: Sequence[PodState] = (), job: Job | None = None) -> Snapshot:
     """One snapshot of the job from every node's view (``source="remote"``), judged again over
-    all ranks; ``memory``: the judge's memory across polls of this job (tie-breaks, ``since``)."""
+    all ranks; ``memory``: the judge's memory across polls of this job (tie-breaks, ``since``).
+    ``pods``: the job's pods as Kubernetes reports them (a pod that runs none of its ranks says
+    why); ``job``: the job's record where no node answered (every pod Pending, say)."""
     with gc_paused():  # every rank made again, twice: many small acyclic objects
-        return _merged(views, memory, world_size)
+        return _merged(views, memory, world_size, pods, job)
 
 
-def _merged(views: Sequence[NodeView], memory: JudgeMemory | None, world_size: int | None) -> Snapshot:
+def _merged(views: Sequence[NodeView], memory: JudgeMemory | None, world_size: int | None,
+            pods: Sequence[PodState] = (), bare: Job | None = None) -> Snapshot:
+    views, notes = one_view_per_node(views)
     good = [(i, v) for i, v in enumerate(views) if v.snapshot is not None]
-    if not good:
+    if not good and not (pods and bare is not None):
         raise ValueError("no node answered")
     labels = _node_labels(views)
-    base = next((v.snapshot for _, v in good if v.local), good[0][1].snapshot)
-    assert base is not None
+    base = next((v.snapshot for _, v in good if v.local), good[0][1].snapshot) if good else None
 
     ranks: list[Rank] = []
     hosts: list[HostInfo] = []
     warnings: list[str] = []
-    notes: list[str] = []
     seen_pids: set[tuple[str, int]] = set()
     for i, view in enumerate(views):
         if view.snapshot is None:
@@ -107,7 +136,7 @@ def _merged(views: Sequence[NodeView], memory: JudgeMemory | None, world_size: i
             continue
         snap, label = view.snapshot, labels[i]
         prefix = "" if view.local else f"{label}: "
-        own_host = _own_host(view)
+        own_host = snap.job.node_id or _own_host(view)  # two pods of a node may hold the same PIDs
         duplicate = False
         for rank in snap.ranks:
             if rank.state == "missing" and rank.pid is None and rank.local_rank is None:
@@ -134,23 +163,32 @@ def _merged(views: Sequence[NodeView], memory: JudgeMemory | None, world_size: i
             notes.append(f"node {view.name}: {view.note}")
 
     world = world_size or max((v.snapshot.job.world_size or 0 for _, v in good), default=0) or None
+    world = max(world or 0, max((max(p.ranks) + 1 for p in pods if p.ranks), default=0)) or None
     unread = [v for v in views if v.snapshot is None]
-    ranks = _sorted(_drop_missing_seen_live(ranks) + _absent(ranks, world, unread))
+    ranks = _sorted(_drop_missing_seen_live(ranks) + _absent(ranks, world, unread, pods))
     warnings.extend(_conflicts(ranks))
-    job = dataclasses.replace(base.job, world_size=world,
-                              nnodes=max(base.job.nnodes or 0, len(views)) or None,
-                              **_attempts([v.snapshot.job for _, v in good]))
+    record = base.job if base is not None else bare
+    assert record is not None
+    job = dataclasses.replace(record, world_size=world,
+                              nnodes=max(record.nnodes or 0, len(views), len(pods)) or None, node_id=None,
+                              pods=tuple(pods), **_attempts([v.snapshot.job for _, v in good]))
     # Every node's record of its ranks' collectives, together: the judge finds disagreements across nodes.
     collectives = combine_states([v.snapshot.collectives for _, v in good])
     # Each node judged its own RAS replies: the judge picks the view that counts and words it.
     ras_views = tuple((v.name, s.ras) for _, v in good if (s := v.snapshot.collectives) is not None and s.ras)
-    taken_at = max(v.snapshot.taken_at for _, v in good)
+    taken_at = max((v.snapshot.taken_at for _, v in good), default=0.0) or time.time()
     evidence = ObservedJob(job=job, ranks=tuple(observed_rank(r) for r in ranks), collectives=collectives,
                            ras_views=ras_views)
-    window = max(v.snapshot.window_s for _, v in good)
+    window = max((v.snapshot.window_s for _, v in good), default=0.0)
     judged = judge_job(evidence, memory if memory is not None else JudgeMemory(), taken_at,
                        JudgeOptions(window=window))
-    judged = dataclasses.replace(judged, verdict=_naming_unread(judged.verdict, unread))
+    if not good and judged.verdict.kind == "unknown":  # nothing read: why, rather than "not judged"
+        why = "; ".join(f"{v.name}: {v.error or 'no answer'}" for v in unread[:2])
+        more = f"; {len(unread) - 2} more" if len(unread) > 2 else ""
+        judged = dataclasses.replace(judged, verdict=dataclasses.replace(
+            judged.verdict, summary=f"no node of the job could be read ({why}{more})"))
+    else:
+        judged = dataclasses.replace(judged, verdict=_naming_unread(judged.verdict, unread))
     warnings.extend(judged.warnings)
     notes.extend(judged.notes)
     return Snapshot(
@@ -161,21 +199,46 @@ def _merged(views: Sequence[NodeView], memory: JudgeMemory | None, world_size: i
     )
 
 
-def _absent(ranks: Sequence[Rank], world: int | None, unread: Sequence[NodeView]) -> list[Rank]:
+def _absent(ranks: Sequence[Rank], world: int | None, unread: Sequence[NodeView],
+            pods: Sequence[PodState] = ()) -> list[Rank]:
     """Ranks of the world seen on no node: ``missing`` when every node answered, else ``unknown``
-    (they may live on a node that could not be read), with that node and its error."""
-    if not world:
-        return []
+    (they may live on a node that could not be read), with that node and its error. A rank whose
+    pod Kubernetes does not run says why, in its words: ``missing`` while the pod never ran
+    (Pending), ``exited`` where it died (a crash loop, OOMKilled, evicted); a rank of a running
+    pod that could not be read is ``unknown`` with that pod's error."""
     present = {r.rank for r in ranks}
-    absent = [n for n in range(world) if n not in present]
-    if not unread:
-        return [Rank(rank=n, state="missing", host="?", detail=f"rank {n} of {world} is on no node that was asked")
-                for n in absent]
+    by_rank = {n: pod for pod in pods for n in pod.ranks}
+    numbers = set(range(world or 0)) | set(by_rank)
+    absent = sorted(n for n in numbers if n not in present)
+    if not absent:
+        return []
+    errors = {v.name: v.error or "no answer" for v in unread}
     host = unread[0].name if len(unread) == 1 else "?"
     why = "; ".join(f"{v.name}: {v.error or 'no answer'}" for v in unread[:3])
     why += f"; {len(unread) - 3} more" if len(unread) > 3 else ""
-    detail = f"not read: on a node that could not be read ({why})"
-    return [Rank(rank=n, state="unknown", host=host, detail=detail) for n in absent]
+    out = []
+    for n in absent:
+        pod = by_rank.get(n)
+        if pod is not None and not pod_runs(pod):
+            out.append(_from_pod(n, pod))
+        elif pod is not None and pod.name in errors:
+            out.append(Rank(rank=n, state="unknown", host=pod.name,
+                            detail=f"not read: pod {pod.name} could not be read ({errors[pod.name]})"))
+        elif not unread:
+            out.append(Rank(rank=n, state="missing", host=pod.name if pod is not None else "?",
+                            detail=f"rank {n} of {world} is on no node that was asked"))
+        else:
+            out.append(Rank(rank=n, state="unknown", host=host,
+                            detail=f"not read: on a node that could not be read ({why})"))
+    return out
+
+
+def _from_pod(number: int, pod: PodState) -> Rank:
+    """A rank of a pod Kubernetes does not run, in Kubernetes' words."""
+    if pod_dead(pod):
+        return Rank(rank=number, state="exited", host=pod.name, exit=exit_of(pod), scheduler=pod.words,
+                    detail=pod.words)
+    return Rank(rank=number, state="missing", host=pod.name, scheduler=pod.words, detail=pod.words)
 
 
 def _drop_missing_seen_live(ranks: list[Rank]) -> list[Rank]:

@@ -8,16 +8,20 @@ import os
 import shutil
 import socket
 import subprocess
+from dataclasses import dataclass
 from typing import Any
 
-from ..errors import TrainwatchError
-from ..snapshot import RAY_ACTORS, RAY_TRAIN
+from ..errors import AccessDenied, NotAJob, TrainwatchError
+from ..read.processes import namespaces
+from ..record import Record
+from ..snapshot import RAY_ACTORS, RAY_TRAIN, Job
 from .hostlist import (
     parse_hosts, read_hostfile, slurm_hostnames, slurm_job_nodelist, slurm_running_jobs, unique,
 )
 from .streams import STREAM_START_PARALLEL, StreamSource
 from .node_spec import NodeSpec
-from .reach import KubeRemote, Remote, SlurmRemote, SshRemote, kubectl_get_pods_argv, parse_pods
+from .pods import Pod, forbidden, parse_pods, selector_for
+from .reach import KubeRemote, Remote, SlurmRemote, SshRemote, kubectl_get_pods_argv
 from .launches import match_args
 
 
@@ -95,36 +99,91 @@ def _ray_remotes(spec: NodeSpec, job: Any) -> list[Remote]:
             for ip in peers]
 
 
-def list_pods(selector: str, namespace: str | None, timeout: float) -> list[str]:
-    """Running pods matching ``selector`` (kubectl get pods -o json)."""
+def list_pods(selector: str, namespace: str | None, timeout: float, container: str | None = None) -> list[Pod]:
+    """Every pod matching ``selector``, whatever its phase (``kubectl get pods -o json``), with the
+    ranks each runs. Raises AccessDenied when Kubernetes refuses (the verb it lacks and the Role
+    rule that grants it), TrainwatchError for anything else."""
+    where = f" -n {namespace}" if namespace else ""
     try:
         done = subprocess.run(kubectl_get_pods_argv(selector, namespace), capture_output=True, text=True,
-                              timeout=timeout, check=False)
+                              timeout=timeout, check=False, stdin=subprocess.DEVNULL)
     except FileNotFoundError as exc:
-        raise TrainwatchError("--k8s needs kubectl, which is not installed here") from exc
+        raise TrainwatchError("--k8s needs kubectl, which is not installed here",
+                              "install kubectl where you run trainwatch, with a kubeconfig for the cluster") from exc
     except subprocess.TimeoutExpired as exc:
-        raise TrainwatchError(f"kubectl get pods did not answer in {timeout:g}s") from exc
+        raise TrainwatchError(f"kubectl get pods -l {selector}{where} did not answer in {timeout:g}s") from exc
     if done.returncode != 0:
-        raise TrainwatchError(f"kubectl get pods -l {selector}: {done.stderr.strip() or 'failed'}")
+        said = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed"
+        denied = forbidden(done.stderr)
+        if denied:
+            raise AccessDenied(f"kubectl get pods -l {selector}{where}: {denied}")
+        raise TrainwatchError(f"kubectl get pods -l {selector}{where}: {said}")
     try:
-        pods = parse_pods(done.stdout)
+        return parse_pods(done.stdout, container)
     except ValueError as exc:
         raise TrainwatchError(str(exc)) from exc
-    return [p.name for p in pods if p.phase == "Running"]
 
 
-def _k8s_remotes(spec: NodeSpec) -> list[Remote]:
-    assert spec.k8s is not None
-    pods = list_pods(spec.k8s, spec.k8s_namespace, spec.timeout)
-    if not pods:
-        raise TrainwatchError(f"no running pod matches -l {spec.k8s}")
-    me = os.environ.get("HOSTNAME") or socket.gethostname()  # a pod's hostname is its name
-    return [KubeRemote(name=p, namespace=spec.k8s_namespace, container=spec.k8s_container)
-            for p in pods if p != me]
+def pod_remotes(pods: list[Pod], spec: NodeSpec) -> list[KubeRemote]:
+    """The pods that run their job now, each reached with ``kubectl exec``; the pod trainwatch runs
+    in is left out where it can be told (its pod UID in its cgroup, its name as host name); else
+    its agent's answer is known as this node's by what it is (``merge.one_view_per_node``)."""
+    me = os.environ.get("HOSTNAME") or socket.gethostname()
+    uid = namespaces.own_pod_uid()
+    return [KubeRemote(name=p.name, namespace=spec.k8s_namespace, container=p.container)
+            for p in pods if p.running and p.name != me and not (uid and p.uid == uid)]
 
 
-def other_nodes(spec: NodeSpec, job: Any) -> list[Remote]:
-    """The nodes named in ``spec``, without this node."""
+@dataclass(repr=False)
+class KubeJob(Record):
+    """A ``--k8s`` job's pods as listed (``error``: why they could not be), and how to list them again."""
+
+    spec: NodeSpec
+    pods: list[Pod]
+    error: str | None = None
+
+    @property
+    def selector(self) -> str:
+        assert self.spec.k8s is not None
+        return selector_for(self.spec.k8s)
+
+    def relist(self) -> list[Pod]:
+        return list_pods(self.selector, self.spec.k8s_namespace, self.spec.timeout, self.spec.k8s_container)
+
+    def remote(self, pod: Pod) -> KubeRemote | None:
+        """The pod as a node to read, when it runs its job now and is not this one."""
+        found = pod_remotes([pod], self.spec)
+        return found[0] if found else None
+
+    def bare_job(self) -> Job:
+        """The job's record before any pod answered (every pod Pending, say)."""
+        where = f" -n {self.spec.k8s_namespace}" if self.spec.k8s_namespace else ""
+        worlds = [p.world_size for p in self.pods if p.world_size]
+        return Job(launcher="kubernetes", pid=0, host=f"pods -l {self.selector}{where}",
+                   world_size=max(worlds) if worlds else None, nnodes=len(self.pods) or None)
+
+
+def kube_job(spec: NodeSpec, required: bool) -> KubeJob:
+    """The pods of ``spec.k8s``. ``required`` (no rank of the job here to show instead): a listing
+    Kubernetes refuses, or one that finds no pod, ends the command; else it is said and the local
+    ranks are judged with the others unread."""
+    job = KubeJob(spec, [])
+    try:
+        job.pods = job.relist()
+    except TrainwatchError as exc:
+        if required:
+            raise
+        job.error = f"pods not listed: {exc.message}"
+        return job
+    if not job.pods and required:
+        where = f" in namespace {spec.k8s_namespace}" if spec.k8s_namespace else ""
+        raise NotAJob(f"no pod matches -l {job.selector}{where}",
+                      "check the selector with `kubectl get pods -l ...` (or name the job: --k8s pytorchjob/NAME)")
+    return job
+
+
+def other_nodes(spec: NodeSpec, job: Any, kube: KubeJob | None = None) -> list[Remote]:
+    """The nodes named in ``spec``, without this node (``kube``: the --k8s pods, already listed)."""
     remotes: list[Remote] = []
     hosts = parse_hosts(list(spec.hosts))
     if spec.hostfile:
@@ -135,7 +194,8 @@ def other_nodes(spec: NodeSpec, job: Any) -> list[Remote]:
     if spec.slurm:
         remotes += _slurm_remotes(spec, job)
     if spec.k8s:
-        remotes += _k8s_remotes(spec)
+        pods = kube.pods if kube is not None else kube_job(spec, required=True).pods
+        remotes += [r for r in (KubeJob(spec, pods).remote(p) for p in pods) if r is not None]
     if spec.ray:
         named = {r.name for r in remotes}
         remotes += [r for r in _ray_remotes(spec, job) if r.name not in named]
@@ -155,26 +215,34 @@ def open_nodes(local_source: Any, spec: NodeSpec, job: Any, *, wait_s: float | N
     (one-shot commands) they are asked for every thread and stopped when the source closes."""
     if not spec.named:
         return local_source
-    remotes = other_nodes(spec, job)
-    if not remotes:
+    kube = kube_job(spec, required=local_source is None) if spec.k8s else None
+    remotes = other_nodes(spec, job, kube)
+    if not remotes and not (kube is not None and (kube.pods or kube.error)):
         return local_source
-    try:
-        match = match_args(job)
-    except ValueError as exc:
-        raise TrainwatchError(str(exc), remedy="other nodes find the job by MASTER_ADDR:MASTER_PORT") from exc
+    if kube is not None and not (spec.hosts or spec.hostfile or spec.slurm or spec.ray):
+        match = ["--match-any"]  # a pod holds one job: its agent finds it whatever its PIDs (a launcher alone, too)
+    else:
+        try:
+            match = match_args(job)
+        except ValueError as exc:
+            raise TrainwatchError(str(exc), remedy="other nodes find the job by MASTER_ADDR:MASTER_PORT") from exc
     extra = (["--samples", str(samples)] if samples is not None else []) + (
         ["--stuck-after", f"{stuck_after:g}"] if stuck_after is not None else [])
+    world = getattr(job, "world_size", None)
+    pods = dict(pods=kube.pods, job=kube.bare_job(), unreached=({f"pods -l {kube.selector}": kube.error}
+                                                                if kube.error else {}),
+                relist=kube.relist, pod_remote=kube.remote) if kube is not None else {}
     if stream_interval is None:
         # One-shot (snapshot, dump): agents too, asked for every thread, so every engine speaks the compact
         # wire and SLURM makes one step for all nodes; each agent writes its line and the source closes it.
         return StreamSource(local_source, remotes, match=match, trainwatch=spec.trainwatch, timeout=spec.timeout,
                             interval=max(1.0, window or 1.0), parallel=spec.parallel or STREAM_START_PARALLEL,
-                            window=window, world_size=getattr(job, "world_size", None), extra_args=extra,
-                            once=True, relay_from=spec.relay_from)
+                            window=window, world_size=world, extra_args=extra,
+                            once=True, relay_from=spec.relay_from, **pods)
     return StreamSource(local_source, remotes, match=match, trainwatch=spec.trainwatch,
                         timeout=spec.timeout, interval=stream_interval,
                         parallel=spec.parallel or STREAM_START_PARALLEL,
-                        window=window, world_size=getattr(job, "world_size", None), extra_args=extra,
+                        window=window, world_size=world, extra_args=extra,
                         relay_from=spec.relay_from,
                         # the first poll waits for the agents' first lines: a start and one window
-                        wait_s=(window or 0.0) + max(wait_s, 5.0) if wait_s is not None else None)
+                        wait_s=(window or 0.0) + max(wait_s, 5.0) if wait_s is not None else None, **pods)

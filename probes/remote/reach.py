@@ -4,7 +4,6 @@ nodes, and the pods a selector names."""
 
 from __future__ import annotations
 
-import json
 import shlex
 from dataclasses import dataclass
 from typing import Protocol
@@ -96,30 +95,6 @@ class KubeRemote(Record):
         return [base[0], base[1], "-i", *base[2:], *shlex.split(trainwatch), *args]
 
 
-@dataclass(frozen=True, repr=False)
-class Pod(Record):
-    name: str
-    phase: str
-    node: str | None = None
-    ip: str | None = None
-
-
 def kubectl_get_pods_argv(selector: str, namespace: str | None = None, kubectl: str = "kubectl") -> list[str]:
     cmd = [kubectl, "get", "pods", "-l", selector, "-o", "json"]
     return cmd + (["-n", namespace] if namespace else [])
-
-
-def parse_pods(text: str) -> list[Pod]:
-    """Pods from ``kubectl get pods -o json`` (a List, or a single Pod object)."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"kubectl did not print JSON: {exc}") from exc
-    items = data.get("items", [data] if data.get("kind") == "Pod" else []) if isinstance(data, dict) else []
-    pods = []
-    for item in items:
-        meta, spec, status = item.get("metadata", {}), item.get("spec", {}), item.get("status", {})
-        if meta.get("name"):
-            pods.append(Pod(name=meta["name"], phase=status.get("phase", "Unknown"),
-                            node=spec.get("nodeName"), ip=status.get("podIP")))
-    return pods

@@ -23,7 +23,7 @@ import tarfile
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -32,14 +32,15 @@ from ..errors import TrainwatchError
 from ..gc_pause import gc_paused
 from ..judge.judgement import JudgeMemory
 from ..process_group import kill_groups
-from ..snapshot import Snapshot, SnapshotError
+from ..snapshot import Job, Snapshot, SnapshotError
 from .bundles import safe_dirname, unpack_bundle
 from .calls import STDERR_KEEP, Result, classify_failure
 from .launches import Launch, agent_args, direct_launch, plan_launches, popen_agent
 from .merge import NodeView, merge_nodes
 from .node_evidence import NodeEvidence
 from .node_spec import DEFAULT_TIMEOUT_S, RELAY_FROM, RESTART_MAX_S, RESTART_MIN_S
-from .reach import Remote
+from .pods import Pod
+from .reach import KubeRemote, Remote
 from .wire import SRUN_PIECE, NodeAnswer, decode_node
 from ..record import Record
 
@@ -52,6 +53,7 @@ STREAM_START_PARALLEL = 128  # agents connecting at once (a start is short; the 
 FIRST_CALL_S = 1.0
 FIRST_CALL = b'{"answer": "first"}\n'
 REUSE_S = 300.0  # an answer older than this is no longer shown
+PODS_EVERY_S = 10.0  # live views list a --k8s job's pods again this often (a Pending pod that starts, one that dies)
 SHORT_LOOK = 0.95  # a first answer that watched less than this share of the window is named
 
 
@@ -101,8 +103,19 @@ class StreamSource(NodeEvidence):
                  trainwatch: str = "trainwatch", timeout: float = DEFAULT_TIMEOUT_S, interval: float = 2.0,
                  window: float | None = None, wait_s: float | None = None, parallel: int = STREAM_START_PARALLEL,
                  world_size: int | None = None, extra_args: Sequence[str] = (),
-                 spawn: Any = None, once: bool = False, relay_from: int = RELAY_FROM) -> None:
+                 spawn: Any = None, once: bool = False, relay_from: int = RELAY_FROM,
+                 pods: Sequence[Pod] = (), relist: Callable[[], list[Pod]] | None = None,
+                 pod_remote: Callable[[Pod], Remote | None] | None = None, job: Job | None = None,
+                 unreached: dict[str, str] | None = None) -> None:
         self.local = local_source
+        # A --k8s job: its pods as last listed (their states join every merge), how to list them again
+        # (live views), which pods' agents run (a pod's name, whatever host name its agent reports).
+        self.pods = list(pods)
+        self._relist, self._pod_remote = relist, pod_remote
+        self._pods_at = time.monotonic()
+        self._pods_error: str | None = None
+        self._pod_names = {r.name for r in remotes if isinstance(r, KubeRemote)}
+        self.bare_job = job
         self.match = list(match)
         self.trainwatch = trainwatch
         self.timeout = timeout
@@ -117,6 +130,9 @@ class StreamSource(NodeEvidence):
         self.remotes = list(remotes)
         self.launches = plan_launches(self.remotes, trainwatch, self.args, relay_from=relay_from, timeout=timeout)
         self.nodes = {r.name: NodeState(r.name) for r in self.remotes}
+        # Nodes known unreadable before any agent (the pods of a selector Kubernetes would not list): named, never started.
+        for name, error in (unreached or {}).items():
+            self.nodes[name] = NodeState(name, error=error, error_at=time.monotonic())
         self._spawn = spawn or popen_agent
         self._lock = threading.Lock()
         self._answered = threading.Condition(self._lock)
@@ -145,6 +161,8 @@ class StreamSource(NodeEvidence):
         self._supervisor = threading.Thread(target=self._supervise, name="tw-agent-supervisor", daemon=True)
         self._reader.start()
         self._supervisor.start()
+        if relist is not None and not once:
+            threading.Thread(target=self._watch_pods, name="tw-pods", daemon=True).start()
 
     def __getattr__(self, name: str) -> Any:
         """Anything else (job, window, pid...) is the local source's."""
@@ -152,6 +170,39 @@ class StreamSource(NodeEvidence):
         if local is None:
             raise AttributeError(name)
         return getattr(local, name)
+
+    # -- a --k8s job's pods ---------------------------------------------------------------------
+    def _watch_pods(self) -> None:
+        """List the pods again every PODS_EVERY_S: a pod that starts gets an agent, one that stops
+        running is no longer restarted, and the merge says what each is now (bounded kubectl calls)."""
+        while not self._closed.wait(PODS_EVERY_S):
+            assert self._relist is not None
+            try:
+                pods = self._relist()
+            except TrainwatchError as exc:
+                with self._lock:
+                    self._pods_error = f"pods not listed again: {exc.message}"
+                continue
+            now = time.monotonic()
+            with self._lock:
+                self.pods, self._pods_error, self._pods_at = pods, None, now
+                for pod in pods:
+                    remote = self._pod_remote(pod) if self._pod_remote is not None else None
+                    if remote is None or remote.name in self.nodes:
+                        continue
+                    self.remotes.append(remote)
+                    self._pod_names.add(remote.name)
+                    self.nodes[remote.name] = NodeState(remote.name)
+                    self.launches.append(direct_launch(remote, self.trainwatch, self.args))
+                    self._next_start.append(now)
+                    self._restarts.append(0)
+
+    def _pod_stopped(self, launch: Launch) -> bool:
+        """A pod no longer running its job (it ended, or was deleted): its agent is not started again."""
+        if launch.names[0] not in self._pod_names:
+            return False
+        pod = next((p for p in self.pods if p.name == launch.names[0]), None)
+        return pod is None or not pod.running
 
     # -- the agents ----------------------------------------------------------------------------
     def _supervise(self) -> None:
@@ -169,7 +220,7 @@ class StreamSource(NodeEvidence):
                                 self._ended(index, run, now)
                         elif now - run.started > self.timeout:
                             self._never_answered(run, now)
-                    elif now >= self._next_start[index] and connecting < self.parallel:
+                    elif now >= self._next_start[index] and connecting < self.parallel and not self._pod_stopped(launch):
                         self._start(index, launch, now)
                         connecting += 1
 
@@ -207,7 +258,7 @@ class StreamSource(NodeEvidence):
             self._drop_fd(fd)
         code = run.proc.poll()
         result = Result(code, stderr=run.stderr.decode(errors="replace")[-STDERR_KEEP:])
-        reason = classify_failure(run.launch.remote, result, self.timeout)
+        reason = classify_failure(run.launch.remote, result, self.timeout, self.trainwatch)
         if run.launch.relayed and not run.heard:
             self._fail(run.launch.names[:1], reason, now)
             self._without_relay(index, run.launch, reason, now)
@@ -479,10 +530,14 @@ class StreamSource(NodeEvidence):
         now = time.monotonic()
         with self._lock:
             views += [self._view(state, now) for state in self.nodes.values()]
-        if not any(v.snapshot is not None for v in views):
+            pods = [p.state for p in self.pods]
+            pods_error = self._pods_error
+        if not any(v.snapshot is not None for v in views) and not (pods and self.bare_job is not None):
             reasons = "; ".join(f"{v.name}: {v.error}" for v in views[:5])
             raise TrainwatchError(f"no node of the job could be read ({reasons})")
-        merged = merge_nodes(views, memory=self.memory, world_size=self.world_size)
+        merged = merge_nodes(views, memory=self.memory, world_size=self.world_size, pods=pods, job=self.bare_job)
+        if pods_error:
+            merged = replace(merged, notes=(*merged.notes, pods_error))
         self._culprits = frozenset(merged.verdict.culprits)
         if self._polls == 1 and self._called_first:
             merged = replace(merged, notes=(*merged.notes, *self._short_looks(views)))
@@ -518,13 +573,14 @@ class StreamSource(NodeEvidence):
         age = now - state.answered_at if state.answered_at is not None else None
         stale_after = max(3 * self.interval, self.window + 2 * self.interval)
         error_newer = state.error is not None and (state.answered_at is None or (state.error_at or 0) >= state.answered_at)
+        pod = state.name in self._pod_names
         if answer is not None and age is not None and age <= REUSE_S:
             if error_newer:
-                return NodeView(state.name, answer.snapshot, stale_s=age, note=state.error)
-            return NodeView(state.name, answer.snapshot, stale_s=age if age > stale_after else None)
+                return NodeView(state.name, answer.snapshot, stale_s=age, note=state.error, pod=pod)
+            return NodeView(state.name, answer.snapshot, stale_s=age if age > stale_after else None, pod=pod)
         if state.error:
-            return NodeView(state.name, error=state.error)
-        return NodeView(state.name, error="starting: no answer yet")
+            return NodeView(state.name, error=state.error, pod=pod)
+        return NodeView(state.name, error="starting: no answer yet", pod=pod)
 
     def stats(self) -> dict[str, float]:
         """Bytes and lines received per node so far (benchmarks)."""

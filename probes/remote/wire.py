@@ -147,13 +147,13 @@ _SCALARS: dict[str, tuple[type, ...]] = {name: kinds for name, tp in _RANK_HINTS
 _NESTED = {name: _decoder(tp) for name, tp in _RANK_HINTS.items() if name not in _SCALARS and name != "threads"}
 
 
-_JOB_TUPLES = ("cmdline", "attempts")  # attempts: empty here (a restarted job's go through the generic decoder)
+_JOB_TUPLES = ("cmdline", "attempts", "pods")  # records (attempts, pods): empty here, else the generic decoder
 _JOB_FIELDS = {f.name for f in dataclasses.fields(Job)}
 
 
 def _job(data: dict[str, Any]) -> Job:
     """The node's job record: plain values, checked by the generic decoder only when unusual."""
-    if not isinstance(data, dict) or data.get("attempts") or not all(
+    if not isinstance(data, dict) or data.get("attempts") or data.get("pods") or not all(
             isinstance(v, (str, int, float, bool, type(None), list)) for v in data.values()):
         return _JOB(data)  # unusual, or a restarted job's attempts (records): the generic decoder
     kwargs = {k: v for k, v in data.items() if k in _JOB_FIELDS}

@@ -50,7 +50,10 @@ def test_ranks_of_an_unread_node_are_unknown_not_missing():
     assert [(r.rank, r.host, r.pid, r.state) for r in unread] == [(2, "n2", None, "unknown"), (3, "n2", None, "unknown")]
     assert "n2: unreachable (Connection refused)" in unread[0].detail
     assert not any(r.state == "missing" for r in merged.ranks)
-    assert merged.verdict.culprits == () and merged.verdict.summary.endswith("; node not read: n2")
+    # ranks 0-1 wait in their collective: ranks 2-3, unread, may be what they wait for (never "no local culprit")
+    assert merged.verdict.kind == "straggler" and merged.verdict.culprits == (2, 3), merged.verdict
+    assert "ranks 2-3 could not be read, so they may be what they wait for" in merged.verdict.summary
+    assert merged.verdict.summary.endswith("; node not read: n2")
     assert HostInfo(name="n2", error="unreachable (Connection refused)") in merged.hosts
     assert any("node n2: unreachable" in n for n in merged.notes)
 

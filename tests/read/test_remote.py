@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from trainwatch.probes.remote.reach import KubeRemote, SlurmRemote, SshRemote, kubectl_get_pods_argv, parse_pods
+from trainwatch.probes.remote.pods import parse_pods
+from trainwatch.probes.remote.reach import KubeRemote, SlurmRemote, SshRemote, kubectl_get_pods_argv
 from trainwatch.probes.remote.calls import Result, classify_failure
 from trainwatch.probes.remote.launches import match_args
 from trainwatch.probes.snapshot import Job
@@ -46,8 +47,7 @@ def test_parse_kubectl_pods():
         {"metadata": {"name": "w-1"}, "spec": {}, "status": {"phase": "Pending"}},
     ]}
     pods = parse_pods(json.dumps(doc))
-    assert [(p.name, p.phase, p.node, p.ip) for p in pods] == [
-        ("w-0", "Running", "n1", "10.1.0.4"), ("w-1", "Pending", None, None)]
+    assert [(p.name, p.state.pod_phase, p.state.node) for p in pods] == [("w-0", "Running", "n1"), ("w-1", "Pending", None)]
     single = {"kind": "Pod", "metadata": {"name": "solo"}, "status": {"phase": "Running"}}
     assert [p.name for p in parse_pods(json.dumps(single))] == ["solo"]
     with pytest.raises(ValueError):
@@ -69,7 +69,11 @@ def test_match_args_prefers_master_then_job_id():
     (SshRemote("n"), 127, "sh: 1: /nonexistent: not found", "trainwatch not installed"),
     (SlurmRemote("n", "1"), 2, "slurmstepd: error: execve(): trainwatch: No such file or directory",
      "trainwatch not installed"),
-    (KubeRemote("p"), 1, 'exec: "trainwatch": executable file not found in $PATH', "trainwatch not installed"),
+    (KubeRemote("p"), 1, 'exec: "trainwatch": executable file not found in $PATH', "trainwatch is not installed in pod p's image"),
+    (KubeRemote("p"), 1, 'Error from server (Forbidden): pods "p" is forbidden: User "system:serviceaccount:ml:default" '
+     'cannot create resource "pods/exec" in API group "" in the namespace "ml"',
+     'permission denied: system:serviceaccount:ml:default may not create pods/exec in namespace ml (grant it with a '
+     'Role rule: apiGroups: [""], resources: ["pods/exec"], verbs: ["create"]'),
     (SshRemote("n"), 4, "trainwatch: no job with master 10.0.0.1:29500 on n2", "no job found there (no job with"),
     (SshRemote("n"), 5, "trainwatch: permission denied reading PID 7", "permission denied (permission denied"),
     (SshRemote("n"), 1, "boom", "failed with exit status 1 (boom)"),

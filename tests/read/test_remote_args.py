@@ -162,17 +162,19 @@ def test_slurm_without_srun_is_named(tmp_path, monkeypatch):
 
 
 def test_k8s_pods_through_kubectl(tmp_path, monkeypatch):
+    running = {"phase": "Running", "containerStatuses": [{"name": "main", "state": {"running": {}}}]}
+    spec = {"containers": [{"name": "main"}]}
     pods = {"kind": "List", "items": [
-        {"metadata": {"name": "trainer-0"}, "status": {"phase": "Running"}},
-        {"metadata": {"name": "trainer-1"}, "status": {"phase": "Running"}},
-        {"metadata": {"name": "trainer-2"}, "status": {"phase": "Pending"}},
+        {"metadata": {"name": "trainer-0"}, "spec": spec, "status": running},
+        {"metadata": {"name": "trainer-1"}, "spec": spec, "status": running},
+        {"metadata": {"name": "trainer-2"}, "spec": spec, "status": {"phase": "Pending"}},
     ]}
     (tmp_path / "pods.json").write_text(json.dumps(pods))
     tool(tmp_path, "kubectl", f'echo "$@" > {tmp_path}/args; cat {tmp_path}/pods.json\n')
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("HOSTNAME", "trainer-0")  # we run inside trainer-0
     remotes = remotes_from_args(parse("1", "--k8s", "job=llm", "--k8s-namespace", "ml"), job())
-    assert remotes == [KubeRemote("trainer-1", namespace="ml")]
+    assert remotes == [KubeRemote("trainer-1", namespace="ml", container="main")]
     assert (tmp_path / "args").read_text().split() == ["get", "pods", "-l", "job=llm", "-o", "json", "-n", "ml"]
 
 

@@ -93,7 +93,8 @@ def test_every_rank_field_survives_the_wire():
                                                                target="child PID 9", target_kind="child",
                                                                peers=(PeerProcess(9, "git push", 3.0),),
                                                                peers_known=True),
-                log_tail=("── error ──", "RuntimeError: x", "── last output ──", "step 7"))
+                log_tail=("── error ──", "RuntimeError: x", "── last output ──", "step 7"), container_pid=7,
+                scheduler="n2-pod is Pending: 0/8 nodes are available")
     defaults = Rank(rank=None)
     unset = [f.name for f in dataclasses.fields(Rank) if getattr(full, f.name) == getattr(defaults, f.name)]
     assert unset == [], f"set these in the test too: {unset}"

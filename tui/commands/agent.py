@@ -23,6 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("pid", type=int, nargs="?", help=argparse.SUPPRESS)
     parser.add_argument("--match", metavar="ADDR:PORT", help="find the local job by MASTER_ADDR:MASTER_PORT")
     parser.add_argument("--match-job-id", metavar="ID", help="find the local job by TORCHELASTIC_RUN_ID/SLURM_JOB_ID")
+    parser.add_argument("--match-any", action="store_true",
+                        help="the one training job on this node, whatever its PIDs (a pod of a --k8s job)")
     parser.add_argument("--window", type=float, default=2.0, help="seconds the first poll watches for progress")
     parser.add_argument("--samples", type=int, default=3, help="stack samples per rank within the first window")
     add_stuck_after(parser)

@@ -60,10 +60,16 @@ def run(args: argparse.Namespace) -> int:
         print("trainwatch: --no-redact: environment values, tokens and passwords are written UNMASKED; "
               "do not share this bundle", file=sys.stderr)
     signal.signal(signal.SIGTERM, _terminate)
-    pid = resolve_pid(args)
-    source = open_source(pid, window=args.window)
+    from ..remote_args import pods_only, pods_source
+
+    if pods_only(args):  # a login box: the job is in its pods, each writes its own bundle
+        pid, source = None, pods_source(args)
+    else:
+        pid = resolve_pid(args)
+        source = open_source(pid, window=args.window)
     try:
-        source = wrap_remote(args, source)
+        if pid is not None:
+            source = wrap_remote(args, source)
         snapshot = source.poll()
         path = write_bundle(pid, snapshot, out, tar=args.tar, redact=not args.no_redact,
                             reason=args.reason, native=not args.no_native, fault_signal=fault_signal)

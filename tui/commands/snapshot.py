@@ -57,17 +57,23 @@ def resolve_pid(args: argparse.Namespace) -> int:
     if getattr(args, "match", None) or getattr(args, "match_job_id", None):
         from ...probes import find_job_matching
         return find_job_matching(master=args.match, job_id=args.match_job_id).root_pid
-    raise UsageError("give a PID (or --match ADDR:PORT / --match-job-id ID)",
-                     "e.g. `trainwatch snapshot $(pgrep -f torchrun | head -1)`")
+    if getattr(args, "match_any", False):  # an agent in a pod: the one job there, whatever its PIDs
+        from ...probes import find_only_job
+        return find_only_job().root_pid
+    raise UsageError("give a PID (or --match ADDR:PORT / --match-job-id ID, or --k8s SELECTOR from any machine "
+                     "with kubectl)", "e.g. `trainwatch snapshot $(pgrep -f torchrun | head -1)`")
 
 
 def run(args: argparse.Namespace) -> int:
     from ...probes import LocalSource, find_pyspy
+    from ..remote_args import pods_only
 
     try:
+        if pods_only(args):
+            raise NotAJob("no PID: the job is in its pods")
         pid = resolve_pid(args)
     except NotAJob:
-        if not (args.match_job_id and wants_remote(args)):
+        if not ((args.match_job_id or pods_only(args)) and wants_remote(args)):
             raise
         snapshot = _other_nodes_only(args)  # a login node: the job runs only on the nodes named
     else:
@@ -95,11 +101,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _other_nodes_only(args: argparse.Namespace):
-    """No rank of the job here: ask the named nodes for the job by its id, and merge."""
+    """No rank of the job here: ask the named nodes (or the --k8s job's pods) for the job, and merge."""
     from ..remote_args import wrap_source
     job = SimpleNamespace(master_addr=None, master_port=None, job_id=args.match_job_id, world_size=None,
                           ranks=(), launcher=None)
-    source = wrap_source(args, None, job)
+    source = wrap_source(args, None, job, window=args.window)
     if source is None:
         raise NotAJob(f"no job with id {args.match_job_id} here, and no other node to ask")
     try:

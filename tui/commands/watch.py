@@ -7,7 +7,7 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ...probes import PROBLEM_VERDICTS, VERDICTS, OutputError, check_out_dir
+from ...probes import PROBLEM_VERDICTS, VERDICTS, OutputError, UsageError, check_out_dir
 from .common import add_ras, add_stuck_after, add_window, pid_arg, positive_seconds
 from .event_command import EventCommand, print_json
 from .snapshot import add_remote, wrap_remote
@@ -52,7 +52,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Watch a running job without a screen (batch jobs, SLURM scripts).",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("pid", type=pid_arg, help="PID of the launcher, a rank, or `trainwatch run`")
+    parser.add_argument("pid", type=pid_arg, nargs="?",
+                        help="PID of the launcher, a rank, or `trainwatch run` (none with --k8s: its pods)")
     parser.add_argument("--out", type=Path, default=None,
                         help="where bundles and crash records go (default: <run dir>/watch or ./trainwatch-watch-PID)")
     parser.add_argument("--dump-on", type=dump_on_kinds, default=frozenset(PROBLEM_VERDICTS), metavar="KINDS",
@@ -80,6 +81,12 @@ def run(args: argparse.Namespace) -> int:
 
     if args.out is not None:  # before the job is even looked at: a bad --out fails at once, saying why
         check_out_dir(args.out, action="write evidence into")
+    from ..remote_args import pods_only
+    if pods_only(args):
+        return _watch_pods(args)
+    if args.pid is None:
+        raise UsageError("give a PID (or --k8s SELECTOR from any machine with kubectl)",
+                         "e.g. `trainwatch watch $(pgrep -f torchrun | head -1)`")
     local = open_source(args.pid, args.window, catch_crashes=False, stuck_after=args.stuck_after)  # the watcher runs its own catcher
     job = local.job  # found from any PID, `trainwatch run`'s own included
     run_dir = Path(job.run_dir) if job.run_dir else None
@@ -111,6 +118,45 @@ def run(args: argparse.Namespace) -> int:
         return Watcher(job.root_pid, out, dump_on=args.dump_on, hang_after=args.hang_after,
                        interval=args.interval, window=args.window, emit=emit, source=source,
                        run_dir=run_dir, on_event=on_event).run()
+    finally:
+        source.close()
+        if hook is not None:
+            hook.close()
+        if made is not None:
+            _remove_if_empty(made, out)
+
+
+def _watch_pods(args: argparse.Namespace) -> int:
+    """``watch --k8s SELECTOR`` with no PID (a login box): the job's pods, each read by its agent."""
+    from ...probes import Watcher, WatchEvent
+    from ..remote_args import pods_source
+
+    host = socket.gethostname()
+    source = pods_source(args, stream_interval=args.interval)
+    job_name = args.k8s.replace("/", "-").replace("=", "-")
+    out = args.out or Path.cwd() / f"trainwatch-watch-{job_name}"
+    made = _first_missing(out)
+    hook = EventCommand(args.on_event, 0, args.on_event_timeout, host) if args.on_event else None
+    try:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OutputError(f"cannot write {out}: {exc.strerror or exc}", "pass a writable --out DIR") from None
+
+        def on_event(event: WatchEvent) -> None:
+            if args.json:
+                print_json(event, 0, host)
+            if hook is not None:
+                hook.fire(event)
+
+        said = f"watching the pods of --k8s {args.k8s}; evidence goes to {out}"
+        if args.json:
+            print_json(WatchEvent("watching", said), 0, host)
+        else:
+            print(said, flush=True)
+        emit = (lambda line: None) if args.json else (lambda line: print(line, flush=True))
+        return Watcher(None, out, dump_on=args.dump_on, hang_after=args.hang_after, interval=args.interval,
+                       window=args.window, emit=emit, source=source, on_event=on_event).run()
     finally:
         source.close()
         if hook is not None:

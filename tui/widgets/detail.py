@@ -125,7 +125,8 @@ def detail_text(rank: Rank | None, now: float, native: bool = False) -> tuple[Te
     if rank is None:
         return Text("select a rank", style="dim"), None
     label = f"rank {rank.rank}" if rank.rank is not None else "process"
-    head = [label, f"pid {rank.pid if rank.pid is not None else fmt.NA}"]
+    head = [label, f"pid {fmt.pid_text(rank.pid)}" + (f" ({rank.container_pid} in its container)"
+                                                       if rank.container_pid is not None else "")]
     if rank.host:
         head.append(f"host {rank.host}")
     if rank.local_rank is not None:

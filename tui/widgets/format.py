@@ -22,6 +22,13 @@ def sparkline(values: Sequence[float | None], top: float = 100.0) -> str:
     return "".join(out)
 
 
+def pid_text(pid: int | None, container_pid: int | None = None) -> str:
+    """``3155``, or ``3155 (4)`` for a rank in a container: its PID here, then the one it has there."""
+    if pid is None:
+        return NA
+    return f"{pid} ({container_pid})" if container_pid is not None else str(pid)
+
+
 def rank_noun(count: int) -> str:
     return "rank" if count == 1 else "ranks"
 

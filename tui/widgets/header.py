@@ -7,7 +7,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from ...probes import Snapshot
+from ...probes import Snapshot, job_title
 
 from . import format as fmt
 from .lines import verdict_line
@@ -22,10 +22,13 @@ def job_line(snapshot: Snapshot | None, now: float) -> Text:
     if snapshot is None:
         return Text.assemble(("trainwatch", "bold"), " · waiting for the first sample…")
     job = snapshot.job
-    parts = [f"{job.launcher} pid {job.pid}", f"world {job.world_size if job.world_size is not None else fmt.NA}"]
-    if job.nnodes and job.nnodes > 1:
-        parts.append(f"{job.nnodes} nodes")
-    parts.append(f"host {job.host}")
+    if job.pods:  # a --k8s job: its pods, not one pod's PID and host name
+        parts = [job_title(job), f"world {job.world_size if job.world_size is not None else fmt.NA}"]
+    else:
+        parts = [f"{job.launcher} pid {job.pid}", f"world {job.world_size if job.world_size is not None else fmt.NA}"]
+        if job.nnodes and job.nnodes > 1:
+            parts.append(f"{job.nnodes} nodes")
+        parts.append(f"host {job.host}")
     uptime = now - job.started_at if job.started_at else None
     parts.append(f"up {fmt.duration(uptime)}" + (" at dump" if at_dump(snapshot) else ""))
     if job.job_id and job.job_id != "none":  # torchrun's default run id says nothing

@@ -152,7 +152,7 @@ def row_cells(rank: Rank, culprit: bool, history: History) -> dict[str, object]:
         "gpu": gpu,
         "gmem": gmem,
         "rss": Text(fmt.size(rank.rss_bytes)),
-        "pid": Text(str(rank.pid) if rank.pid is not None else fmt.NA),
+        "pid": Text(fmt.pid_text(rank.pid)),  # its PID in a container: in the detail pane (7 cells here)
     }
 
 

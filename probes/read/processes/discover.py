@@ -7,8 +7,8 @@ import socket
 from dataclasses import replace
 from pathlib import Path
 
-from ...errors import AccessDenied, NoSuchProcess, NotAJob
-from . import procfs
+from ...errors import AccessDenied, NoSuchProcess, NotAJob, TrainwatchError
+from . import namespaces, procfs
 from .proc import Proc, ProcessDenied, ProcessError, ProcessGone, all_processes
 from . import ray_train, rendezvous
 from .process import JOB_ENV, JobProcesses, RankProcess
@@ -46,6 +46,24 @@ def launcher_kind(cmdline: list[str]) -> str | None:
     if name == "accelerate":
         return "accelerate" if "launch" in args[1:2] else None
     return LAUNCHER_SCRIPTS.get(name)
+
+
+# torchrun takes each option from PET_<OPTION> when the command line does not give it (its argparse
+# ``env`` action): a Kubeflow PyTorchJob or TrainJob starts a bare `torchrun train.py` so.
+TORCHRUN_ENV_OPTIONS = (("--nproc-per-node", "PET_NPROC_PER_NODE"), ("--nnodes", "PET_NNODES"),
+                        ("--node-rank", "PET_NODE_RANK"), ("--master-addr", "PET_MASTER_ADDR"),
+                        ("--master-port", "PET_MASTER_PORT"), ("--rdzv-endpoint", "PET_RDZV_ENDPOINT"),
+                        ("--rdzv-backend", "PET_RDZV_BACKEND"), ("--rdzv-id", "PET_RDZV_ID"))
+
+
+def launcher_args(cmdline: tuple[str, ...] | list[str], env: dict[str, str] | None) -> list[str]:
+    """A torchrun command line as torchrun reads it: the options its environment gives (``PET_*``)
+    added where the command line lacks them (the command line wins)."""
+    args = list(cmdline)
+    given = {arg.partition("=")[0].replace("_", "-") for arg in args if arg.startswith("--")}
+    extra = [f"{option}={env[name]}" for option, name in TORCHRUN_ENV_OPTIONS
+             if env and env.get(name) and option not in given]
+    return args + extra
 
 
 def launcher_layout(cmdline: tuple[str, ...] | list[str]) -> dict[str, int]:
@@ -188,6 +206,44 @@ def find_job_matching(master: str | None = None, job_id: str | None = None) -> J
             return describe_ray_job(ray)
     wanted = master or job_id
     raise NotAJob(f"no job with {'master ' if master else 'id '}{wanted} on {socket.gethostname()}")
+
+
+def find_only_job() -> JobProcesses:
+    """The one training job on this node, whatever its PIDs (``trainwatch agent --match-any``, in a
+    pod of the job reached with ``kubectl exec``, where a pod holds one job): the outermost launcher
+    (torchrun, accelerate, deepspeed), else the Python processes that carry a rank in their
+    environment. trainwatch's own processes (and what started them: the exec's shell inherits the
+    pod's RANK) are never taken."""
+    mine = {os.getpid(), *(p.pid for p in _safe(Proc(os.getpid()).parents, []))}
+    launchers: list[Proc] = []
+    ranks: list[Proc] = []
+    for proc in all_processes():
+        cmdline = _safe(proc.cmdline, [])
+        if proc.pid in mine or not cmdline or any("trainwatch" in os.path.basename(a) for a in cmdline[:3]):
+            continue
+        if launcher_kind(cmdline):
+            launchers.append(proc)
+        elif "RANK" in (job_env(proc) or {}) and is_python(proc):
+            ranks.append(proc)
+    jobs: dict[int, JobProcesses] = {}
+    covered: set[int] = set()
+    for proc in launchers or ranks:
+        if proc.pid in covered:
+            continue
+        try:
+            job = find_job(proc.pid)
+        except TrainwatchError:
+            continue  # gone meanwhile, or not ours to read: another candidate may be the job
+        jobs.setdefault(job.root_pid, job)
+        covered |= {job.root_pid, *(r.pid for r in job.ranks), *(c for r in job.ranks for c in r.children)}
+    if len(jobs) == 1:
+        return next(iter(jobs.values()))
+    host = socket.gethostname()
+    if not jobs:
+        raise NotAJob(f"no training job on {host}: no torchrun, accelerate or deepspeed launcher, and no Python "
+                      "process with RANK in its environment")
+    roots = ", ".join(f"{j.launcher} PID {j.root_pid}" for j in jobs.values())
+    raise NotAJob(f"several training jobs on {host} ({roots})", "name the job: --match MASTER_ADDR:MASTER_PORT")
 
 
 # PID -> the store address a job was matched by (``--match``, an agent on another node): the job is
@@ -335,9 +391,10 @@ def describe_job(root: Proc, launcher: str) -> JobProcesses:
     notes: list[str] = []
     if launcher == "mp.spawn":
         procs = sorted(_spawn_ranks(root), key=lambda p: _safe(p.create_time, 0))
-        armed = _armed_ranks((job_env(root) or {}).get("TRAINWATCH_RUN_DIR"))
-        if procs and all(p.pid in armed for p in procs):
-            ranks = [_rank_process(p, job_env(p) or {}, default_rank=armed[p.pid]) for p in procs]
+        armed = _armed_ranks(_run_dir_here(root.pid, (job_env(root) or {}).get("TRAINWATCH_RUN_DIR")))
+        own = {p.pid: namespaces.inner_pid(p.pid) or p.pid for p in procs}  # the hook writes getpid()
+        if procs and all(own[p.pid] in armed for p in procs):
+            ranks = [_rank_process(p, job_env(p) or {}, default_rank=armed[own[p.pid]]) for p in procs]
             notes.append("mp.spawn job: rank numbers from trainwatch's hook (each rank's process group)")
         else:
             ranks = [_rank_process(p, job_env(p) or {}, default_rank=i) for i, p in enumerate(procs)]
@@ -353,13 +410,16 @@ def describe_job(root: Proc, launcher: str) -> JobProcesses:
         ranks = [_rank_process(root, job_env(root) or {}, default_rank=0)]
     known = [r for r in ranks if r.env]
     first = known[0].env if known else {}
-    layout = launcher_layout(_safe(root.cmdline, [])) if launcher in LAUNCHERS else {}
+    root_args = launcher_args(_safe(root.cmdline, []), job_env(root)) if launcher in LAUNCHERS else []
+    layout = launcher_layout(root_args) if launcher in LAUNCHERS else {}
     local_world = _int(first.get("LOCAL_WORLD_SIZE")) or layout.get("nproc")
     world = _int(first.get("WORLD_SIZE")) or (len(ranks) if launcher in ("python", "mp.spawn") else None)
     if world is None and local_world and layout.get("nnodes"):
         world = local_world * layout["nnodes"]
     if launcher in LAUNCHERS and len(known) < len(ranks) and local_world == len(ranks):
         ranks = _numbered_by_start(ranks, known, single_node=layout.get("nnodes", 1) == 1, notes=notes)
+    # A launcher with no rank yet knows its store from its own options: the other nodes' agents find it so.
+    store = launcher_store(root_args) if launcher in LAUNCHERS and not first.get("MASTER_ADDR") else None
     return JobProcesses(
         launcher=launcher,
         root_pid=root.pid,
@@ -369,16 +429,18 @@ def describe_job(root: Proc, launcher: str) -> JobProcesses:
         world_size=world,
         local_world_size=local_world,
         nnodes=(world // local_world) if world and local_world else None,
-        master_addr=first.get("MASTER_ADDR"),
-        master_port=_int(first.get("MASTER_PORT")),
+        master_addr=first.get("MASTER_ADDR") or (store[0] if store else None),
+        master_port=_int(first.get("MASTER_PORT")) or (store[1] if store else None),
         job_id=first.get("TORCHELASTIC_RUN_ID") or first.get("SLURM_JOB_ID"),
-        run_dir=(first.get("TRAINWATCH_RUN_DIR") or (job_env(root) or {}).get("TRAINWATCH_RUN_DIR")
-                 or _import_armed_dir(ranks)),  # the launcher carries it too, before any rank starts
+        run_dir=_run_dir_here(root.pid, first.get("TRAINWATCH_RUN_DIR") or (job_env(root) or {}).get(
+            "TRAINWATCH_RUN_DIR")) or _import_armed_dir(ranks),  # the launcher carries it too, before any rank starts
         cmdline=tuple(_safe(root.cmdline, [])),
         started_at=_safe(root.create_time, None),
         waiting_rendezvous=launcher in LAUNCHERS and not ranks,
         notes=tuple(notes),
-        rendezvous=_launcher_rendezvous(root, layout) if launcher in LAUNCHERS and not ranks else None,
+        rendezvous=_launcher_rendezvous(root, root_args, layout) if launcher in LAUNCHERS and not ranks else None,
+        node_rank=layout.get("node_rank"),
+        node_id=namespaces.node_identity(root.pid),
     )
 
 
@@ -414,7 +476,7 @@ def describe_ray_job(ray: ray_train.RayTrainJob) -> JobProcesses:
         world_size=max(worlds, default=None) or len(ranks), local_world_size=len(ranks),
         nnodes=len({p.ip for p in ray.group}) or None, job_id=ray.run_name,
         cmdline=tuple(_safe(root.cmdline, [])), started_at=_safe(root.create_time, None), notes=tuple(notes),
-        peer_nodes=tuple(sorted(elsewhere)),
+        peer_nodes=tuple(sorted(elsewhere)), node_id=namespaces.node_identity(root.pid),
     )
 
 
@@ -442,7 +504,7 @@ def launcher_store(cmdline: tuple[str, ...] | list[str]) -> tuple[str, int] | No
     return (_option(args, "--master-addr", "--master_addr") or "127.0.0.1", number) if number is not None else None
 
 
-def _launcher_rendezvous(root: Proc, layout: dict[str, int]) -> Rendezvous | None:
+def _launcher_rendezvous(root: Proc, cmdline: list[str], layout: dict[str, int]) -> Rendezvous | None:
     """A launcher with no rank yet, in a job of several nodes: its store and the nodes connected to
     it (each node's launcher is a client of the store; where this node serves it, every node's
     connection shows here). Node ranks come from the launchers' ``--node-rank`` (static
@@ -451,7 +513,6 @@ def _launcher_rendezvous(root: Proc, layout: dict[str, int]) -> Rendezvous | Non
     nnodes = layout.get("nnodes") or 0
     if nnodes <= 1:
         return None
-    cmdline = _safe(root.cmdline, [])
     address = launcher_store(cmdline)
     static = _option(cmdline, "--rdzv-backend", "--rdzv_backend") in (None, "static")  # torchrun's default
     scan = rendezvous.scan(root.pid)
@@ -464,7 +525,7 @@ def _launcher_rendezvous(root: Proc, layout: dict[str, int]) -> Rendezvous | Non
         return Rendezvous(store=_address_text(address), served_here=False)
     launchers = [p for p in map(_existing, store.clients) if p is not None and launcher_kind(_safe(p.cmdline, []))]
     remote = sorted(set(store.remote_clients))
-    joined = {launcher_layout(_safe(p.cmdline, [])).get("node_rank", 0) for p in launchers}
+    joined = {launcher_layout(launcher_args(_safe(p.cmdline, []), job_env(p))).get("node_rank", 0) for p in launchers}
     missing: tuple[int, ...] = ()
     ranks: tuple[int, ...] = ()
     if static and not remote and len(joined) == len(launchers):  # c10d numbers the nodes as they join
@@ -551,6 +612,7 @@ def find_by_store(start: Proc, previous: JobProcesses | None = None,
         job_id=next(filter(None, (r.env.get("TORCHELASTIC_RUN_ID") or r.env.get("SLURM_JOB_ID") for r in ranks)), None),
         cmdline=tuple(_safe(root.cmdline, [])), started_at=_safe(root.create_time, None),
         notes=tuple(notes), peer_nodes=nodes, rendezvous=record, found_by="store",
+        node_id=namespaces.node_identity(root.pid),
     )
 
 
@@ -696,8 +758,15 @@ def _rank_process(proc: Proc, env: dict[str, str], default_rank: int | None = No
         children=children,
         cmdline=tuple(_safe(proc.cmdline, [])),
         create_time=_safe(proc.create_time, 0.0),
-        log_path=procfs.log_file_of(proc.pid) or _armed_log(env, rank),
+        log_path=procfs.log_file_of(proc.pid) or _armed_log(proc.pid, env, rank),
+        container_pid=namespaces.inner_pid(proc.pid),
     )
+
+
+def _run_dir_here(pid: int, path: str | None) -> str | None:
+    """The run directory a job names in its environment, as a path openable here (a container's
+    through /proc/PID/root)."""
+    return namespaces.path_here(pid, path) if path else None
 
 
 def _import_armed_dir(ranks: list[RankProcess]) -> str | None:
@@ -728,11 +797,11 @@ def _armed_ranks(run_dir: str | None) -> dict[int, int]:
     return found
 
 
-def _armed_log(env: dict[str, str], rank: int | None) -> str | None:
+def _armed_log(pid: int, env: dict[str, str], rank: int | None) -> str | None:
     """Under `trainwatch run` fd 1 is a pipe to the tee; the rank's log is in the run directory."""
     if not env.get("TRAINWATCH_RUN_DIR") or rank is None:
         return None
-    path = rank_log_file(Path(env["TRAINWATCH_RUN_DIR"]), rank)
+    path = rank_log_file(Path(namespaces.path_here(pid, env["TRAINWATCH_RUN_DIR"])), rank)
     return str(path) if path.exists() else None
 
 
@@ -742,7 +811,7 @@ def expected_local_ranks(job: JobProcesses) -> dict[int, int]:
     if not job.local_world_size:
         return {}
     if not known:
-        node_rank = launcher_layout(job.cmdline).get("node_rank", 0)
+        node_rank = job.node_rank if job.node_rank is not None else launcher_layout(job.cmdline).get("node_rank", 0)
         return {local: node_rank * job.local_world_size + local for local in range(job.local_world_size)}
     base = known[0].rank - known[0].local_rank
     return {local: base + local for local in range(job.local_world_size)}

@@ -176,9 +176,10 @@ def _armed_evidence(proc: RankProcess, run_dir: Path | None) -> tuple[crashlog.F
     if run_dir is None or proc.rank is None:
         return None, None
     text = read_bounded(rundir.faulthandler_file(run_dir, proc.rank))
-    fault = crashlog.parse_faulthandler(_section(text, proc.pid))
+    own = proc.container_pid or proc.pid  # the hook writes getpid(): a container's rank, its own PID there
+    fault = crashlog.parse_faulthandler(_section(text, own))
     exit_rec = rundir.read_json(rundir.exit_file(run_dir, proc.rank))
-    if exit_rec and exit_rec.get("pid") != proc.pid:
+    if exit_rec and exit_rec.get("pid") != own:
         exit_rec = None
     return fault, exit_rec
 
@@ -231,7 +232,7 @@ def exited_rank(pid: int, number: int | None, info: ExitInfo, *, proc: RankProce
     """A rank that exited, keeping where it was last seen (its last stacks and phase)."""
     return ObservedRank(
         rank=number, pid=pid, host=host or socket.gethostname(), local_rank=proc.local_rank if proc else None,
-        seen="exited", phase=cls.phase if cls else "unknown", op=cls.op if cls else None,
+        container_pid=proc.container_pid if proc else None, seen="exited", phase=cls.phase if cls else "unknown", op=cls.op if cls else None,
         where=cls.where if cls else None, user_frame=cls.user_frame if cls else None,
         threads=threads, exit=info, log_path=log_path or (proc.log_path if proc else None),
     )

@@ -181,7 +181,7 @@ def with_peers(pid: int, kernel: KernelState) -> KernelState:
     processes' descriptors: read only for a rank the judge asks about, see ``Judgement.read_peers``)."""
     if kernel.peers_known or kernel.target_kind not in ("pipe", "fifo", "socket") or not kernel.target:
         return kernel
-    link = _peer_link(kernel)
+    link = _peer_link(kernel, pid)
     if link is None:
         return replace(kernel, peers_known=kernel.target_kind == "socket" and "LISTEN" in kernel.target)
     found = peer_reader.holders(link, exclude=pid, writing=kernel.target_kind in ("pipe", "fifo")
@@ -193,7 +193,7 @@ def with_peers(pid: int, kernel: KernelState) -> KernelState:
     return replace(kernel, peers=shown, peers_known=True)
 
 
-def _peer_link(kernel: KernelState) -> str | None:
+def _peer_link(kernel: KernelState, pid: int) -> str | None:
     """What another process's descriptor on the same thing reads as: ``pipe:[N]``, a FIFO's path, or
     the other end's ``socket:[N]`` (a local TCP connection's; None for anything else)."""
     target = kernel.target or ""
@@ -203,7 +203,7 @@ def _peer_link(kernel: KernelState) -> str | None:
         return target.rsplit(" (", 1)[0]
     words = target.split()  # "tcp 127.0.0.1:5555 -> 127.0.0.1:41234 ESTABLISHED"
     if len(words) >= 4 and words[0] in ("tcp", "tcp6") and words[2] == "->" and "LISTEN" not in words:
-        inode = peer_reader.tcp_peer_inode(words[1], words[3])
+        inode = peer_reader.tcp_peer_inode(words[1], words[3], pid)
         return f"socket:[{inode}]" if inode else None
     return None
 
@@ -238,7 +238,7 @@ def _syscall(pid: int, base: str, wchan: str | None) -> _Call:
     if path is None:
         return _Call(name)
     if path.startswith("socket:["):
-        return _Call(name, _socket(path), kind="socket")
+        return _Call(name, _socket(path, pid), kind="socket")
     if path.startswith("pipe:["):
         return _Call(name, path, kind="pipe")
     if not path.startswith("/"):  # anon_inode:[eventfd] and the like
@@ -338,10 +338,10 @@ def _fd_path(pid: int, fd: int) -> str | None:
     return _link(f"/proc/{pid}/fd/{fd}") if 0 <= fd < (1 << 31) else None
 
 
-def _socket(link: str) -> str:
-    """``socket:[123]`` -> ``tcp 127.0.0.1:29500 -> 127.0.0.1:41234 ESTABLISHED`` where known."""
+def _socket(link: str, pid: int) -> str:
+    """``socket:[123]`` of ``pid`` -> ``tcp 127.0.0.1:29500 -> 127.0.0.1:41234 ESTABLISHED`` where known."""
     from .procfacts import socket_description
-    return socket_description(link[len("socket:["):-1]) or link
+    return socket_description(link[len("socket:["):-1], pid) or link
 
 
 def _mount_of(pid: int, path: str) -> tuple[str | None, str | None]:

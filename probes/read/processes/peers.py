@@ -109,7 +109,7 @@ def listens_on(pid: int, port: int) -> bool:
     """Whether ``pid`` holds a TCP socket listening on ``port`` (any address)."""
     inodes = set()
     for proto in ("tcp", "tcp6"):
-        for line in (procfs.read_text(f"/proc/net/{proto}") or "").splitlines()[1:]:
+        for line in (procfs.read_text(f"/proc/{pid}/net/{proto}") or "").splitlines()[1:]:
             parts = line.split()
             if len(parts) >= 10 and parts[3] == "0A" and parts[1].rsplit(":", 1)[-1] == f"{port:04X}":
                 inodes.add(f"socket:[{parts[9]}]")
@@ -128,13 +128,15 @@ def listens_on(pid: int, port: int) -> bool:
     return False
 
 
-def tcp_peer_inode(local: str, remote: str) -> str | None:
+def tcp_peer_inode(local: str, remote: str, pid: int | None = None) -> str | None:
     """The socket inode of a local TCP connection's other end: the entry whose local address is
-    ``remote`` and whose remote address is ``local`` (addresses as ``procfacts`` writes them)."""
+    ``remote`` and whose remote address is ``local`` (addresses as ``procfacts`` writes them), in
+    the network namespace of ``pid`` (default: ours)."""
     from .procfacts import _addr
 
+    net = f"/proc/{pid}/net" if pid is not None else "/proc/net"
     for proto in ("tcp", "tcp6"):
-        for line in (procfs.read_text(f"/proc/net/{proto}") or "").splitlines()[1:]:
+        for line in (procfs.read_text(f"{net}/{proto}") or "").splitlines()[1:]:
             parts = line.split()
             if len(parts) >= 10 and _addr(parts[1]) == remote and _addr(parts[2]) == local:
                 return parts[9]

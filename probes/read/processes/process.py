@@ -17,6 +17,9 @@ JOB_ENV = (
     "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE",
     "TRAINWATCH_RUN_DIR", "TRAINWATCH_HOOK", "NCCL_RAS_ADDR", "CUDA_DEVICE_ORDER",
     "DEEPSPEED_TIMEOUT",  # the job's collective timeout (judge/gpuwait.py)
+    # torchrun's options given by environment (PET_<OPTION>, as a Kubeflow PyTorchJob or TrainJob sets them)
+    "PET_NPROC_PER_NODE", "PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT", "PET_RDZV_ENDPOINT",
+    "PET_RDZV_BACKEND", "PET_RDZV_ID",
 )
 
 
@@ -35,6 +38,7 @@ class RankProcess(Record):
     cmdline: tuple[str, ...] = ()
     create_time: float = 0.0
     log_path: str | None = None  # a regular file behind fd 1 or 2
+    container_pid: int | None = None  # its PID in its own PID namespace (a container's), when not ours
 
 
 @dataclass(frozen=True, repr=False)
@@ -62,6 +66,8 @@ class JobProcesses(Record):
     peer_nodes: tuple[str, ...] = ()
     rendezvous: Rendezvous | None = None  # the store and who is connected to it, where read
     found_by: str = "tree"  # "store": its ranks were found through their store (rediscovered so)
+    node_rank: int | None = None  # its launcher's --node-rank (or PET_NODE_RANK), where given
+    node_id: str | None = None  # what this node is, whatever its name (namespaces.node_identity)
 
 
 def job_record(job: JobProcesses) -> Job:
@@ -71,7 +77,7 @@ def job_record(job: JobProcesses) -> Job:
         local_world_size=job.local_world_size, nnodes=job.nnodes, master_addr=job.master_addr,
         master_port=job.master_port, started_at=job.started_at, cmdline=tuple(redact_argv(list(job.cmdline))),
         job_id=job.job_id, waiting_rendezvous=job.waiting_rendezvous, run_dir=job.run_dir,
-        rendezvous=job.rendezvous,
+        rendezvous=job.rendezvous, node_id=job.node_id,
     )
 
 

@@ -47,29 +47,31 @@ def threads(pid: int) -> list[tuple[int, str, str | None, str | None]]:
     return rows
 
 
-def _socket_inodes() -> dict[str, str]:
-    """socket inode -> "tcp 127.0.0.1:29500 -> 127.0.0.1:41234 ESTABLISHED" for TCP, UDP and unix."""
+def _socket_inodes(pid: int | None = None) -> dict[str, str]:
+    """socket inode -> "tcp 127.0.0.1:29500 -> 127.0.0.1:41234 ESTABLISHED" for TCP, UDP and unix,
+    in the network namespace of ``pid`` (a container's may be its own; default: ours)."""
+    net = f"/proc/{pid}/net" if pid is not None else "/proc/net"
     states = {"01": "ESTABLISHED", "02": "SYN_SENT", "06": "TIME_WAIT", "07": "CLOSE", "08": "CLOSE_WAIT",
               "0A": "LISTEN"}
     found: dict[str, str] = {}
     for proto in ("tcp", "tcp6", "udp", "udp6"):
-        text = procfs.read_text(f"/proc/net/{proto}") or ""
+        text = procfs.read_text(f"{net}/{proto}") or ""
         for line in text.splitlines()[1:]:
             parts = line.split()
             if len(parts) < 10:
                 continue
             local, remote, state, inode = _addr(parts[1]), _addr(parts[2]), parts[3], parts[9]
             found[inode] = f"{proto} {local} -> {remote} {states.get(state, state)}"
-    for line in (procfs.read_text("/proc/net/unix") or "").splitlines()[1:]:
+    for line in (procfs.read_text(f"{net}/unix") or "").splitlines()[1:]:
         parts = line.split()
         if len(parts) >= 7:
             found[parts[6]] = f"unix {parts[7] if len(parts) > 7 else '(unnamed)'}"
     return found
 
 
-def socket_description(inode: str) -> str | None:
-    """``tcp 127.0.0.1:29500 -> 127.0.0.1:41234 ESTABLISHED`` for a socket inode, where known."""
-    return _socket_inodes().get(inode)
+def socket_description(inode: str, pid: int | None = None) -> str | None:
+    """``tcp 127.0.0.1:29500 -> 127.0.0.1:41234 ESTABLISHED`` for a socket inode of ``pid``, where known."""
+    return _socket_inodes(pid).get(inode)
 
 
 def _addr(hexaddr: str) -> str:
@@ -90,7 +92,7 @@ def fds_summary(pid: int, limit: int = 200) -> str | None:
         fds = sorted(os.listdir(f"/proc/{pid}/fd"), key=int)
     except OSError as exc:
         return None if exc.errno == 2 else f"unreadable: {exc.strerror}"
-    sockets = _socket_inodes()
+    sockets = _socket_inodes(pid)
     kinds: Counter[str] = Counter()
     lines = []
     for fd in fds:

@@ -6,6 +6,7 @@ import os
 import time
 from ...observed import ThreadCounters
 from ...rundir import signal_name
+from .namespaces import path_here
 from .syscalls import syscall_name
 
 NS_PER_TICK = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
@@ -214,11 +215,14 @@ def fd_target(pid: int, fd: int) -> str | None:
 
 
 def log_file_of(pid: int) -> str | None:
-    """A regular file behind stdout or stderr, if any (torchrun --log-dir, `> log 2>&1`)."""
+    """A regular file behind stdout or stderr, if any (torchrun --log-dir, `> log 2>&1`), as a
+    path openable from here (a container's file through /proc/PID/root)."""
     for fd in (1, 2):
         target = fd_target(pid, fd)
-        if target and target.startswith("/") and not target.startswith("/dev/") and os.path.isfile(target):
-            return target
+        if target and target.startswith("/") and not target.startswith("/dev/"):
+            here = path_here(pid, target)
+            if os.path.isfile(here):
+                return here
     return None
 
 
@@ -244,6 +248,14 @@ def descendant_pids(pid: int) -> frozenset[int] | None:
                     found.add(child)
                     stack.append(child)
     return frozenset(found)
+
+
+def pids() -> list[int]:
+    """Every process ID in /proc now."""
+    try:
+        return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return []
 
 
 def parent_map() -> dict[int, list[int]]:

@@ -18,7 +18,7 @@ from typing import Literal, overload
 from ...errors import AccessDenied, NoSuchProcess, ToolMissing, TrainwatchError
 from ...frames import wanted_names
 from ...observed import FrameInts
-from ..processes import procfs
+from ..processes import namespaces, procfs
 from ...snapshot import Frame, ThreadStack
 
 DEFAULT_TIMEOUT = 5.0
@@ -212,7 +212,9 @@ def _resume_if_we_stopped(pid: int, was_stopped: bool) -> None:
 def parse_dump(data: list[dict], pid: int) -> list[ThreadStack]:
     """py-spy's JSON (a list of threads) as ThreadStacks, main thread first."""
     threads = []
-    for item in data:
+    # Threads named by their IDs in the rank's own PID namespace (a container's): ours here.
+    tids = namespaces.tids_here(pid, [item.get("os_thread_id") for item in data])
+    for item, tid in zip(data, tids):
         frames = tuple(
             Frame(
                 function=f.get("name") or "?",
@@ -222,7 +224,6 @@ def parse_dump(data: list[dict], pid: int) -> list[ThreadStack]:
             )
             for f in item.get("frames", [])
         )
-        tid = item.get("os_thread_id")
         threads.append(ThreadStack(
             name=item.get("thread_name") or f"thread {tid}",
             tid=tid,
@@ -240,7 +241,8 @@ def parse_locals(data: list[dict], pid: int,
     """The main thread's allowed integer locals, by frame index (innermost 0): only names
     ``wanted_in`` (:func:`frames.wanted_names`: step-like ones) allows for that frame, only int
     literals; nothing else is kept."""
-    main = next((item for item in data if item.get("os_thread_id") == pid), data[0] if data else None)
+    tids = namespaces.tids_here(pid, [item.get("os_thread_id") for item in data])
+    main = next((item for item, tid in zip(data, tids) if tid == pid), data[0] if data else None)
     out: FrameInts = {}
     for index, raw in enumerate(main.get("frames", []) if main else []):
         wanted = wanted_in(Frame(function=raw.get("name") or "?", file=raw.get("filename") or "?",
