@@ -189,7 +189,7 @@ class Cluster:
 
     def add_pod(self, name: str, *, job: str, replica: tuple[str, int], env: dict[str, str], node: str,
                 command: list[str] | None = None, status: dict | None = None, trainwatch: bool = True,
-                workdir: Path | None = None) -> None:
+                workdir: Path | None = None, account: str = VIEWER) -> None:
         """One pod of a PyTorchJob: with ``command``, a running pod whose container runs it (in the pod's
         namespaces, its host name ``node``'s: hostNetwork); without, only what ``status`` says of it."""
         kind, index = replica
@@ -205,7 +205,9 @@ class Cluster:
                             "uid": f"0000{abs(hash(name)) % 10**8:08d}-0000-4000-8000-{index:012d}"},
                "spec": {"hostNetwork": True, "containers": [{"name": "pytorch", "image": "trainwatch-test:latest",
                                                            "command": command or ["torchrun"], "env": declared_env}]},
-               "status": status or {"phase": "Pending"}, "_path": path}
+               "status": status or {"phase": "Pending"}, "_path": path,
+               # the pod's service account, as kubectl inside it finds it (here: a kubeconfig in its environment)
+               "_env": self.kube_env(account)}
         if command is not None:
             hosts = self.dir / f"hosts-{name}"
             hosts.write_text(f"127.0.0.1 localhost {node} {job}-master-0 {name}\n")
@@ -224,10 +226,23 @@ class Cluster:
         self._save()
 
     def set_status(self, name: str, status: dict) -> None:
+        self.change(name, status=status)
+
+    def change(self, name: str, **fields) -> None:
+        """Set fields of a pod as the API server reports it (``status``, ``_path``: its containers'
+        PATH, ``_env``: what exec adds to its environment)."""
         for pod in self.state["pods"]:
             if pod["metadata"]["name"] == name:
-                pod["status"] = status
+                pod.update(fields)
         self._save()
+
+    def pod(self, name: str) -> dict:
+        return next(p for p in self.state["pods"] if p["metadata"]["name"] == name)
+
+    def exec_argv(self, pod: str, argv: list[str], token: str = ADMIN) -> list[str]:
+        """``kubectl exec POD -- argv`` as a person with ``token`` runs it on this machine (outside every pod)."""
+        env = {"PATH": f"{VENV_BIN}:{SYSTEM_PATH}", "HOME": str(self.dir), **self.kube_env(token)}
+        return ["env", "-i", *(f"{k}={v}" for k, v in env.items()), "kubectl", "exec", pod, "--", *argv]
 
     def log(self, name: str) -> str:
         return (self.dir / f"{name}.log").read_text(errors="replace")

@@ -114,8 +114,10 @@ def _why(meta: dict, status: dict, current: dict, last: dict,
     if status.get("reason"):  # Evicted, NodeLost, DeadlineExceeded: the pod's own
         return status["reason"], status.get("message"), code, when
     waiting = current.get("waiting") or {}
-    if waiting.get("reason") == "CrashLoopBackOff" or (pod_phase == "Failed" and ended):
-        return waiting.get("reason") or ended.get("reason") or "Error", ended.get("reason") or None, code, when
+    if waiting.get("reason") == "CrashLoopBackOff":  # how it last ended is the why
+        return "CrashLoopBackOff", ended.get("reason") or None, code, when
+    if pod_phase == "Failed" and ended:
+        return ended.get("reason") or "Error", ended.get("message") or None, code, when
     if waiting.get("reason"):  # ImagePullBackOff, ErrImagePull, ContainerCreating, CreateContainerConfigError
         return waiting["reason"], waiting.get("message"), code, when
     if pod_phase == "Pending":
