@@ -68,7 +68,8 @@ def _columns(snapshot: Snapshot) -> dict[str, Column]:
         "state": Column("state", state_text),
         "phase": Column("phase", lambda r: phase_text(r.phase)),
         "op": Column("op", lambda r: r.op or ""),
-        "where": Column("where", lambda r: r.where or "", wraps=True),
+        # a rank its pod never ran (or that died with it): what Kubernetes says, where its place would be
+        "where": Column("where", lambda r: r.where or r.scheduler or "", wraps=True),
         "step": Column("step", lambda r: step_label(r.step, r.step_period_s) or ""),
         "cpu%": Column("cpu%", lambda r: fmt.pct(r.cpu_pct)),
         "rss": Column("rss", lambda r: fmt.size(r.rss_bytes)),

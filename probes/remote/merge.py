@@ -3,7 +3,7 @@
 Ranks are concatenated (each keeps its node in ``Rank.host``), and groups and the verdict are
 computed again over the whole set, so a culprit on another node is named as if it were local.
 Ranks of ``WORLD_SIZE`` seen on no node are ``missing`` only when every node answered; while a
-node could not be read they are ``unknown`` (unread is not guilty), and the verdict names the
+node could not be read they are ``unknown`` (unread is not dead), and the verdict names the
 nodes it could not read. Everything here is linear in ranks.
 """
 

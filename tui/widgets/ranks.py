@@ -146,7 +146,7 @@ def row_cells(rank: Rank, culprit: bool, history: History) -> dict[str, object]:
         "phase": phase_text(rank.phase),
         "op": Text(rank.op or ""),
         "what": Text(rank.op, style=phase_style(rank.phase)) if rank.op else phase_text(rank.phase),
-        "where": Text(rank.where or ""),
+        "where": Text(rank.where) if rank.where else Text(rank.scheduler or "", style="italic"),
         "cpu": cpu,
         "step": step_cell(rank, history),
         "gpu": gpu,
