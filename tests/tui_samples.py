@@ -180,3 +180,29 @@ class ListSource(OneNodeSource):
         finally:
             self.paused = False
 
+
+
+def pods_pending() -> Snapshot:
+    """A PyTorchJob seen from a login box (``--k8s``): two pods whose torchruns wait in their
+    rendezvous, a third the scheduler never placed; judged by the merge, as a live view gets it."""
+    from trainwatch.probes.remote.merge import NodeView, merge_nodes
+    from trainwatch.probes.remote.pods import words
+    from trainwatch.probes.snapshot import PodState
+
+    def pod(name: str, node_rank: int, **kw) -> PodState:
+        state = PodState(name=name, pod_phase=kw.pop("pod_phase", "Running"), node_rank=node_rank,
+                         ranks=(2 * node_rank, 2 * node_rank + 1), node=kw.pop("node", None), **kw)
+        return replace(state, words=words(state))
+
+    def waiting(host: str, node_id: str) -> Snapshot:
+        job = Job(launcher="torchrun", pid=5, host=host, world_size=6, local_world_size=2, nnodes=3,
+                  waiting_rendezvous=True, node_id=node_id, started_at=T0, cmdline=("torchrun", "train.py"))
+        return Snapshot(job=job, taken_at=NOW, window_s=2.0)
+
+    pods = [pod("ft-master-0", 0, node="gpu-node-1"), pod("ft-worker-0", 1, node="gpu-node-2"),
+            pod("ft-worker-1", 2, pod_phase="Pending", reason="Unschedulable",
+                message="0/8 nodes are available: 8 Insufficient nvidia.com/gpu.")]
+    views = [NodeView("ft-master-0", waiting("gpu-node-1", "b/1"), pod=True),
+             NodeView("ft-worker-0", waiting("gpu-node-2", "b/2"), pod=True)]
+    merged = merge_nodes(views, pods=pods, job=Job(launcher="kubernetes", pid=0, host="pods"))
+    return replace(merged, verdict=replace(merged.verdict, since=T0 + 60))

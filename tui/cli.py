@@ -82,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         if extra:  # said by the command's own parser: its --help is the one that helps
             command = _subparsers(parser).choices.get(args.command, parser)
             command.error(f"unrecognized arguments: {' '.join(extra)}")
+        if args.command in PID_OR_K8S and args.pid is None and not getattr(args, "k8s", None):
+            _subparsers(parser).choices[args.command].error("the following arguments are required: pid "
+                                                            "(or --k8s SELECTOR: a job's pods, from any machine)")
     except SystemExit as exc:  # argparse's own exit: a usage error (2), or --help/--version (0)
         return exc.code if isinstance(exc.code, int) else 2
     if getattr(args, "ras", None):
@@ -107,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         raise
 
 
+# Commands whose PID may be left out only for --k8s (the job is in its pods, none of it here).
+PID_OR_K8S = frozenset({"attach", "watch"})
 # Commands that handle SIGHUP themselves: `run` passes it on to the job it started, as a launcher
 # does; an agent or relay stops on it (their ssh or srun went away).
 OWN_SIGNALS = frozenset({"run", "agent", "relay"})

@@ -9,12 +9,14 @@ from ..snapshot import Group, Rank, compact_ranks
 
 
 def group_key(rank: Rank) -> tuple[str, str | None, str | None]:
+    """(phase, op, where); ranks no longer (or not yet) running by how, and, where Kubernetes says
+    why their pod does not run them, by its words: two pods' ranks are two groups."""
     if rank.state == "missing":
-        return ("missing", None, None)
+        return ("missing", None, rank.scheduler)
     if rank.state == "exited":
         info = rank.exit
         how = (info.signal or (f"exit {info.code}" if info.code is not None else "exited")) if info else "exited"
-        return ("exited", how, None)
+        return ("exited", how, rank.scheduler)
     return (rank.phase, rank.op, rank.where)
 
 

@@ -165,7 +165,8 @@ def _merged(views: Sequence[NodeView], memory: JudgeMemory | None, world_size: i
     world = world_size or max((v.snapshot.job.world_size or 0 for _, v in good), default=0) or None
     world = max(world or 0, max((max(p.ranks) + 1 for p in pods if p.ranks), default=0)) or None
     unread = [v for v in views if v.snapshot is None]
-    ranks = _sorted(_drop_missing_seen_live(ranks) + _absent(ranks, world, unread, pods))
+    launching = {v.name: v.snapshot.job for v in views if v.snapshot is not None and v.snapshot.job.waiting_rendezvous}
+    ranks = _sorted(_drop_missing_seen_live(ranks) + _absent(ranks, world, unread, pods, launching))
     warnings.extend(_conflicts(ranks))
     record = base.job if base is not None else bare
     assert record is not None
@@ -200,12 +201,13 @@ def _merged(views: Sequence[NodeView], memory: JudgeMemory | None, world_size: i
 
 
 def _absent(ranks: Sequence[Rank], world: int | None, unread: Sequence[NodeView],
-            pods: Sequence[PodState] = ()) -> list[Rank]:
+            pods: Sequence[PodState] = (), launching: dict[str, Job] | None = None) -> list[Rank]:
     """Ranks of the world seen on no node: ``missing`` when every node answered, else ``unknown``
     (they may live on a node that could not be read), with that node and its error. A rank whose
     pod Kubernetes does not run says why, in its words: ``missing`` while the pod never ran
     (Pending), ``exited`` where it died (a crash loop, OOMKilled, evicted); a rank of a running
-    pod that could not be read is ``unknown`` with that pod's error."""
+    pod that could not be read is ``unknown`` with that pod's error; one of a pod whose launcher has
+    not started its ranks yet (it waits for the other nodes) is ``missing``, saying so."""
     present = {r.rank for r in ranks}
     by_rank = {n: pod for pod in pods for n in pod.ranks}
     numbers = set(range(world or 0)) | set(by_rank)
@@ -224,6 +226,11 @@ def _absent(ranks: Sequence[Rank], world: int | None, unread: Sequence[NodeView]
         elif pod is not None and pod.name in errors:
             out.append(Rank(rank=n, state="unknown", host=pod.name,
                             detail=f"not read: pod {pod.name} could not be read ({errors[pod.name]})"))
+        elif pod is not None and launching and pod.name in launching:
+            job = launching[pod.name]
+            out.append(Rank(rank=n, state="missing", host=pod.name,
+                            detail=f"not started yet: its launcher ({job.launcher} PID {job.pid} in pod {pod.name}) "
+                                   "waits in its rendezvous for the other nodes"))
         elif not unread:
             out.append(Rank(rank=n, state="missing", host=pod.name if pod is not None else "?",
                             detail=f"rank {n} of {world} is on no node that was asked"))

@@ -49,7 +49,8 @@ def usage_error(proc: subprocess.CompletedProcess, command: str, words: str) -> 
                                            "can have it (PIDs here go up to {largest})"),
     (["snapshot", "1", "--bogus"], "unrecognized arguments: --bogus"),
     (["dump", "1", "--window", "x"], "argument --window: seconds, not 'x'"),
-    (["attach"], "the following arguments are required: pid"),
+    (["attach"], "the following arguments are required: pid (or --k8s SELECTOR: a job's pods, from any machine)"),
+    (["watch"], "the following arguments are required: pid (or --k8s SELECTOR: a job's pods, from any machine)"),
     (["watch", "1", "--dump-on", "nothing"], None),
     (["open"], "the following arguments are required: PATH"),
 ])

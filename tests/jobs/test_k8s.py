@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import k8s_pods
-from k8s_pods import ADMIN, NO_EXEC, NOBODY, VIEWER
+from k8s_pods import NO_EXEC, NOBODY, VIEWER
 from real_jobs import free_port, rank_stuck_at, wait_until
 
 pytestmark = [pytest.mark.job, pytest.mark.slow]

@@ -6,7 +6,7 @@ import pytest
 
 from trainwatch.tui.app import TrainwatchApp
 
-from tui_samples import ListSource, clock, crashed, ddp_straggler, gpu_wait, healthy, straggler
+from tui_samples import ListSource, clock, crashed, ddp_straggler, gpu_wait, healthy, pods_pending, straggler
 
 SAMPLES = {"healthy": healthy, "straggler": straggler, "crashed": crashed, "ddp": ddp_straggler}
 
@@ -46,3 +46,11 @@ def test_gpu_wait_with_steps_snapshot(snap_compare, size):
 def test_help_snapshot(snap_compare):
     app = TrainwatchApp(ListSource(healthy()), interval=60.0, clock=clock)
     assert snap_compare(app, terminal_size=(80, 24), press=["question_mark"], run_before=_settle)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
+def test_pods_never_scheduled_snapshot(snap_compare, size):
+    """A --k8s job from a login box: the pods named in the header, the Pending pod's ranks with
+    Kubernetes' words where their place would be, the verdict naming them."""
+    app = TrainwatchApp(ListSource(pods_pending()), interval=60.0, clock=clock)
+    assert snap_compare(app, terminal_size=size, run_before=_settle)

@@ -185,16 +185,19 @@ def _is_training(proc: Proc) -> bool:
 
 
 def find_job_matching(master: str | None = None, job_id: str | None = None) -> JobProcesses:
-    """The local job whose ranks have MASTER_ADDR:MASTER_PORT == ``master`` or this job id."""
+    """The local job whose ranks have MASTER_ADDR:MASTER_PORT == ``master`` or this job id; a
+    launcher with no rank started yet whose store is ``master`` (it waits for the other nodes)."""
+    address = _parse_address(master) if master else None
     for proc in all_processes():
         env = job_env(proc)
         if not env or "RANK" not in env:
+            if address is not None and env is not None and _launcher_at(proc, env, address):
+                return find_job(proc.pid)
             continue
         same_master = master and f"{env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')}" == master
         same_id = job_id and job_id in (env.get("TORCHELASTIC_RUN_ID"), env.get("SLURM_JOB_ID"))
         if same_master or same_id:
             return find_job(proc.pid)
-    address = _parse_address(master) if master else None
     if address is not None:  # ranks that set MASTER_ADDR at run time (Ray actors): their connections say
         found = find_by_store(Proc(os.getpid()), address=address)
         if found is not None:
@@ -244,6 +247,14 @@ def find_only_job() -> JobProcesses:
                       "process with RANK in its environment")
     roots = ", ".join(f"{j.launcher} PID {j.root_pid}" for j in jobs.values())
     raise NotAJob(f"several training jobs on {host} ({roots})", "name the job: --match MASTER_ADDR:MASTER_PORT")
+
+
+def _launcher_at(proc: Proc, env: dict[str, str], address: tuple[str, int]) -> bool:
+    """A torchrun-style launcher whose store (its options, or its PET_* environment) is ``address``."""
+    cmdline = _safe(proc.cmdline, [])
+    if not launcher_kind(cmdline):
+        return False
+    return launcher_store(launcher_args(cmdline, env)) == address
 
 
 # PID -> the store address a job was matched by (``--match``, an agent on another node): the job is
