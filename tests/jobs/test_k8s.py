@@ -291,6 +291,42 @@ def test_a_pod_that_cannot_pull_its_image_then_one_that_keeps_dying(never_formed
         in " ".join(done.stdout.split("\n")[1:3]).replace("\n", " "), done.stdout
 
 
+def test_a_pending_pod_that_starts_gets_its_agent_and_the_job_forms(never_formed):
+    """A live view lists the pods again: the pod the scheduler finally places gets its agent, the
+    job forms, and the verdict follows (this starts ft's last pod: the module's last use of it)."""
+    never_formed.set_status("ft-worker-1", k8s_pods.pending_status())
+    proc = subprocess.Popen(never_formed.on_login([TRAINWATCH, "watch", "--k8s", "pytorchjob/ft", "--json",
+                                                   "--interval", "2", "--hang-after", "600",
+                                                   "--out", str(never_formed.dir / "ft-watch")]),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    events: list[dict] = []
+
+    def until(verdict: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(e.get("event") == "verdict" and e.get("verdict") == verdict for e in events):
+            line = proc.stdout.readline()
+            assert line or proc.poll() is None, events
+            if line.startswith("{"):
+                events.append(json.loads(line))
+            assert time.monotonic() < deadline, events
+
+    try:
+        until("rendezvous", 60)
+        port = _port(never_formed, "ft-master-0")
+        work = never_formed.dir / "ft"
+        never_formed.add_pod("ft-worker-1", job="ft", replica=("worker", 1), node="gpu-node-3",
+                             env=never_formed.pytorchjob_env("ft", 2, 3, 2, int(port)), workdir=work,
+                             command=k8s_pods.planted_command(work, "healthy", 200))
+        until("healthy", 120)  # the job formed: its ranks train
+        space = os.readlink(f"/proc/{never_formed.pods['ft-worker-1'].init}/ns/pid")
+        wait_until(lambda: any(_pid_namespace(pid) == space for pid in _agents(never_formed)), 60,
+                   "the watch's agent in the pod that started")
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=30)
+    assert [e["verdict"] for e in events if e["event"] == "verdict"][:2] == ["rendezvous", "healthy"], events
+
+
 def test_a_healthy_job_in_pods_is_healthy(cluster):
     start_job(cluster, "ok", "healthy", ["gpu-node-4", "gpu-node-5"], nproc=1, deadline=120)
     wait_until(lambda: all(cluster.log(p).count("scenario healthy") >= 1 for p in ("ok-master-0", "ok-worker-0")),
@@ -302,15 +338,21 @@ def test_a_healthy_job_in_pods_is_healthy(cluster):
     assert [r["host"] for r in data["ranks"]] == ["ok-master-0", "ok-worker-0"]
 
 
-def _port(cluster) -> str:
-    return next(e["value"] for e in cluster.pod("llm-master-0")["spec"]["containers"][0]["env"]
-                if e["name"] == "MASTER_PORT")
+def _port(cluster, pod: str = "llm-master-0") -> str:
+    return next(e["value"] for e in cluster.pod(pod)["spec"]["containers"][0]["env"] if e["name"] == "MASTER_PORT")
 
 
 def _agents(cluster) -> list[str]:
     """trainwatch agents still running in any pod."""
     done = subprocess.run(["pgrep", "-f", "trainwatch agent"], capture_output=True, text=True, timeout=10)
     return done.stdout.split()
+
+
+def _pid_namespace(pid: str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
 
 
 def _in_pod(pid: int) -> bool:
