@@ -106,6 +106,25 @@ def _attempts(jobs: list[Job]) -> dict:
     return {"attempt": current, "attempt_started_at": began, "attempts": numbered}
 
 
+def _pods_read_here(views: Sequence[NodeView], pods: Sequence[PodState]) -> tuple[list[NodeView], list[str]]:
+    """A pod whose agent could not be read while every rank it runs was read here is the pod
+    trainwatch runs in (its exec refused like the others'): no node unread, and the local view
+    bears its name."""
+    local = next((v for v in views if v.local and v.snapshot is not None), None)
+    if local is None or not pods:
+        return list(views), []
+    assert local.snapshot is not None
+    here = {r.rank for r in local.snapshot.ranks if r.state != "missing" and r.rank is not None}
+    mine = [p.name for p in pods if p.ranks and set(p.ranks) <= here]
+    target = next((v for v in views if v.snapshot is None and v.pod and v.name in mine), None) \
+        if len(mine) == 1 else None
+    if target is None:
+        return list(views), []
+    named = dataclasses.replace(local, name=target.name, pod=True)
+    note = f"{target.name} is this node, read here (its agent: {target.error or 'no answer'})"
+    return [named if v is local else v for v in views if v is not target], [note]
+
+
 def merge_nodes(views: Sequence[NodeView], *, memory: JudgeMemory | None = None,
                 world_size: int | None = None, pods: Sequence[PodState] = (), job: Job | None = None) -> Snapshot:
     """One snapshot of the job from every node's view (``source="remote"``), judged again over
@@ -119,6 +138,8 @@ def merge_nodes(views: Sequence[NodeView], *, memory: JudgeMemory | None = None,
 def _merged(views: Sequence[NodeView], memory: JudgeMemory | None, world_size: int | None,
             pods: Sequence[PodState] = (), bare: Job | None = None) -> Snapshot:
     views, notes = one_view_per_node(views)
+    views, more = _pods_read_here(views, pods)
+    notes += more
     good = [(i, v) for i, v in enumerate(views) if v.snapshot is not None]
     if not good and not (pods and bare is not None):
         raise ValueError("no node answered")

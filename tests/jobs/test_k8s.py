@@ -135,7 +135,9 @@ def test_without_the_exec_right_the_unread_pod_is_named_never_a_hang(straggler):
     assert data["verdict"]["kind"] == "straggler" and data["verdict"]["culprits"] == [2, 3], data["verdict"]
     assert "no local culprit" not in data["verdict"]["summary"]
     assert "ranks 2-3 could not be read" in data["verdict"]["summary"]
-    assert [(r["rank"], r["state"]) for r in data["ranks"]][:2] == [(0, "stuck"), (1, "stuck")]
+    assert [(r["rank"], r["state"], r["host"]) for r in data["ranks"]][:2] == [
+        (0, "stuck", "llm-master-0"), (1, "stuck", "llm-master-0")]  # its own pod, read here: not unread
+    assert data["verdict"]["summary"].endswith("; node not read: llm-worker-0"), data["verdict"]
     unread = next(r for r in data["ranks"] if r["rank"] == 3)
     assert unread["host"] == "llm-worker-0" and "may not create pods/exec in namespace ml" in unread["detail"]
     assert 'resources: ["pods/exec"], verbs: ["create"]' in unread["detail"]

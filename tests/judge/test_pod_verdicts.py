@@ -119,3 +119,17 @@ def test_pods_travel_in_the_json():
     back = Snapshot.from_json(merged.to_json())
     assert back.job.pods == merged.job.pods and back.ranks == merged.ranks
     assert isinstance(back.ranks[0], Rank) and back.ranks[0].scheduler.startswith("llm-master-0 is Pending")
+
+
+def test_the_pod_trainwatch_runs_in_refused_like_the_others_is_not_unread():
+    """Without the exec right, the agent in trainwatch's own pod fails too: that pod's ranks were
+    read here, so it is not a node unread; the other pod is."""
+    here = node("gpu-node-1", [rank(0, "gpu-node-1", 7), rank(1, "gpu-node-1", 8)])
+    denied = "permission denied: system:serviceaccount:ml:reader may not create pods/exec in namespace ml"
+    views = [NodeView("gpu-node-1", here, local=True), NodeView("llm-master-0", error=denied, pod=True),
+             NodeView("llm-worker-0", error=denied, pod=True)]
+    merged = merge_nodes(views, pods=[pod("llm-master-0", 0), pod("llm-worker-0", 1)])
+    assert merged.verdict.summary.endswith("; node not read: llm-worker-0"), merged.verdict
+    assert [h.name for h in merged.hosts if h.error] == ["llm-worker-0"]
+    assert [r.host for r in merged.ranks] == ["llm-master-0"] * 2 + ["llm-worker-0"] * 2
+    assert any(n.startswith("llm-master-0 is this node, read here") for n in merged.notes)
