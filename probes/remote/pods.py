@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from ..judge.exits import KUBERNETES
+from ..read.processes.discover import option_value
 from ..record import Record
 from ..snapshot import ExitInfo, PodState
 
@@ -91,9 +92,9 @@ def _pod(item: dict, wanted: str | None) -> Pod:
     pod_phase = status.get("phase") or "Unknown"
     running = pod_phase == "Running" and "running" in current and not meta.get("deletionTimestamp")
     reason, message, code, ended = _why(meta, status, current, last, pod_phase)
-    nproc = _int(env.get("PET_NPROC_PER_NODE")) or _int(_option(argv, "--nproc-per-node", "--nproc_per_node"))
+    nproc = _int(env.get("PET_NPROC_PER_NODE")) or _int(option_value(argv, "--nproc-per-node", "--nproc_per_node"))
     nnodes = _int((env.get("PET_NNODES") or "").split(":")[-1]) or _int(
-        (_option(argv, "--nnodes") or "").split(":")[-1])
+        (option_value(argv, "--nnodes") or "").split(":")[-1])
     world = _int(env.get("WORLD_SIZE")) or (nnodes * nproc if nnodes and nproc else None)
     state = PodState(
         name=meta["name"], pod_phase=pod_phase, node=spec.get("nodeName"), node_rank=_node_rank(env, argv, labels, annotations),
@@ -233,18 +234,10 @@ def _expand(text: str, env: dict[str, str]) -> str:
     return _VAR.sub(lambda m: env.get(m.group(1), m.group(0)), str(text))
 
 
-def _option(argv: list[str], *names: str) -> str | None:
-    for i, arg in enumerate(argv):
-        key, eq, value = arg.partition("=")
-        if key in names:
-            return value if eq else (argv[i + 1] if i + 1 < len(argv) else None)
-    return None
-
-
 def _node_rank(env: dict[str, str], argv: list[str], labels: dict, annotations: dict) -> int | None:
     """The pod's node rank: torchrun's PET_NODE_RANK, its --node-rank, an indexed Job's completion
     index, a Kubeflow PyTorchJob's replica (master 0, worker i is i + 1)."""
-    for value in (env.get("PET_NODE_RANK"), _option(argv, "--node-rank", "--node_rank")):
+    for value in (env.get("PET_NODE_RANK"), option_value(argv, "--node-rank", "--node_rank")):
         if _int(value) is not None:
             return _int(value)
     index = annotations.get(COMPLETION_INDEX) or labels.get(COMPLETION_INDEX)

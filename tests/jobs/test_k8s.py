@@ -76,6 +76,16 @@ def in_pod(cluster, pod: str, shell: str, timeout: float = 120) -> subprocess.Co
                           timeout=timeout)
 
 
+def snapshot_in_master_as(cluster, token: str) -> subprocess.CompletedProcess:
+    """``snapshot <torchrun's PID> --k8s`` in llm-master-0, its kubectl the service account of ``token``."""
+    cluster.change("llm-master-0", _env=cluster.kube_env(token))
+    try:
+        return in_pod(cluster, "llm-master-0",
+                      f"{TRAINWATCH} snapshot $(pgrep -f 'torch[.]distributed[.]run') --k8s {JOB} --window 1 --json")
+    finally:
+        cluster.change("llm-master-0", _env=cluster.kube_env(VIEWER))
+
+
 def judged(done: subprocess.CompletedProcess) -> dict:
     assert done.stdout.strip(), f"no output (exit {done.returncode}):\n{done.stderr}"
     return json.loads(done.stdout)
@@ -124,12 +134,7 @@ def test_from_inside_the_master_pod_its_own_pod_is_read_once(straggler):
 
 
 def test_without_the_exec_right_the_unread_pod_is_named_never_a_hang(straggler):
-    straggler.change("llm-master-0", _env=straggler.kube_env(NO_EXEC))
-    try:
-        done = in_pod(straggler, "llm-master-0",
-                      f"{TRAINWATCH} snapshot $(pgrep -f 'torch[.]distributed[.]run') --k8s {JOB} --window 1 --json")
-    finally:
-        straggler.change("llm-master-0", _env=straggler.kube_env(VIEWER))
+    done = snapshot_in_master_as(straggler, NO_EXEC)
     data = judged(done)
     assert done.returncode == 9  # partial: a node could not be read
     assert data["verdict"]["kind"] == "straggler" and data["verdict"]["culprits"] == [2, 3], data["verdict"]
@@ -151,12 +156,7 @@ def test_without_the_list_right_the_verb_and_its_rule_are_said(straggler):
         'list pods in namespace ml (grant it with a Role rule: apiGroups: [""], resources: ["pods"], verbs: ["list"]; '
         "docs/multi-node.md has the whole Role)")
     # inside the pod, with its PID: the local ranks are still judged, the rest said unread
-    straggler.change("llm-master-0", _env=straggler.kube_env(NOBODY))
-    try:
-        done = in_pod(straggler, "llm-master-0",
-                      f"{TRAINWATCH} snapshot $(pgrep -f 'torch[.]distributed[.]run') --k8s {JOB} --window 1 --json")
-    finally:
-        straggler.change("llm-master-0", _env=straggler.kube_env(VIEWER))
+    done = snapshot_in_master_as(straggler, NOBODY)
     data = judged(done)
     assert done.returncode == 9
     assert data["verdict"]["culprits"] == [2, 3] and "could not be read" in data["verdict"]["summary"]

@@ -77,27 +77,41 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # here, not at the top: building the parser must stay cheap (and must not bind the source opener)
-    from ...probes import Watcher, WatchEvent, open_source
+    from ...probes import open_source
+    from ..remote_args import pods_only, pods_source
 
     if args.out is not None:  # before the job is even looked at: a bad --out fails at once, saying why
         check_out_dir(args.out, action="write evidence into")
-    from ..remote_args import pods_only
-    if pods_only(args):
-        return _watch_pods(args)
+    if pods_only(args):  # a login box: the job is in its pods, each read by its agent
+        name = args.k8s.replace("/", "-").replace("=", "-")
+        return _watch(args, pods_source(args, stream_interval=args.interval), None,
+                      f"watching the pods of --k8s {args.k8s}", Path.cwd() / f"trainwatch-watch-{name}")
     if args.pid is None:
         raise UsageError("give a PID (or --k8s SELECTOR from any machine with kubectl)",
                          "e.g. `trainwatch watch $(pgrep -f torchrun | head -1)`")
     local = open_source(args.pid, args.window, catch_crashes=False, stuck_after=args.stuck_after)  # the watcher runs its own catcher
     job = local.job  # found from any PID, `trainwatch run`'s own included
     run_dir = Path(job.run_dir) if job.run_dir else None
-    host = socket.gethostname()
-    hook = EventCommand(args.on_event, job.root_pid, args.on_event_timeout, host) if args.on_event else None
-    source = local
-    out: Path | None = None
-    made: Path | None = None
     try:
         source = wrap_remote(args, local, stream_interval=args.interval)  # one agent per node
-        out = args.out or (run_dir / "watch" if run_dir else Path.cwd() / f"trainwatch-watch-{args.pid}")
+    except BaseException:
+        local.close()
+        raise
+    return _watch(args, source, job.root_pid, f"watching pid {args.pid}",
+                  run_dir / "watch" if run_dir else Path.cwd() / f"trainwatch-watch-{args.pid}", run_dir)
+
+
+def _watch(args: argparse.Namespace, source, pid: int | None, watching: str, default_out: Path,
+           run_dir: Path | None = None) -> int:
+    """Watch ``source`` (closed at the end) until the job ends; ``pid``: the job's root here (None:
+    no rank of it here, its nodes' agents say everything)."""
+    from ...probes import Watcher, WatchEvent
+
+    host = socket.gethostname()
+    hook = EventCommand(args.on_event, pid or 0, args.on_event_timeout, host) if args.on_event else None
+    out = args.out or default_out
+    made: Path | None = None
+    try:
         made = _first_missing(out)
         try:
             out.mkdir(parents=True, exist_ok=True)
@@ -106,57 +120,17 @@ def run(args: argparse.Namespace) -> int:
 
         def on_event(event: WatchEvent) -> None:
             if args.json:
-                print_json(event, job.root_pid, host)
+                print_json(event, pid or 0, host)
             if hook is not None:
                 hook.fire(event)
 
         if args.json:
-            print_json(WatchEvent("watching", f"watching pid {args.pid}; evidence goes to {out}"), job.root_pid, host)
+            print_json(WatchEvent("watching", f"{watching}; evidence goes to {out}"), pid or 0, host)
         else:
-            print(f"watching pid {args.pid}; evidence goes to {out}", flush=True)
+            print(f"{watching}; evidence goes to {out}", flush=True)
         emit = (lambda line: None) if args.json else (lambda line: print(line, flush=True))
-        return Watcher(job.root_pid, out, dump_on=args.dump_on, hang_after=args.hang_after,
-                       interval=args.interval, window=args.window, emit=emit, source=source,
-                       run_dir=run_dir, on_event=on_event).run()
-    finally:
-        source.close()
-        if hook is not None:
-            hook.close()
-        if made is not None:
-            _remove_if_empty(made, out)
-
-
-def _watch_pods(args: argparse.Namespace) -> int:
-    """``watch --k8s SELECTOR`` with no PID (a login box): the job's pods, each read by its agent."""
-    from ...probes import Watcher, WatchEvent
-    from ..remote_args import pods_source
-
-    host = socket.gethostname()
-    source = pods_source(args, stream_interval=args.interval)
-    job_name = args.k8s.replace("/", "-").replace("=", "-")
-    out = args.out or Path.cwd() / f"trainwatch-watch-{job_name}"
-    made = _first_missing(out)
-    hook = EventCommand(args.on_event, 0, args.on_event_timeout, host) if args.on_event else None
-    try:
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise OutputError(f"cannot write {out}: {exc.strerror or exc}", "pass a writable --out DIR") from None
-
-        def on_event(event: WatchEvent) -> None:
-            if args.json:
-                print_json(event, 0, host)
-            if hook is not None:
-                hook.fire(event)
-
-        said = f"watching the pods of --k8s {args.k8s}; evidence goes to {out}"
-        if args.json:
-            print_json(WatchEvent("watching", said), 0, host)
-        else:
-            print(said, flush=True)
-        emit = (lambda line: None) if args.json else (lambda line: print(line, flush=True))
-        return Watcher(None, out, dump_on=args.dump_on, hang_after=args.hang_after, interval=args.interval,
-                       window=args.window, emit=emit, source=source, on_event=on_event).run()
+        return Watcher(pid, out, dump_on=args.dump_on, hang_after=args.hang_after, interval=args.interval,
+                       window=args.window, emit=emit, source=source, run_dir=run_dir, on_event=on_event).run()
     finally:
         source.close()
         if hook is not None:

@@ -491,7 +491,7 @@ def describe_ray_job(ray: ray_train.RayTrainJob) -> JobProcesses:
     )
 
 
-def _option(cmdline: list[str], *names: str) -> str | None:
+def option_value(cmdline: list[str] | tuple[str, ...], *names: str) -> str | None:
     """The value of the first of ``names`` on a command line (``--name value`` or ``--name=value``)."""
     for i, arg in enumerate(cmdline):
         key, eq, value = arg.partition("=")
@@ -505,14 +505,14 @@ def launcher_store(cmdline: tuple[str, ...] | list[str]) -> tuple[str, int] | No
     ``--rdzv-endpoint host:port``, else ``--master-addr``/``--master-port`` (torchrun's defaults
     127.0.0.1 and 29500)."""
     args = list(cmdline)
-    endpoint = _option(args, "--rdzv-endpoint", "--rdzv_endpoint")
+    endpoint = option_value(args, "--rdzv-endpoint", "--rdzv_endpoint")
     if endpoint:
         host, _, port = endpoint.rpartition(":")
         number = _int(port)
         return (host.strip("[]") or "127.0.0.1", number) if number is not None else None
-    port_text = _option(args, "--master-port", "--master_port")
+    port_text = option_value(args, "--master-port", "--master_port")
     number = _int(port_text) if port_text is not None else 29500
-    return (_option(args, "--master-addr", "--master_addr") or "127.0.0.1", number) if number is not None else None
+    return (option_value(args, "--master-addr", "--master_addr") or "127.0.0.1", number) if number is not None else None
 
 
 def _launcher_rendezvous(root: Proc, cmdline: list[str], layout: dict[str, int]) -> Rendezvous | None:
@@ -525,7 +525,7 @@ def _launcher_rendezvous(root: Proc, cmdline: list[str], layout: dict[str, int])
     if nnodes <= 1:
         return None
     address = launcher_store(cmdline)
-    static = _option(cmdline, "--rdzv-backend", "--rdzv_backend") in (None, "static")  # torchrun's default
+    static = option_value(cmdline, "--rdzv-backend", "--rdzv_backend") in (None, "static")  # torchrun's default
     scan = rendezvous.scan(root.pid)
     store, _ = scan.store_for(root.pid)
     if store is None:
