@@ -97,8 +97,9 @@ def _pod(item: dict, wanted: str | None) -> Pod:
         (option_value(argv, "--nnodes") or "").split(":")[-1])
     world = _int(env.get("WORLD_SIZE")) or (nnodes * nproc if nnodes and nproc else None)
     state = PodState(
-        name=meta["name"], pod_phase=pod_phase, node=spec.get("nodeName"), node_rank=_node_rank(env, argv, labels, annotations),
-        reason=reason, message=message, exit_code=code, restarts=int(own.get("restartCount") or 0), ended_at=ended)
+        name=meta["name"], pod_phase=pod_phase, node=spec.get("nodeName"),
+        node_rank=_node_rank(env, argv, labels, annotations), reason=reason, message=message, exit_code=code,
+        restarts=int(own.get("restartCount") or 0), ended_at=ended)
     return Pod(state=state, uid=meta.get("uid") or "", container=name, running=running, env=env, world_size=world,
                nproc=nproc, host_network=bool(spec.get("hostNetwork")))
 
