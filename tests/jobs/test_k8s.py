@@ -180,11 +180,11 @@ def test_a_pod_whose_image_has_no_trainwatch_says_what_to_do(straggler):
 
 def test_dump_from_a_login_box_gathers_every_pods_bundle(straggler):
     out = straggler.dir / "dumps"
-    done = on_login(straggler, "dump", "--k8s", JOB, "--window", "1", "--out", str(out), "--no-native")
+    done = on_login(straggler, "dump", "--k8s", JOB, "--window", "3", "--out", str(out), "--no-native")
     assert done.returncode == 0, done.stderr
     bundle = Path(done.stdout.strip().splitlines()[-1])
     summary = (bundle / "summary.md").read_text()
-    assert "**straggler**" in summary and "Culprit rank(s): 3" in summary
+    assert "**straggler**" in summary and "Culprit rank(s): 3" in summary, summary
     assert "## Pods (Kubernetes)" in summary and "- llm-worker-0 is Running (ranks 2-3) on node gpu-node-1" in summary
     for pod in ("llm-master-0", "llm-worker-0"):
         assert (bundle / "hosts" / pod / "summary.md").is_file(), sorted(p.name for p in bundle.rglob("*"))
@@ -326,7 +326,8 @@ def test_a_pending_pod_that_starts_gets_its_agent_and_the_job_forms(never_formed
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(timeout=30)
-    assert [e["verdict"] for e in events if e["event"] == "verdict"][:2] == ["rendezvous", "healthy"], events
+    verdicts = [e["verdict"] for e in events if e["event"] == "verdict"]
+    assert verdicts[0] == "rendezvous" and "healthy" in verdicts, events  # (its new ranks' first look: unknown)
 
 
 def test_a_healthy_job_in_pods_is_healthy(cluster):

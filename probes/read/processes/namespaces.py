@@ -173,10 +173,12 @@ def boot_id() -> str | None:
 
 
 def node_identity(pid: int | str = "self") -> str | None:
-    """What ``pid``'s view of the machine is, whatever its host name: the kernel's boot ID and its
-    PID namespace. Two pods of one node (a hostNetwork pod bears its node's name) differ; a pod
-    reached twice (once from inside it, once through ``kubectl exec``) is the same."""
+    """What the part of a job rooted at ``pid`` is, whatever the host name of where it runs: the
+    kernel's boot ID, its PID namespace, and its PID there. A pod reached twice (from inside it and
+    through ``kubectl exec``) is the same; two pods of one node (a hostNetwork pod bears its node's
+    name), or two jobs' launchers on one machine, are not."""
     boot, pidns = boot_id(), namespace(pid, "pid")
     if boot is None or pidns is None:
         return None
-    return f"{boot}/{pidns.removeprefix('pid:').strip('[]')}"
+    own = os.getpid() if pid == "self" else (inner_pid(int(pid)) or int(pid))
+    return f"{boot}/{pidns.removeprefix('pid:').strip('[]')}/{own}"
