@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from k8s_api import make_certs
-from real_jobs import PLANTED, free_port, kill_tree
+from real_jobs import PLANTED, _elastic_dirs, free_port, kill_tree
 
 HERE = Path(__file__).resolve().parent
 VENV_BIN = str(Path(sys.executable).parent)
@@ -90,12 +90,18 @@ class Namespace:
                 *(f"{k}={v}" for k, v in env.items()), *argv]
 
     def stop(self) -> None:
+        """SIGKILL to the namespace's first process ends every process in its PID namespace at once
+        (the kernel's rule for a namespace's init); unshare (--kill-child) goes with it."""
         if self.holder.poll() is None:
-            kill_tree(self.holder.pid)
+            try:
+                os.kill(self.init, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # already gone
             try:
                 self.holder.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                self.holder.kill()
+                kill_tree(self.holder.pid)
+                self.holder.wait(timeout=10)
 
 
 class Cluster:
@@ -248,13 +254,22 @@ class Cluster:
         return (self.dir / f"{name}.log").read_text(errors="replace")
 
     def stop_pod(self, name: str) -> None:
-        proc = self.containers.pop(name, None)
-        if proc is not None and proc.poll() is None:
-            kill_tree(proc.pid)
-            proc.wait(timeout=10)
+        """The pod's namespace ends (its container with it: every process of a pod is in its PID
+        namespace); then the nsenter that started the container is reaped."""
+        proc = self.containers.get(name)
+        elastic = _elastic_dirs(proc.pid) if proc is not None else set()  # torchrun never removes them
         space = self.pods.pop(name, None)
         if space is not None:
             space.stop()
+        for folder in elastic:
+            shutil.rmtree(folder, ignore_errors=True)
+        proc = self.containers.pop(name, None)
+        if proc is not None:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                kill_tree(proc.pid)
+                proc.wait(timeout=10)
 
     def stop(self) -> None:
         for name in list(self.pods):
