@@ -12,7 +12,10 @@ decides the judgement:
   as a lock from the Python line alone); a Python-visible collective, DataLoader or sleep is clear;
 * it did not block and wake up since the last look (a rank that keeps waking is working);
 * no native sample exists yet for this exact Python stack. A cached result that said "compute"
-  is retaken after ``RECHECK_COMPUTE_S`` (the line may have moved on to a sync point since).
+  is retaken after ``RECHECK_COMPUTE_S`` (the line may have moved on to a sync point since), and
+  as soon as a rank it was taken of while on a CPU (kernel state R) is found asleep: it computed
+  then, and waits now (DDP's backward, read under load while it still ran, then blocked in its
+  gradient all_reduce at the same Python line).
 
 Ranks whose Python stacks are identical share one native sample (STAT-style equivalence classes:
 the seven ranks waiting in DDP's backward while the eighth sleeps cost one dump, not seven); the
@@ -48,6 +51,7 @@ class NativeResult(Record):
     threads: tuple[ThreadStack, ...]
     classification: Classification
     at: float
+    running: bool = False  # the rank was on (or waiting for) a CPU when sampled: "compute" was then
 
 
 class NativeCache:
@@ -63,21 +67,36 @@ class NativeCache:
         return result if result is not None and result.signature == signature else None
 
     def wanted(self, pid: int, signature: tuple, classification: Classification, unchanged: bool,
-               woke: bool, now: float) -> bool:
-        """Whether a native sample of this rank would decide its judgement now."""
+               woke: bool, now: float, asleep: bool = False) -> bool:
+        """Whether a native sample of this rank would decide its judgement now (``asleep``: the
+        kernel has its thread asleep now)."""
         if not signature or not unchanged or woke or classification.phase not in AMBIGUOUS_PHASES:
             return False
         known = self.lookup(pid, signature)
         if known is None:
             return True
-        return known.classification.phase == "compute" and now - known.at >= RECHECK_COMPUTE_S
+        return outdated(known, asleep) or (known.classification.phase == "compute"
+                                            and now - known.at >= RECHECK_COMPUTE_S)
 
     def store(self, pid: int, signature: tuple, threads: tuple[ThreadStack, ...],
-              classification: Classification, now: float) -> None:
-        self._results[pid] = NativeResult(signature, threads, classification, now)
+              classification: Classification, now: float, running: bool = False) -> None:
+        self._results[pid] = NativeResult(signature, threads, classification, now, running)
 
     def forget(self, pid: int) -> None:
         self._results.pop(pid, None)
+
+
+def outdated(known: NativeResult, asleep: bool) -> bool:
+    """A "compute" read while the rank was on a CPU no longer says what it does once it sleeps."""
+    return known.classification.phase == "compute" and known.running and asleep
+
+
+def _asleep(sample: StackSample) -> bool:
+    return sample.kernel is not None and sample.kernel.letter in ("S", "D")
+
+
+def _running(sample: StackSample) -> bool:
+    return sample.kernel is not None and sample.kernel.letter == "R"
 
 
 def resolve_natively(samples: dict[int, StackSample], classified: dict[int, Classification], cache: NativeCache,
@@ -96,9 +115,9 @@ def resolve_natively(samples: dict[int, StackSample], classified: dict[int, Clas
         signature = stack_signature(main_thread(sample.threads))
         unchanged = tracker.signature(pid) == signature
         cached = cache.lookup(pid, signature)
-        if cache.wanted(pid, signature, cls, unchanged, tracker.woke(pid, sample.before), now):
+        if cache.wanted(pid, signature, cls, unchanged, tracker.woke(pid, sample.before), now, _asleep(sample)):
             wanted.append(pid)
-        elif cached is not None:
+        elif cached is not None and not outdated(cached, _asleep(sample)):
             samples[pid] = replace(sample, threads=cached.threads)
             classified[pid] = cached.classification
     if not wanted:
@@ -115,12 +134,12 @@ def resolve_natively(samples: dict[int, StackSample], classified: dict[int, Clas
             continue  # no sample, or it moved while we looked: the plain sample stands
         cls = classify(native.threads, source_line, plain.kernel)
         cache.taken += 1
-        cache.store(pid, signature, native.threads, cls, now)
+        cache.store(pid, signature, native.threads, cls, now, _running(plain))
         samples[pid] = replace(plain, threads=native.threads)
         classified[pid] = cls
         shared = replace(cls, detail=f"phase from a native sample of PID {pid}, which has the same Python stack")
         for other in classes[signature]:
             if other != pid:
-                cache.store(other, signature, samples[other].threads, shared, now)
+                cache.store(other, signature, samples[other].threads, shared, now, _running(samples[other]))
                 classified[other] = shared
     return samples, classified

@@ -69,3 +69,36 @@ def test_completed_collectives_advancing_are_progress():
     assert seen.advanced(state(543, 550)) == {1}  # rank 1 completed more; rank 0 still behind #544
     assert seen.advanced(state(543, 550)) == set()
     assert seen.advanced(None) == set()
+
+
+def test_a_compute_read_while_the_rank_ran_is_taken_again_once_it_sleeps():
+    """Under load a native sample may catch DDP's backward still computing (the rank on a CPU);
+    once the rank is found asleep at the same Python line it waits, in its gradient all_reduce:
+    the cached "compute" is not used, and the next poll takes another sample."""
+    from trainwatch.probes.snapshot import KernelState
+
+    pid, tracker, cache = 7, StackWatch(), NativeCache()
+    plain = backward_stack(pid)
+    signature = stack_signature(main_thread(plain))
+    tracker.observe(pid, signature, "compute", COUNTERS, COUNTERS, 1.0)
+    computing = (ThreadStack("MainThread", pid, (Frame("at::native::cpu_kernel", "libtorch_cpu.so", native=True),
+                                                 *plain[0].frames), is_main=True),)
+    took: list[int] = []
+
+    def take(answer):
+        def run(wanted: list[int]) -> dict[int, StackSample]:
+            took.extend(wanted)
+            return {p: StackSample(p, answer, COUNTERS, COUNTERS) for p in wanted}
+        return run
+
+    running = {pid: StackSample(pid, plain, COUNTERS, COUNTERS, kernel=KernelState(letter="R"))}
+    _, first = resolve_natively(running, {pid: classify(plain)}, cache, tracker, 2.0, take(computing))
+    assert first[pid].phase == "compute" and took == [pid]
+    # still on a CPU: the cached "compute" stands, no second dump
+    _, same = resolve_natively(running, {pid: classify(plain)}, cache, tracker, 3.0, take(computing))
+    assert same[pid].phase == "compute" and took == [pid]
+    # asleep now at the same line: not "compute" from the cache; a new sample names the all_reduce
+    asleep = {pid: StackSample(pid, plain, COUNTERS, COUNTERS, kernel=KernelState(letter="S"))}
+    _, now = resolve_natively(asleep, {pid: classify(plain)}, cache, tracker, 4.0, take(backward_stack(pid, True)))
+    assert took == [pid, pid]
+    assert (now[pid].phase, now[pid].op) == ("collective", "all_reduce (DDP gradients)")
