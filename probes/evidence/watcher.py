@@ -39,6 +39,7 @@ from ..record import Record
 MIN_PAUSE_S = 0.2  # between the end of a poll that took longer than the interval and the next
 RECENT_KEPT = 4  # polls kept: the last one judged before a signal reached the ranks is among them
 SETTLE_S = 1.5  # the crash alert waits this long after the first death for the cause to be read
+LAST_WORDS_WAIT_S = 8.0  # ... and in an armed job, at most this long for the other ranks' last words
 EARLY_TIMEOUT_S = 2.0  # the survivors' stacks at the first death: py-spy's bound for each
 EARLY_PARALLEL = 16  # py-spy runs at once then (a node's ranks, all at once on common nodes)
 
@@ -174,7 +175,10 @@ class Watcher:
             for record in self.catcher.tick():
                 self._on_crash(record)
             if self._alert_due is not None and time.monotonic() >= self._alert_due:
-                self._raise_crash_alert()
+                if self._last_words_coming():
+                    self._alert_due = time.monotonic() + self.crash_interval
+                else:
+                    self._raise_crash_alert()
             if not self.catcher.job_alive():
                 for record in self.catcher.tick():  # last words: mp.spawn's parent prints as it exits
                     self._on_crash(record)
@@ -324,6 +328,23 @@ class Watcher:
             self._raise_crash_alert()
         elif self._alert_due is None:
             self._alert_due = time.monotonic() + SETTLE_S
+
+    def _last_words_coming(self) -> bool:
+        """An armed job whose first death is a peer's witness (a library failed it over another
+        rank's call) has ranks still ending: the launcher's teardown makes each write its last words,
+        the Flight Recorder that names the odd call. The alert waits for them, within
+        ``LAST_WORDS_WAIT_S`` of the first death (on a loaded node they take seconds)."""
+        records = self.catcher.records
+        if self.catcher.run_dir is None or not records or self._crash_bundled:
+            return False
+        first = min((r.exit.at for r in records if r.exit.at is not None), default=None)
+        if first is None or time.time() - first > LAST_WORDS_WAIT_S:
+            return False
+        if not all(r.exit.library is not None or _stopped(r.exit) for r in records):
+            return False  # a death of its own cause says enough
+        dead = {r.pid for r in records}
+        return any(pid not in dead and procfs.state_letter(pid) not in (None, "Z", "X")
+                   for pid in self.catcher.rank_pids)
 
     def _raise_crash_alert(self) -> None:
         self._alert_due = None
