@@ -526,6 +526,8 @@ class StreamSource(NodeEvidence):
         views = [self._poll_local(native_for)] if self.local is not None else []
         if self._polls == 0:
             self._wait_first(started + self.first_wait_s)
+            if self.once:
+                self._wait_judged(started + self.first_wait_s)
         self._polls += 1
         now = time.monotonic()
         with self._lock:
@@ -557,6 +559,21 @@ class StreamSource(NodeEvidence):
                     return
                 wake = min(left, 0.5) if self._called_first else min(left, 0.5, max(0.01, call_at - now))
                 self._answered.wait(wake)
+
+    def _wait_judged(self, deadline: float) -> None:
+        """A one-shot command's answer from a node that had not judged its ranks yet (its agent
+        started late, on a loaded node or behind a slow ``kubectl exec``, and its first look was
+        too short to tell stuck from running) is followed by its next line, which has: wait for it,
+        as long as the first answers were waited for."""
+        with self._lock:
+            first = {name: state.answered_at for name, state in self.nodes.items()
+                     if state.answer is not None and _unjudged(state.answer.snapshot)}
+            while first:
+                if time.monotonic() >= deadline or self._closed.is_set():
+                    return
+                first = {name: at for name, at in first.items()
+                         if self.nodes[name].error is None and self.nodes[name].answered_at == at}
+                self._answered.wait(min(0.5, max(0.01, deadline - time.monotonic())))
 
     def _short_looks(self, views: list[NodeView]) -> list[str]:
         """Which nodes' first answers, called for, watched less than the window."""
@@ -621,6 +638,11 @@ class StreamSource(NodeEvidence):
 
 def _bundle_request(bundle: str) -> bytes:
     return (json.dumps({"bundle": bundle}) + "\n").encode()
+
+
+def _unjudged(snapshot: Snapshot | None) -> bool:
+    """A node's answer in which a live rank's progress was not judged yet (state unknown)."""
+    return snapshot is not None and any(r.state == "unknown" and r.pid is not None for r in snapshot.ranks)
 
 
 def _node_error(answer: NodeAnswer) -> str:
