@@ -5,8 +5,8 @@ progress. Signs of progress between two samples:
 
 * its Python stack changed (any frame or line);
 * it blocked and woke up again, at least twice, in a gap it mostly slept through: its voluntary
-  context switches grew between our dumps (py-spy's own attach adds two, so only the gaps between
-  dumps are counted; a single wake-up is what a signal such as faulthandler's does to a thread
+  context switches grew between our dumps (a pausing attach, as a native dump is, adds two, so
+  only the gaps between dumps are counted; a single wake-up is what a signal such as faulthandler's does to a thread
   that stays blocked), and it was on a CPU or waiting for one for less than ``SPIN_SHARE`` of
   that gap. Wake-ups that a pause from outside explains do not count: any other ptrace attach
   (another trainwatch, ``py-spy dump/top/record``, ``gdb -p``, pystack, a profiler) or a stop
