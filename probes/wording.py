@@ -8,6 +8,17 @@ from .snapshot import FILE_SYSCALLS, ExitInfo, Job, KernelState, LogActivity, ag
 NA = "n/a"
 
 
+# C0 controls, DEL and C1 controls: a newline in a peer's command line would split a one-line
+# output in two, an escape sequence would drive the reader's terminal.
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7f, 0xa0))}
+_CONTROLS.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"})
+
+
+def one_line(text: str) -> str:
+    """``text`` with every control character escaped (``\\n``, ``\\x1b``...): one line, inert in a terminal."""
+    return text.translate(_CONTROLS)
+
+
 def na(value: object | None) -> str:
     """``value`` as text, or ``n/a`` when it is unknown (None or empty)."""
     return NA if value is None or value == "" else str(value)

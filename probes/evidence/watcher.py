@@ -30,6 +30,7 @@ from ..read.stacks.source_lines import source_line
 from ..observed import combine_states, observed_rank, observed_snapshot
 from ..read.collectives import last_words
 from .. import rundir
+from ..wording import one_line
 from ..snapshot import (CRASH_VERDICTS, HANG_VERDICTS, HEALTHY_VERDICTS, PROBLEM_VERDICTS, CollectiveState, ExitInfo,
                         Job, Snapshot, ThreadStack, Verdict)
 from ..source import Source
@@ -234,14 +235,14 @@ class Watcher:
             self._say(WatchEvent("verdict", f"verdict {verdict.kind}: {verdict.summary}".rstrip(": "),
                                  verdict.kind, verdict.culprits, verdict.summary))
             self._last_kind = verdict.kind
-        if verdict.kind in HANG_VERDICTS:
-            self.saw_problem = True
         if verdict.kind in PROBLEM_VERDICTS and verdict.kind not in self._problems:
             self._problems.append(verdict.kind)
         if verdict.kind in CRASH_VERDICTS:
             self._on_lingering_crash(snapshot)
         unsure = any(r.state == "unknown" for r in snapshot.ranks if r.rank in verdict.culprits)
         if self.episodes.observe(verdict, time.time(), unsure):
+            # The watch's outcome (exit 10): a problem that held past --hang-after, not a look or two.
+            self.saw_problem = self.saw_problem or verdict.kind in HANG_VERDICTS
             path = self._bundle(snapshot, f"{verdict.kind}: {verdict.summary}") \
                 if verdict.kind in self.dump_on else None
             self._say(WatchEvent("problem", "", verdict.kind, verdict.culprits, verdict.summary, path))
@@ -491,6 +492,7 @@ class Watcher:
             ways = exits.how_they_ended([r.exit for r in self.catcher.records])
             who = f"a signal to every rank ({ways})"
         problem = verdict.kind in HANG_VERDICTS
+        self.saw_problem = self.saw_problem or problem  # stopped while stuck: the problem it had is the outcome
         doing = verdict.summary.rsplit("; then the job", 1)[0]
         what = f"while the job was stuck: {verdict.kind}: {doing}" if problem else "while its ranks made progress"
         text = f"job ended (pid {self.pid}): stopped by {who} ({how}) {what}"
@@ -513,8 +515,8 @@ class Watcher:
             time.sleep(0.1)
 
     def _say(self, event: WatchEvent) -> None:
-        if event.text:
-            self.emit(f"{_stamp()} {event.text}")
+        if event.text:  # one line per event, whatever a command line or a log put in it
+            self.emit(f"{_stamp()} {one_line(event.text)}")
         if self.on_event is not None:
             self.on_event(event)
 

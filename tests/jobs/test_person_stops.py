@@ -80,3 +80,28 @@ def test_stopping_a_healthy_job_is_a_clean_end(tmp_path):
     assert "stopped by SIGTERM to the launcher" in ended["message"] and "made progress" in ended["message"], \
         f"{ended['message']}\nwhat the watch judged (tests/bench/recorder):\n{watch.recorded()}"
     assert not [e for e in watch.events if e["event"] in ("crash", "crashed", "problem")], watch.events
+
+
+def test_a_brief_stall_then_a_stop_while_healthy_exits_clean(tmp_path):
+    """Looks found a problem for a few seconds (rank 1 held by SIGSTOP, then let go), none held past
+    --hang-after, the job ran on and was stopped: no problem to report (exit 0, docs/cli.md), and no
+    problem event."""
+    with PlantedJob(tmp_path / "job", "healthy", nproc=2, deadline=90) as job:
+        job.wait_for_ranks()
+        watch = Watch(job.pid, tmp_path, extra_args=("--hang-after", "600"))
+        try:
+            watch.until(lambda e: e["event"] == "verdict" and e["verdict"] == "healthy", 60)
+            held = job.rank_pids()[1]
+            os.kill(held, signal.SIGSTOP)
+            try:
+                stall = watch.until(lambda e: e["event"] == "verdict" and e["verdict"] != "healthy", 60)
+            finally:
+                os.kill(held, signal.SIGCONT)
+            watch.until(lambda e: e["event"] == "verdict" and e["verdict"] == "healthy", 60)
+            code, ended = stop_and_watch_end(job, watch, term_launcher)
+        finally:
+            watch.stop()
+    assert stall["culprits"] == [1], stall
+    assert "made progress" in ended["message"], ended
+    assert not [e for e in watch.events if e["event"] in ("problem", "crash", "crashed")], watch.events
+    assert code == 0, watch.events

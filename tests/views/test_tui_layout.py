@@ -37,6 +37,28 @@ def test_columns_fit_the_width_and_where_keeps_room(width, with_step, wanted):
     assert [c.key for c in plan][:len(COLUMNS_ALWAYS)] == list(COLUMNS_ALWAYS)
 
 
+def test_the_state_is_as_wide_as_a_stuck_time_and_gpu_columns_need_a_reading():
+    longest = len("stuck ≥12m34s")
+    for width in (80, 120, 160):
+        plan = {c.key: c.width for c in plan_columns(width, 4, False, state_width=longest)}
+        assert plan["state"] == longest and plan["where"] >= 12, (width, plan)
+    assert [c.key for c in plan_columns(160, 4, False, with_gpu=False)] == [
+        "rank", "state", "phase", "op", "where", "cpu", "rss", "pid"]
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40), (160, 40)])
+async def test_a_stuck_time_past_a_minute_is_shown_whole(size):
+    snap = straggler()
+    snap = replace(snap, ranks=tuple(replace(r, stuck_for_s=754.0) if r.state == "stuck" else r for r in snap.ranks))
+    app, _ = make_app(snap)
+    async with app.run_test(size=size) as pilot:
+        await until(pilot, lambda: app.polls == 1)
+        screen = screen_text(app)
+        assert "stuck ≥12m…" not in screen, screen
+        rows = [line for line in screen.splitlines() if line.startswith(("  0 ", "  1 ", "  2 ", " ▶3 "))]
+        assert len(rows) == 4 and all(" stuck ≥12m34s " in row for row in rows), screen
+
+
 @pytest.mark.parametrize("width", [80, 100, 110, 120, 140])
 async def test_no_heading_is_cut_at_the_right_edge(width):
     app, _ = make_app(healthy())
@@ -59,7 +81,8 @@ async def test_resizing_changes_the_columns_without_losing_rows_or_selection():
         assert "CPU%" not in header_line(app)
         await pilot.resize_terminal(130, 30)
         await pilot.pause(0.2)
-        assert "CPU%" in header_line(app) and "GPU%" in header_line(app)
+        # no rank has a GPU reading: no column of n/a takes the room
+        assert "CPU%" in header_line(app) and "GPU%" not in header_line(app)
         assert table.row_count == 4 and table.selected_key == "node1:2"
         assert "  3% " in screen_text(app)  # the new column is filled, not blank
         await pilot.resize_terminal(80, 30)

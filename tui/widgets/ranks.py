@@ -1,8 +1,8 @@
 """The ranks table: one row per rank, keyed by ``Rank.key`` and updated cell by cell.
 
-Columns are chosen to fit the width: rank, state, phase, op and ``where`` always; the op as wide
-as its longest cell needs (``all_reduce (DDP gradients)``) while ``where`` keeps room for a frame;
-CPU%, step, GPU, RSS and pid only after that, while ``where`` keeps room, so no cell is ever cut
+Columns are chosen to fit the width: rank, state, phase, op and ``where`` always; the state and
+the op as wide as their longest cells need (``all_reduce (DDP gradients)``) while ``where`` keeps room for a frame;
+CPU%, step, GPU (where some rank has a GPU reading), RSS and pid only after that, while ``where`` keeps room, so no cell is ever cut
 at the screen's edge (what does not fit is in the detail pane). The rank column is pinned when the table is wider
 than the screen anyway.
 
@@ -44,7 +44,9 @@ class ColumnSpec:
     width: int  # cells of content, without padding
 
 
-CORE = (ColumnSpec("state", "state", 11), ColumnSpec("phase", "phase", 10))
+STATE_MIN = 11  # `stuck ≥42s`, `running`, `SIGSEGV`; wider when a cell needs it
+CORE = (ColumnSpec("state", "state", STATE_MIN), ColumnSpec("phase", "phase", 10))
+GPU_COLUMNS = frozenset({"gpu", "gmem"})
 COLUMNS_ALWAYS = ("rank", "state", "phase", "op", "where")
 OPTIONAL = (  # in the order they are given room, and shown
     ColumnSpec("cpu", "CPU%", 5 + SPARK_LEN),
@@ -56,21 +58,25 @@ OPTIONAL = (  # in the order they are given room, and shown
 )
 
 
-def plan_columns(width: int, rank_width: int, with_step: bool, op_width: int = OP_MIN) -> tuple[ColumnSpec, ...]:
-    """The columns that fit in ``width`` cells: the op gets what its cells need first (``where``
-    keeping ``WHERE_FLOOR``), then the optional columns, and ``where`` takes what is left. Where the
-    op would be cut, the phase column folds into it: ``what`` shows the op (or the phase when there
-    is none) in the phase's colour, so ``all_reduce (DDP gradients)`` stays whole at 80 columns."""
-    plan = _plan(width, rank_width, with_step, op_width, CORE, "op")
+def plan_columns(width: int, rank_width: int, with_step: bool, op_width: int = OP_MIN,
+                 state_width: int = STATE_MIN, with_gpu: bool = True) -> tuple[ColumnSpec, ...]:
+    """The columns that fit in ``width`` cells: the state as wide as its longest cell (a stuck time
+    is never cut: ``stuck ≥12m34s``), the op what its cells need (``where`` keeping
+    ``WHERE_FLOOR``), then the optional columns, and ``where`` takes what is left. Where the op
+    would be cut, the phase column folds into it: ``what`` shows the op (or the phase when there is
+    none) in the phase's colour, so ``all_reduce (DDP gradients)`` stays whole at 80 columns.
+    ``with_gpu``: some rank has a GPU reading (else the GPU columns would only say n/a)."""
+    core = (ColumnSpec("state", "state", max(STATE_MIN, state_width)), CORE[1])
+    plan = _plan(width, rank_width, with_step, op_width, core, "op", with_gpu)
     if _width(plan, "op") < op_width:
-        folded = _plan(width, rank_width, with_step, op_width, CORE[:1], "what")
+        folded = _plan(width, rank_width, with_step, op_width, core[:1], "what", with_gpu)
         if _width(folded, "what") > _width(plan, "op"):
             return folded
     return plan
 
 
 def _plan(width: int, rank_width: int, with_step: bool, op_width: int, core_columns: tuple[ColumnSpec, ...],
-          op_key: str) -> tuple[ColumnSpec, ...]:
+          op_key: str, with_gpu: bool = True) -> tuple[ColumnSpec, ...]:
     core = (ColumnSpec("rank", "rank", rank_width), *core_columns)
     room = width - SCROLLBAR - sum(c.width + PADDING for c in core) - PADDING
     op = ColumnSpec(op_key, "op", max(OP_MIN, min(op_width, OP_MAX, room - PADDING - WHERE_FLOOR)))
@@ -78,7 +84,7 @@ def _plan(width: int, rank_width: int, with_step: bool, op_width: int, core_colu
     room -= op.width + PADDING
     extra = []
     for column in OPTIONAL:
-        if column.key == "step" and not with_step:
+        if (column.key == "step" and not with_step) or (column.key in GPU_COLUMNS and not with_gpu):
             continue
         if room - (column.width + PADDING) >= WHERE_MIN:
             extra.append(column)
@@ -173,6 +179,7 @@ class RanksTable(DataTable):
         self._rows: dict[str, dict[str, object]] = {}  # every cell of each row, shown or not
         self._plan: tuple[ColumnSpec, ...] = ()
         self._with_step = False
+        self._with_gpu = False
         self.chosen: str | None = None  # the row the user picked; None until they do
 
     @property
@@ -232,6 +239,7 @@ class RanksTable(DataTable):
         ranks = list(ranks)
         self._rows = {r.key: row_cells(r, r.rank in culprits, history) for r in ranks}
         self._with_step = any(r.step is not None for r in ranks)
+        self._with_gpu = any(r.gpu is not None for r in ranks)
         for key in [k for k in self._cells if k not in self._rows]:
             self.remove_row(key)
             del self._cells[key]
@@ -254,7 +262,8 @@ class RanksTable(DataTable):
             width = self.app.size.width
         rank_width = max([4, *(c["rank"].text.cell_len for c in self._rows.values())])
         op_width = max([0, *(c["op"].cell_len for c in self._rows.values())])
-        plan = plan_columns(width, rank_width, self._with_step, op_width)
+        state_width = max([0, *(c["state"].cell_len for c in self._rows.values())])
+        plan = plan_columns(width, rank_width, self._with_step, op_width, state_width, self._with_gpu)
         if plan == self._plan:
             return False
         shown = [c.key.value for c in self.ordered_columns]
