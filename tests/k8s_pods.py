@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from k8s_api import make_certs
-from real_jobs import PLANTED, _elastic_dirs, free_port, kill_tree
+from real_jobs import PLANTED, _elastic_dirs, default_signals, free_port, kill_tree
 
 HERE = Path(__file__).resolve().parent
 VENV_BIN = str(Path(sys.executable).parent)
@@ -69,7 +69,7 @@ class Namespace:
         script = f"hostname {hostname}; {setup} sleep 100000 & wait"
         self.holder = subprocess.Popen(["unshare", *kinds, "--fork", "--mount-proc", "--kill-child",
                                         "sh", "-c", script], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                       stderr=subprocess.PIPE, start_new_session=True)
+                                       stderr=subprocess.PIPE, start_new_session=True, preexec_fn=default_signals)
         self.init = self._wait_init()
 
     def _wait_init(self) -> int:
@@ -134,7 +134,7 @@ class Cluster:
                 self.api = subprocess.Popen([sys.executable, str(HERE / "k8s_api.py"), "--state", str(self.state_file),
                                              *listen, "--cert", str(cert), "--key", str(key)],
                                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            start_new_session=True)
+                                            start_new_session=True, preexec_fn=default_signals)
             deadline = time.monotonic() + 20
             while "serving" not in (self.dir / "api.log").read_text():
                 assert self.api.poll() is None, (self.dir / "api.log").read_text()
@@ -224,7 +224,7 @@ class Cluster:
             with open(self.dir / f"{name}.log", "wb") as log:
                 self.containers[name] = subprocess.Popen(space.enter(command, run_env, cwd=cwd), stdout=log,
                                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                         start_new_session=True)
+                                                         start_new_session=True, preexec_fn=default_signals)
             pod["spec"]["nodeName"] = node
             pod["status"] = status or running_status(node)
             pod.update({"_init": space.init, "_hostname": node, "_workdir": cwd})

@@ -31,11 +31,12 @@ LAUNCH_COMMANDS = {
 
 
 def default_signals() -> None:
-    """``preexec_fn`` for a process a test will signal: SIGINT and SIGQUIT at their defaults, as a
-    terminal's foreground job has them. A shell starts a background job (``pytest &``) with both
-    ignored, and an ignored disposition is inherited across exec: a Ctrl-C the test sends would
-    then do nothing. A test that wants a signal ignored sets that itself."""
-    for sig in (signal.SIGINT, signal.SIGQUIT):
+    """``preexec_fn`` for a process a test will signal: SIGINT, SIGQUIT and SIGHUP at their
+    defaults, as a terminal's foreground job has them. A shell starts a background job (``pytest
+    &``) with SIGINT and SIGQUIT ignored, ``nohup`` ignores SIGHUP, and an ignored disposition is
+    inherited across exec: a Ctrl-C or hangup the test sends would then do nothing (trainwatch
+    rightly keeps an ignored SIGHUP ignored). A test that wants a signal ignored sets that itself."""
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
 
 

@@ -36,7 +36,7 @@ import psutil
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-from real_jobs import PlantedJob  # noqa: E402
+from real_jobs import PlantedJob, default_signals  # noqa: E402
 
 from bench_snapshot import baseline_env  # noqa: E402
 
@@ -59,7 +59,8 @@ def monitor(mode: str, pid: int, seconds: float, env: dict[str, str], cwd: Path)
         cmd = [sys.executable, str(HERE / "bench_attach.py"), "--child", str(pid), "--seconds", str(seconds)]
     else:
         cmd = [sys.executable, "-m", "trainwatch.tui.cli", "watch", str(pid), "--out", str(cwd / "watch")]
-    return subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=default_signals)  # stopped with SIGINT: not ignored, whoever started us
 
 
 def cpu_seconds(pid: int) -> float:

@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from real_jobs import PlantedJob, wait_until
+from real_jobs import PlantedJob, default_signals, wait_until
 
 pytestmark = pytest.mark.job
 TRAINWATCH = [sys.executable, "-m", "trainwatch.tui.cli"]
@@ -64,7 +64,7 @@ def test_sighup_ends_watch_and_leaves_the_job_running(tmp_path):
     with PlantedJob(tmp_path / "job", "straggler", nproc=2, deadline=60) as job:
         job.wait_for_ranks()
         watch = subprocess.Popen([*TRAINWATCH, "watch", str(job.pid), "--interval", "1", "--out", str(tmp_path / "w")],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
         try:
             assert watch.stdout.readline().startswith("watching pid")
             time.sleep(3)  # mid-poll, py-spy runs in flight
@@ -86,7 +86,7 @@ def test_run_passes_sighup_on_to_its_command(tmp_path):
             "print('ready', flush=True)\n"
             "time.sleep(30)\n")
     proc = subprocess.Popen([*TRAINWATCH, "run", "--out", str(tmp_path / "run"), "--", sys.executable, "-c", code],
-                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=default_signals)
     try:
         assert proc.stdout.readline() == "ready\n"
         proc.send_signal(signal.SIGHUP)

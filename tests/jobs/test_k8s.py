@@ -21,7 +21,7 @@ import pytest
 
 import k8s_pods
 from k8s_pods import NO_EXEC, NOBODY, VIEWER
-from real_jobs import free_port, rank_stuck_at, wait_until
+from real_jobs import default_signals, free_port, rank_stuck_at, wait_until
 
 pytestmark = [pytest.mark.job, pytest.mark.slow]
 
@@ -195,7 +195,8 @@ def test_watch_from_a_login_box_bundles_and_leaves_nothing_in_the_pods(straggler
     out = straggler.dir / "watch"
     proc = subprocess.Popen(straggler.on_login([TRAINWATCH, "watch", "--k8s", JOB, "--hang-after", "2",
                                                 "--interval", "2", "--out", str(out)], token=VIEWER),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=default_signals)
     lines: list[str] = []
     try:
         deadline = time.monotonic() + 90
@@ -300,7 +301,8 @@ def test_a_pending_pod_that_starts_gets_its_agent_and_the_job_forms(never_formed
     proc = subprocess.Popen(never_formed.on_login([TRAINWATCH, "watch", "--k8s", "pytorchjob/ft", "--json",
                                                    "--interval", "2", "--hang-after", "600",
                                                    "--out", str(never_formed.dir / "ft-watch")]),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=default_signals)
     events: list[dict] = []
 
     def until(verdict: str, timeout: float) -> None:
