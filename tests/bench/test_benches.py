@@ -30,7 +30,7 @@ JOBS = {
     "bench_hook": ["--seconds", "2", "--nproc", "1", "--rounds", "1"],
     "bench_attach": ["--ranks", "2", "--seconds", "8", "--interval", "1"],
     "bench_look_cost": ["--threads", "16", "--seconds", "2", "--modes", "attach,watch"],
-    "bench_native": ["--ranks", "2", "--seconds", "1", "--polls", "2"],
+    "bench_native": ["--ranks", "2", "--seconds", "2", "--polls", "2"],
     "bench_latency": ["--reps", "1", "--ranks", "2", "--stall-min", "3", "--stall-max", "4", "--modes", "attach"],
 }
 # Benchmarks with a test file of their own (stronger checks on what they return).

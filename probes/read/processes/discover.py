@@ -157,13 +157,6 @@ def find_job(pid: int) -> JobProcesses:
             "pass the PID of the launcher (torchrun, accelerate, deepspeed), a rank, or the shell that started it"
             + (": `pgrep -af torchrun` lists launchers" if own else ""),
         )
-    if launcher == "python" and not _is_training(root):
-        raise NotAJob(
-            f"PID {root.pid} ({_safe(root.name, '?')}) runs Python with no launcher above it, no rank's "
-            "environment (RANK, WORLD_SIZE) and no torch loaded: not a training job",
-            "pass the PID of the launcher (torchrun, accelerate, deepspeed) or a rank; a job still starting "
-            "loads torch within seconds: try again then",
-        )
     job = describe_job(root, launcher)
     if maybe_partial(job, root):
         return find_by_store(root) or job
