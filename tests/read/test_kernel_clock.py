@@ -49,10 +49,17 @@ def test_the_sleep_is_measured_on_one_clock_whatever_cpu_reads_it(theirs, ours):
         since = kernel_view.asleep_since(base)
     finally:
         os.sched_setaffinity(0, before)
-    assert since is not None
-    true_age, read_age = time.time() - went_at[0], time.time() - since
-    # One clock: short by the time stolen during the sleep, never long. Another CPU's, corrected by
-    # /proc/stat's stolen ticks: within 0.2 s (each clock also keeps a small offset of its own).
-    long_by = 0.05 if ours != "other" else 0.3
-    assert true_age - 0.3 <= read_age <= true_age + long_by, (true_age, read_age)
+    stolen = kernel_view._stolen_ms()
+    apart = abs(stolen[CPUS[0]] - stolen[CPUS[1]]) > kernel_view.CLOCKS_AGREE_MS
+    if ours == "other" and apart:
+        # Their CPU's clock is out of reach and ours is off by more than /proc/stat says (seen:
+        # 3.6 s stolen apart, clocks 3.0 s apart): no age, rather than one seconds wrong either way.
+        assert since is None, (time.time() - went_at[0], time.time() - since)
+    else:
+        assert since is not None
+        true_age, read_age = time.time() - went_at[0], time.time() - since
+        # One clock: short by the time stolen during the sleep, never long. Another CPU's, where
+        # both had about the same time stolen: within 0.3 s.
+        long_by = 0.05 if ours != "other" else 0.3
+        assert true_age - 0.3 <= read_age <= true_age + long_by, (true_age, read_age)
     assert os.sched_getaffinity(0) == before  # our own thread is left where it was allowed to run

@@ -42,6 +42,9 @@ P_ALL, P_PID, P_PIDFD = 0, 1, 3  # waitid's idtype
 READ_CALLS = frozenset({"read", "readv", "pread64", "recvfrom", "recvmsg", "open", "openat", "openat2", "poll",
                         "ppoll", "accept", "accept4"})
 CHILDREN_SHOWN = 3
+# Two CPUs whose stolen time differs by no more than this keep task clocks close enough to read
+# one's age on the other (a stuck time is shown to the second).
+CLOCKS_AGREE_MS = 100.0
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,8 @@ def asleep_since(base: str, stat: str | None = None) -> float | None:
     Each CPU's task clock leaves out its own stolen time (in a VM): two CPUs' clocks drift apart,
     4.8 s after 7 hours of a loaded 2-core VM here, so ours is read on the thread's CPU
     (:func:`_own_exec_start_ms`) and only time stolen during the sleep is left out: a figure a
-    little short, never long. ``stat``: the thread's ``stat`` if just read. None where the kernel
+    little short, never long. None where that clock cannot be read (another cpuset, the clocks
+    apart). ``stat``: the thread's ``stat`` if just read. None where the kernel
     has no such file."""
     cpu = _last_cpu(stat or procfs.read_text(f"{base}/stat") or "")
     theirs = _exec_start_ms(f"{base}/sched")
@@ -116,8 +120,10 @@ def _last_cpu(stat: str) -> int | None:
 
 def _own_exec_start_ms(cpu: int | None) -> float | None:
     """Our own thread's ``se.exec_start`` (we are running: it is now, give or take a tick), read
-    on ``cpu``; where we may not run there (another cpuset), on ours, corrected by the two CPUs'
-    stolen time as ``/proc/stat`` counts it (to its 10 ms ticks)."""
+    on ``cpu``. Where we may not run there (another cpuset), our own CPU's clock stands in only
+    while the two CPUs have had about the same time stolen (``/proc/stat``); else None: the two
+    clocks differ by more than the stolen ticks tell (0.6 s off after 6 hours of a 2-core VM, in
+    either direction), and an age we cannot vouch for is not given."""
     try:
         allowed = os.sched_getaffinity(0)
     except OSError:  # no affinity calls here (seccomp): read on whatever CPU we are on
@@ -127,16 +133,18 @@ def _own_exec_start_ms(cpu: int | None) -> float | None:
         if ours is None or cpu is None:
             return ours
         here = _last_cpu(procfs.read_text("/proc/thread-self/stat") or "")
+        if here == cpu:
+            return ours
         stolen = _stolen_ms()
         if here is None or cpu not in stolen or here not in stolen:
-            return ours
-        return ours - (stolen[cpu] - stolen[here])  # a CPU that lost more has a clock further behind
+            return None
+        return ours if abs(stolen[cpu] - stolen[here]) <= CLOCKS_AGREE_MS else None
     if allowed == {cpu}:
         return _exec_start_ms("/proc/thread-self/sched")
     try:
         os.sched_setaffinity(0, {cpu})  # this thread only; it runs on that CPU when the call returns
     except OSError:  # the CPU went offline, or the cpuset changed since
-        return _exec_start_ms("/proc/thread-self/sched")
+        return None
     try:
         return _exec_start_ms("/proc/thread-self/sched")
     finally:
