@@ -21,7 +21,7 @@ from .read.processes import procfs
 from .read.processes.exits import ExitLedger
 from .read.logs.loggrowth import LogGrowth, LogGrowthWatch
 from .read.processes.process import JobProcesses
-from .read.stacks.pyspy import find_pyspy
+from .read.stacks.pyspy import NATIVE_TIMEOUT, find_pyspy
 from .read.stacks.sampler import StackSample, sample_all
 from .read.stacks.source_lines import source_line, source_line_of
 from .observed import FirstLook
@@ -103,7 +103,7 @@ class Sampler:
         samples = sample_all(requests, locals_for=self._steps_due(requests, poll, problem), started=started)
         now = time.time()
         take = lambda pids: sample_all([(pid, True, None, False, None) for pid in pids],  # noqa: E731
-                                       parallel=NATIVE_PARALLEL)
+                                       parallel=NATIVE_PARALLEL, timeout=NATIVE_TIMEOUT)
         samples = self.absorb(samples, now, take, resolve=resolve)
         self._look_at_logs(job, now)
         return samples

@@ -130,8 +130,12 @@ def resolve_natively(samples: dict[int, StackSample], classified: dict[int, Clas
         # Counters after our own native attach: its wake-ups must not count as the rank's.
         plain = samples[pid] = replace(samples[pid], after=native.after or samples[pid].after)
         signature = representatives[pid]
-        if native.threads is None or stack_signature(main_thread(native.threads)) != signature:
-            continue  # no sample, or it moved while we looked: the plain sample stands
+        if native.threads is None:  # the plain sample stands, saying that it could not be told apart
+            if classified[pid].detail is None:
+                classified[pid] = replace(classified[pid], detail=f"native stack not read: {native.error or 'no stacks'}")
+            continue
+        if stack_signature(main_thread(native.threads)) != signature:
+            continue  # it moved while we looked: the plain sample stands
         cls = classify(native.threads, source_line, plain.kernel)
         cache.taken += 1
         cache.store(pid, signature, native.threads, cls, now, _running(plain))

@@ -43,6 +43,29 @@ def test_ranks_with_the_same_python_stack_share_one_native_sample():
     assert asked == [101] and again[103].phase == "collective"
 
 
+def test_a_native_sample_that_could_not_be_had_is_said_and_taken_again_next_poll():
+    """py-spy's native dump timed out (symbol loading on a loaded machine): the Python stack's
+    "compute" stands, saying that the native stack was not read, and the next poll asks again."""
+    from trainwatch.probes.errors import TrainwatchError
+
+    pid, tracker, cache, asked = 7, StackWatch(), NativeCache(), []
+    sample = StackSample(pid, backward_stack(pid), COUNTERS, COUNTERS)
+    tracker.observe(pid, stack_signature(main_thread(sample.threads)), "compute", COUNTERS, COUNTERS, 1.0)
+
+    def timed_out(wanted: list[int]) -> dict[int, StackSample]:
+        asked.extend(wanted)
+        return {p: StackSample(p, None, COUNTERS, COUNTERS, error=TrainwatchError("py-spy timed out after 12 s"))
+                for p in wanted}
+
+    classified = {pid: classify(sample.threads)}
+    _, resolved = resolve_natively({pid: sample}, classified, cache, tracker, 2.0, timed_out)
+    assert resolved[pid].phase == "compute"
+    assert resolved[pid].detail == "native stack not read: py-spy timed out after 12 s"
+    assert cache.taken == 0 and cache.lookup(pid, stack_signature(main_thread(sample.threads))) is None
+    resolve_natively({pid: sample}, classified, cache, tracker, 3.0, timed_out)
+    assert asked == [pid, pid]
+
+
 def test_no_native_sample_for_a_moving_or_waking_rank():
     cache = NativeCache()
     sample = StackSample(7, backward_stack(7), COUNTERS, COUNTERS)

@@ -22,6 +22,9 @@ from ..processes import namespaces, procfs
 from ...snapshot import Frame, ThreadStack
 
 DEFAULT_TIMEOUT = 5.0
+# A native dump first loads the symbols of every shared object (libtorch's are hundreds of MB): 1.3 s
+# for a CPU torch rank on a quiet 2-core machine, 3-4 s beside seven busy processes; 5 s cut it off.
+NATIVE_TIMEOUT = 12.0
 INT_LITERAL = re.compile(r"-?\d{1,18}")  # py-spy prints ints in decimal ("+bigint" beyond 64 bits)
 CAP_SYS_PTRACE = 19
 BACKTRACE_LINE = re.compile(r"^\d+:\s")  # a frame of the Rust backtrace py-spy prints with its error
