@@ -17,6 +17,7 @@ from ..errors import TrainwatchError
 from ..read.collectives import hookclient, nccl_state
 from ..read.processes import procfacts, procfs
 from ..read.stacks import pyspy
+from ..read.stacks.stack_text import thread_order
 from ..read.logs import ranklog
 from ..snapshot import ThreadStack
 from ..record import Record
@@ -72,9 +73,9 @@ EARLY_HEADER = "# read at the job's first death, before the launcher tore the jo
 
 
 def format_stacks(stacks: list[ThreadStack]) -> str:
-    """py-spy's view as plain text, innermost frame first."""
+    """py-spy's view as plain text, innermost frame first; the main thread first, trainwatch's last."""
     out = []
-    for thread in stacks:
+    for thread in sorted(stacks, key=lambda t: thread_order(t.name, t.is_main)):
         flags = [f for f, on in (("main", thread.is_main), ("active", thread.active), ("gil", thread.owns_gil)) if on]
         out.append(f"Thread {thread.tid} ({thread.name})" + (f" [{', '.join(flags)}]" if flags else ""))
         for frame in thread.frames:

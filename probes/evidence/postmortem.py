@@ -27,7 +27,7 @@ from ..read.logs.leftovers import Leftovers, RankLeft, read_leftovers
 from ..read.processes.exits import job_frame
 from ..read.stacks.source_lines import source_line
 from ..read.collectives.sources.watchdog import parse_watchdog, watchdog_state
-from ..read.stacks.stack_text import faulthandler_threads, traceback_thread, without_hook_frames
+from ..read.stacks.stack_text import faulthandler_threads, main_thread_first, traceback_thread, without_hook_frames
 from ..redact import scrub
 from ..snapshot import AttemptEnd, CollectiveState, ExitInfo, Job, LibraryError, Snapshot, ThreadStack
 from ..source import OneNodeSource
@@ -64,7 +64,8 @@ class PostMortemSource(OneNodeSource):
     def summary(self) -> str:
         """``summary.md`` for the dead job, with what was read and what was missing."""
         evidence = [RankEvidence(rank=r.rank, pid=r.pid or 0, faulthandler=self._stacks.get(r.rank, ("none", ""))[0],
-                                 files={"stacks.txt": self._stacks[r.rank][1]} if self._stacks.get(r.rank) else {})
+                                 files={"stacks.txt": main_thread_first(self._stacks[r.rank][1])}
+                                 if self._stacks.get(r.rank) else {})
                     for r in self.snapshot.ranks if r.rank is not None]
         text = render(self.snapshot, evidence, [], reason="post-mortem of what the job left", redacted=True,
                       sources={})

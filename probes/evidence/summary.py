@@ -74,7 +74,8 @@ def render(snapshot: Snapshot, evidence: list[RankEvidence], host_notes: list[st
 
     out += ["", "## Stack groups", ""]
     for group in snapshot.groups:
-        mark = " **(culprit)**" if group.culprit else ""
+        named = sorted(set(group.ranks) & set(verdict.culprits))
+        mark = (" **(culprit)**" if named == sorted(group.ranks) else f" **(culprit: {who(named)})**") if named else ""
         where = f" at `{group.where}`" if group.where else ""
         out.append(f"- {who(group.ranks)}: {group_what(group)}{where}{mark}")
     if not snapshot.groups:

@@ -20,12 +20,23 @@ def group_key(rank: Rank) -> tuple[str, str | None, str | None]:
     return (rank.phase, rank.op, rank.where)
 
 
+def shown_key(rank: Rank) -> tuple[str, str | None, str | None]:
+    """:func:`group_key`, with ranks that died at a place their last stack shows (last words, a
+    faulthandler dump) told apart by it: the straggler killed in its sleep is not grouped with the
+    ranks killed in the all_reduce that waited for it."""
+    key = group_key(rank)
+    if key[0] != "exited" or not rank.where:
+        return key
+    return ("exited", f"{key[1]} in {rank.op or rank.phase}", rank.where)
+
+
 def group_ranks(ranks: Iterable[Rank], culprits: Iterable[int] = ()) -> tuple[Group, ...]:
-    """Groups of ranks by (phase, op, where), biggest first; a group is a culprit if it holds one."""
+    """Groups of ranks by (phase, op, where) (:func:`shown_key`), biggest first; a group is a
+    culprit if it holds one."""
     buckets: dict[tuple, list[int]] = defaultdict(list)
     for rank in ranks:
         if rank.rank is not None:
-            buckets[group_key(rank)].append(rank.rank)
+            buckets[shown_key(rank)].append(rank.rank)
     bad = set(culprits)
     groups = [
         Group(ranks=tuple(sorted(members)), phase=key[0], op=key[1], where=key[2],

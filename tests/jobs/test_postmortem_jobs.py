@@ -240,6 +240,15 @@ def test_straggler_killed_by_sigterm_from_its_last_words(killed_straggler):
     assert "rank 2 is in sleep" in verdict["summary"] and "all_reduce" in verdict["summary"], verdict
     assert "killed by SIGTERM" in verdict["summary"]
     side_by_side("straggler, SIGTERM", found, last_words_dumps(killed_straggler, killed_straggler.parent / "fr"))
+    summary = tw_open(killed_straggler, fmt="--summary").stdout
+    groups = summary.split("## Stack groups", 1)[1].split("###", 1)[0]
+    # Each rank grouped by where its last words put it; only the straggler's group is the culprit.
+    assert "- ranks 0-1: SIGTERM in all_reduce (exited) at `train.py:" in groups, groups
+    assert groups.count("(culprit") == 1 and "- rank 2: SIGTERM in sleep (exited)" in groups, groups
+    stack = summary.split("### Stack of culprit rank 2", 1)[1].split("```")[1]
+    headers = [line for line in stack.splitlines() if "(most recent call first)" in line]
+    assert '"MainThread"' in headers[0] and all('"trainwatch-' not in h for h in headers[:2]), stack  # job first
+    assert '"trainwatch-' in headers[-1], stack
 
 
 def test_the_rank_that_never_dumped_is_named(killed_straggler, tmp_path):

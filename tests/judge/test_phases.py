@@ -112,6 +112,19 @@ def test_groups_are_compact_and_biggest_first():
     assert [(g.label, g.culprit) for g in groups] == [("0-3,5-6", False), ("4", True)]
 
 
+def test_ranks_that_died_are_grouped_by_where_their_last_stack_put_them():
+    """Killed in the all_reduce, or in the sleep the others waited for: two groups, one culprit;
+    deaths with no last stack stay one group by how they ended."""
+    last = [rank(0, "exited", "collective", op="all_reduce", where="t.py:78 sync", exit=ExitInfo(signal="SIGTERM")),
+            rank(1, "exited", "collective", op="all_reduce", where="t.py:78 sync", exit=ExitInfo(signal="SIGTERM")),
+            rank(2, "exited", "sleep", where="t.py:323 train", exit=ExitInfo(signal="SIGTERM"))]
+    groups = group_ranks(last, culprits=[2])
+    assert [(g.label, g.op, g.where, g.culprit) for g in groups] == [
+        ("0-1", "SIGTERM in all_reduce", "t.py:78 sync", False), ("2", "SIGTERM in sleep", "t.py:323 train", True)]
+    unread = [rank(i, "exited", "unknown", exit=ExitInfo(signal="SIGTERM")) for i in range(3)]
+    assert [(g.label, g.op) for g in group_ranks(unread)] == [("0-2", "SIGTERM")]
+
+
 def test_backward_and_forward_are_compute_even_when_the_thread_waits():
     back = stack(("_engine_run_backward", f"{SITE}/torch/autograd/graph.py", 768),
                  ("backward", f"{SITE}/torch/autograd/__init__.py", 347),

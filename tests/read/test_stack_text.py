@@ -56,3 +56,23 @@ def test_traceback_innermost_first():
     thread = traceback_thread(lines)
     assert thread is not None and [f.function for f in thread.frames] == ["step", "main"]
     assert traceback_thread(["no traceback here"]) is None
+
+
+def test_a_dump_is_shown_main_thread_first_and_trainwatch_s_threads_last():
+    """faulthandler writes the newest thread first: a person reading the culprit's stack in
+    summary.md meets the hook's threads before the job's. Shown: MainThread, the job's, ours."""
+    from trainwatch.probes.read.stacks.stack_text import main_thread_first
+
+    text = ("Fatal Python error: Aborted\n\n"
+            'Thread 0x1 "trainwatch-hook" (most recent call first):\n  File "/tw/hook.py", line 5 in accept\n\n'
+            'Thread 0x2 "loader" (most recent call first):\n  File "/job/data.py", line 9 in fetch\n\n'
+            'Current thread 0x3 "MainThread" (most recent call first):\n  File "/job/train.py", line 3 in main\n')
+    shown = main_thread_first(text)
+    headers = [line.split('"')[1] for line in shown.splitlines() if "most recent call first" in line]
+    assert headers == ["MainThread", "loader", "trainwatch-hook"]
+    assert shown.startswith("Fatal Python error: Aborted\n\n") and shown.endswith("line 5 in accept\n")
+    assert faulthandler_threads(shown) == tuple(sorted(faulthandler_threads(text), key=lambda t: t.tid, reverse=True))
+    # Without names the last thread is the main one (faulthandler's order): it goes first.
+    plain = ("Thread 0x1 (most recent call first):\n  File \"/a.py\", line 1 in a\n\n"
+             "Current thread 0x2 (most recent call first):\n  File \"/m.py\", line 2 in m\n")
+    assert main_thread_first(plain).splitlines()[0].startswith("Current thread 0x2")

@@ -84,6 +84,41 @@ def without_hook_frames(threads: tuple[ThreadStack, ...]) -> tuple[ThreadStack, 
     return tuple(out)
 
 
+def thread_order(name: str, is_main: bool) -> int:
+    """Where a thread goes when a stack is shown to a person: the main thread first, the job's other
+    threads next, trainwatch's own (``trainwatch-…``) last."""
+    return 0 if is_main else 2 if name.startswith("trainwatch-") else 1
+
+
+def main_thread_first(text: str) -> str:
+    """``text`` (a faulthandler dump, possibly after other lines) with the threads of its last dump
+    in :func:`thread_order`: faulthandler writes the newest thread first and the main one last."""
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if THREAD_HEADER.match(line)]
+    if len(starts) < 2:
+        return text
+    first = starts[-1]
+    while first > 0 and _in_dump(lines[first - 1]):
+        first -= 1
+    end = starts[-1] + 1
+    while end < len(lines) and _in_dump(lines[end]):
+        end += 1
+    ours = [i for i in starts if i >= first]
+    blocks = [lines[a:b] for a, b in zip(ours, [*ours[1:], end])]
+    names = [THREAD_HEADER.match(block[0]).group("name") or "" for block in blocks]  # type: ignore[union-attr]
+    named = any(names)
+    order = sorted(range(len(blocks)), key=lambda n: thread_order(
+        names[n], names[n] == "MainThread" if named else n == len(blocks) - 1))
+    body: list[str] = []
+    for n in order:
+        block = blocks[n]
+        while block and not block[-1].strip():
+            block = block[:-1]
+        body += [*block, ""]
+    out = [*lines[:ours[0]], *body[:-1], *lines[end:]]
+    return "\n".join(out) + ("\n" if text.endswith("\n") else "")
+
+
 def _in_dump(line: str) -> bool:
     return not line.strip() or bool(THREAD_HEADER.match(line) or FAULTHANDLER_FRAME.match(line)) or line.startswith("  <")
 
