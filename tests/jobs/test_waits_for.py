@@ -102,7 +102,7 @@ def test_the_summary_names_what_the_rank_waits_for(jobs, scenario):
     console.print(render_table(snapshot))
     table = " ".join(console.export_text().split())
     assert f"▶ rank 1: {what}" in table, table
-    assert f"waits for: {what}" in detail_text(culprit, snapshot.taken_at)[0].plain
+    assert f"waits for: {what}" in detail_text(culprit, snapshot.taken_at).plain
     summary = render(snapshot, [], [], reason=None, redacted=True, sources={})
     assert f"## What the ranks wait for\n\n- rank 1: {what}" in summary
 

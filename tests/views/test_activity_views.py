@@ -16,7 +16,7 @@ H100 = dict(power_w=595.3, power_limit_w=700.0, sm_active_pct=87.5, tensor_activ
 def test_detail_pane_shows_power_gpm_and_log_growth():
     rank = replace(straggler().rank(0), gpu=RankGpu(index=0, util_pct=100.0, **H100), log_path="/w/rank0.log",
                    log=LogActivity(age_s=1140.0, every_s=10.0, longest_s=12.0))
-    text = detail_text(rank, NOW)[0].plain
+    text = detail_text(rank, NOW).plain
     assert "power 595 of 700 W · SM active 88% · tensor 61% · DRAM bw 43%" in text
     assert "last output 19 min ago; it wrote every 10 s" in text  # the verdict's words
 
@@ -24,7 +24,7 @@ def test_detail_pane_shows_power_gpm_and_log_growth():
 def test_detail_pane_without_gpm_or_rhythm_says_only_what_is_known():
     rank = replace(straggler().rank(0), gpu=RankGpu(index=0, util_pct=100.0, power_w=70.0), log_path="/w/shared.log",
                    log=LogActivity(age_s=5.0, own=False))
-    text = detail_text(rank, NOW)[0].plain
+    text = detail_text(rank, NOW).plain
     assert "power 70 W" in text and "SM active" not in text and "it wrote every" not in text
     assert "last output 5 s ago (a shared log)" in text
 

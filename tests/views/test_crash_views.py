@@ -53,14 +53,14 @@ def with_log_tails(snap):
 def test_detail_pane_shows_the_message_and_a_tail_that_leads_with_the_error():
     snap = with_log_tails(crashed_on_the_recorded_log())
     dead = snap.rank(1)
-    text = detail_text(dead, NOW, False)[0].plain
+    text = detail_text(dead, NOW, False).plain
     assert "exited: exit code 1" in text and "reason: CUDA device-side assert" in text
     assert f"message: {MESSAGE}" in text and "died in: job/gpujob.py:60 main" in text
     log = text.split(f"log {ASSERT_LOG}", 1)[1].splitlines()
     assert log[1].strip() == "── error ──" and log[2].strip() == "Traceback (most recent call last):"
     # the file is shared: rank 0's traceback is its own, never shown as rank 1's error
     assert "Connection closed by peer" not in text.split("── last output ──")[0]
-    zero = detail_text(snap.rank(0), NOW, False)[0].plain
+    zero = detail_text(snap.rank(0), NOW, False).plain
     assert "Connection closed by peer" in zero and MESSAGE not in zero.split("── last output ──")[0]
 
 
@@ -68,7 +68,7 @@ def test_a_rank_that_raised_but_lingers_reads_as_raised():
     base = straggler()
     rank = replace(base.ranks[3], phase="exiting", detail="main thread exited; kept alive by non-daemon thread 'w'",
                    exit=ExitInfo(at=NOW - 3, first=True, reason="RuntimeError", message="RuntimeError: boom"))
-    text = detail_text(rank, NOW, False)[0].plain
+    text = detail_text(rank, NOW, False).plain
     assert "raised: an uncaught exception; the process is still alive, 3s ago  first rank to fail" in text
     assert "message: RuntimeError: boom" in text and "exited:" not in text
     assert state_label(rank) == "raised"

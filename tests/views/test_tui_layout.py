@@ -154,3 +154,20 @@ def test_unreadable_values_are_n_a():
     assert cells["rss"].plain == cells["gpu"].plain == cells["gmem"].plain == cells["pid"].plain == "n/a"
     assert cells["cpu"].plain.strip() == "n/a"
     assert "CPU n/a · RSS n/a" in facts_text(rank).plain
+
+
+async def test_a_tall_rank_s_detail_opens_at_its_first_line():
+    """At 80x24 the detail pane holds 8 lines; a culprit whose text puts its marked frame far below
+    them opens at its own heading, not part-scrolled into a sentence."""
+    base = straggler()
+    tall = replace(base.ranks[3], stuck_source="asleep in nanosleep() for 42 s, since before trainwatch first "
+                   "looked (the scheduler's clock)", waits_for="a child process it started: PID 812 `sleep 3600` "
+                   "(running 41 s), blocked in wait4()",
+                   detail="main thread sleeps in the user's code; " * 6)
+    app, _ = make_app(replace(base, ranks=(*base.ranks[:3], tall)))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.polls == 1)
+        await pilot.pause(0.2)
+        rows = screen_text(app).splitlines()
+        first = rows[next(i for i, line in enumerate(rows) if line.lstrip("━─").startswith("detail")) + 1]
+        assert first.strip().startswith("rank 3 · pid 5003"), "\n".join(rows)

@@ -116,14 +116,14 @@ def facts_text(rank: Rank) -> Text:
     return text
 
 
-def detail_text(rank: Rank | None, now: float, native: bool = False) -> tuple[Text, int | None]:
-    """The selected rank's text, and the line of the user's own frame (None when not shown).
+def detail_text(rank: Rank | None, now: float, native: bool = False) -> Text:
+    """The selected rank's text.
 
     What places the rank comes first (where, your code, why), so at 80x24 the culprit's
     ``where`` and its frame in the user's code are on screen without scrolling.
     """
     if rank is None:
-        return Text("select a rank", style="dim"), None
+        return Text("select a rank", style="dim")
     label = f"rank {rank.rank}" if rank.rank is not None else "process"
     head = [label, f"pid {fmt.pid_text(rank.pid)}" + (f" ({rank.container_pid} in its container)"
                                                        if rank.container_pid is not None else "")]
@@ -153,15 +153,10 @@ def detail_text(rank: Rank | None, now: float, native: bool = False) -> tuple[Te
     facts = [t for t in (gpu_text(rank),) if t is not None]  # after the main thread's stack
     if rank.children:
         facts.append(Text.assemble(("helpers: ", "dim"), ", ".join(map(str, rank.children))))
-    mark: int | None = None
     threads = sorted(rank.threads, key=lambda t: not t.is_main)
     for index, thread in enumerate(threads):
         parts.append(Text(""))
-        text = thread_text(thread, rank.user_frame, native)
-        if mark is None and "▶" in text.plain:
-            before = sum(p.plain.count("\n") + 1 for p in parts)
-            mark = before + text.plain[: text.plain.index("▶")].count("\n")
-        parts.append(text)
+        parts.append(thread_text(thread, rank.user_frame, native))
         if index == 0 and facts:
             parts += [Text(""), *facts]
     if not threads:
@@ -179,24 +174,19 @@ def detail_text(rank: Rank | None, now: float, native: bool = False) -> tuple[Te
             parts.append(Text("  (its tail was not read: unreadable, or not sent by its node)", style="dim"))
         for line in rank.log_tail or ():
             parts.append(Text("  " + line, style="bold" if line.startswith("──") else ""))
-    return Text("\n").join(parts), mark
+    return Text("\n").join(parts)
 
 
 class DetailPane(VerticalScroll):
-    """Scrollable text of the selected rank; a newly selected rank is shown from the top,
-    scrolled just enough to show the frame in the user's code."""
+    """Scrollable text of the selected rank; a newly selected rank is shown from its first line
+    (what places it comes first: ``where``, ``your code``, why). Scrolling down to the marked frame
+    opened a tall rank's text mid-sentence at 80x24."""
 
     def compose(self):
         yield Static(id="detail-body")
 
     def show(self, rank: Rank | None, now: float, native: bool, fresh: bool = False) -> None:
         """``fresh``: another rank than last time was selected."""
-        text, mark = detail_text(rank, now, native)
-        fmt.update_if_changed(self.query_one("#detail-body", Static), text)
+        fmt.update_if_changed(self.query_one("#detail-body", Static), detail_text(rank, now, native))
         if fresh:
-            self.call_after_refresh(self._reveal, mark)
-
-    def _reveal(self, mark: int | None) -> None:
-        height = self.scrollable_content_region.height
-        below = mark is not None and height and mark >= height
-        self.scroll_to(y=mark - height + 2 if below else 0, animate=False)
+            self.call_after_refresh(self.scroll_to, y=0, animate=False)
