@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -70,6 +71,30 @@ def test_not_a_job():
         proc = trainwatch("snapshot", str(sleeper.pid))
         assert_clean_error(proc, "is not a Python training job")
         assert proc.returncode == 4
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_a_python_process_with_no_torch_no_rank_and_no_children_is_not_a_job():
+    """Past its first seconds (a job still starting has not loaded torch yet), a lone Python process
+    with no launcher, no rank's environment and neither torch nor Ray is refused with the reason."""
+    from real_jobs import wait_until
+    from trainwatch.probes.read.processes import discover
+    from trainwatch.probes.read.processes.proc import Proc
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(90)"])
+    try:
+        young = trainwatch("snapshot", "--json", "--window", "0", str(sleeper.pid))
+        started = Proc(sleeper.pid).create_time()
+        if time.time() - started < discover.STARTING_S:  # read while it may still be starting: a job
+            assert young.returncode in (0, 9, 10), young.stderr
+        wait_until(lambda: time.time() - started >= discover.STARTING_S, 30, "the sleeper past its start")
+        for command in ("snapshot", "watch"):
+            proc = trainwatch(command, str(sleeper.pid))
+            assert_clean_error(proc, f"PID {sleeper.pid} (python", "neither torch nor Ray loaded",
+                               "not a training job")
+            assert proc.returncode == 4, (command, proc.returncode, proc.stderr)
     finally:
         sleeper.kill()
         sleeper.wait()

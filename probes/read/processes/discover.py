@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -157,10 +158,37 @@ def find_job(pid: int) -> JobProcesses:
             "pass the PID of the launcher (torchrun, accelerate, deepspeed), a rank, or the shell that started it"
             + (": `pgrep -af torchrun` lists launchers" if own else ""),
         )
+    if launcher == "python":
+        _refuse_plain_python(root)
     job = describe_job(root, launcher)
     if maybe_partial(job, root):
         return find_by_store(root) or job
     return job
+
+
+# A job's Python loads torch in its first seconds (``import torch``: 2-4 s on a loaded 2-core
+# machine); a younger process is taken as a job still starting.
+STARTING_S = 10.0
+
+
+def _refuse_plain_python(root: Proc) -> None:
+    """A Python process with no launcher above it, none beneath it, no rank's environment and
+    neither torch nor Ray loaded after its first seconds is not a training job: ``python -c
+    'import time; time.sleep(300)'`` read as a rank stuck in unknown."""
+    if _is_training(root) or procfs.maps_mention(root.pid, b"_raylet.so"):
+        return
+    me = os.getpid()
+    if any(c.pid != me for c in _safe(root.children, [])):
+        return  # a wrapper or driver whose children may be the job (the store finds them)
+    age = time.time() - _safe(root.create_time, time.time())
+    if age < STARTING_S:
+        return
+    raise NotAJob(
+        f"PID {root.pid} ({_safe(root.name, '?')}) runs Python with no launcher above it, no process beneath it, "
+        f"no rank's environment (RANK, WORLD_SIZE) and neither torch nor Ray loaded after {age:.0f} s: "
+        "not a training job",
+        "pass the PID of the launcher (torchrun, accelerate, deepspeed), a rank, or the shell that started it",
+    )
 
 
 def _refuse_self(proc: Proc) -> None:
