@@ -29,7 +29,7 @@ from .read.processes.discover import expected_local_ranks
 from .read.processes.job_watch import JobWatch
 from .read.processes.process import JobProcesses, job_record
 from .read.stacks.sampler import StackSample, sample_all
-from .sampling import Sampler, signature_digest
+from .sampling import Sampler, io_of, signature_digest
 from .snapshot import PROBLEM_VERDICTS, Job, KernelState, Rank, Snapshot
 from .source import OneNodeSource
 
@@ -206,7 +206,8 @@ class LocalSource(OneNodeSource):
                 signature = self._sampler.watch.signature(rank.pid)
                 still = SharedStill(now - rank.stuck_for_s, now, self.memory.progress.still_kinds(rank.pid),
                                     counters=self._sampler.watch.last_counters(rank.pid),
-                                    signature=signature_digest(signature) if signature is not None else None)
+                                    signature=signature_digest(signature) if signature is not None else None,
+                                    io=io_of(rank.kernel))
                 stillness.write_shared(rank.pid, still)
             elif rank.state == "running":
                 stillness.forget_shared(rank.pid)

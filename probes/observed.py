@@ -71,6 +71,9 @@ class SharedStill(Record):
     # finds the same stack and no wake-up but those pauses explain joins on (judge/judgement.py).
     counters: ThreadCounters | None = None
     signature: str | None = None
+    # The rank's I/O (``rchar + wchar`` of /proc/PID/io) at ``until``: a rank that read or wrote since
+    # (a collective's bytes over gloo, a batch from its DataLoader) ran on, whatever its counters say.
+    io: int | None = None
 
 
 @dataclass(frozen=True, repr=False)
@@ -83,6 +86,7 @@ class FirstLook(Record):
     signature: str | None = None  # a digest of the stack that dump read
     asleep_since: float | None = None  # since when the kernel had the thread asleep without running once
     asleep_in: str | None = None  # in what: "futex()"
+    io: int | None = None  # the rank's rchar + wchar then (see ``SharedStill.io``)
 
 
 @dataclass(frozen=True, repr=False)

@@ -25,7 +25,7 @@ from .read.stacks.pyspy import NATIVE_TIMEOUT, find_pyspy
 from .read.stacks.sampler import StackSample, sample_all
 from .read.stacks.source_lines import source_line, source_line_of
 from .observed import FirstLook
-from .snapshot import LogActivity
+from .snapshot import KernelState, LogActivity
 
 FULL_REFRESH_EVERY = 5  # every few polls, dump every rank anyway (other threads, stale lines)
 
@@ -33,6 +33,13 @@ FULL_REFRESH_EVERY = 5  # every few polls, dump every rank anyway (other threads
 def signature_digest(signature: tuple) -> str:
     """A short, stable name for a stack signature, to hold one process's look against another's."""
     return hashlib.sha1(repr(signature).encode()).hexdigest()[:16]
+
+
+def io_of(kernel: KernelState | None) -> int | None:
+    """A rank's bytes read and written through syscalls so far (``/proc/PID/io``); None unread."""
+    if kernel is None or kernel.rchar is None or kernel.wchar is None:
+        return None
+    return kernel.rchar + kernel.wchar
 
 
 def first_look(sample: StackSample, signature: tuple, now: float) -> FirstLook:
@@ -43,7 +50,7 @@ def first_look(sample: StackSample, signature: tuple, now: float) -> FirstLook:
     return FirstLook(at=sample.at or now, counters=sample.before, signature=signature_digest(signature),
                      asleep_since=kernel.asleep_since if asleep else None,
                      asleep_in=(f"{kernel.syscall}()" if kernel.syscall else (kernel.wchan or "one wait"))
-                     if asleep else None)
+                     if asleep else None, io=io_of(kernel))
 
 
 class Sampler:

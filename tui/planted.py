@@ -20,10 +20,11 @@ SCENARIOS = (
     "healthy", "straggler", "mismatch", "uneven", "dataloader", "lock",
     "segfault", "assert", "slowstep", "skipstep", "raise", "linger", "longstep", "sigkill", "oom",
     "checkpoint", "async", "pipeline", "sendrecv", "subgroup", "child", "fifo", "socket", "gil",
-    "killcompute", "killwait", "gathersize", "raiseat",
+    "killcompute", "killwait", "gathersize", "raiseat", "routine",
 )
 STALL_STEP = 40  # skipstep: the culprit stalls when its own counter reaches this
 FAIL_STEP = 3  # the step at which the newer planted faults strike (--fail-step)
+ROUTINE_EVERY, ROUTINE_S = 10, 6.0  # routine: the culprit saves a "checkpoint" this long every this many steps
 
 
 def stop_job_tree(pid: int, grace: float = 3.0) -> None:
@@ -50,8 +51,16 @@ def stop_job_tree(pid: int, grace: float = 3.0) -> None:
     psutil.wait_procs(alive, timeout=grace)
 
 
-def _arm_deadline(seconds: float) -> None:
-    """Hard stop: a rank blocked in C code still dies at the deadline."""
+def _arm_deadline(seconds: float, thread: bool = True) -> None:
+    """Hard stop: a rank blocked in C code still dies at the deadline. Without ``thread``, the
+    kernel's alarm ends it (SIGALRM, whose default action ends the process): no idle thread of
+    ours, so that every other thread of the rank is gloo's, woken by each step."""
+    if not thread:
+        import signal
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.alarm(int(seconds) + 1)
+        return
+
     def _expire() -> None:
         time.sleep(seconds)
         os._exit(124)
@@ -314,6 +323,9 @@ def train(scenario: str, step_s: float, stop_at: float, ddp: bool = False, timeo
             time.sleep(max(0.0, step_s - 0.05))
         elif step_s and scenario != "longstep":
             time.sleep(step_s)
+        if scenario == "routine" and rank == culprit and step % ROUTINE_EVERY == 0:
+            say(f"routine pause {step // ROUTINE_EVERY} begins")
+            time.sleep(ROUTINE_S)  # a checkpoint every few steps: the others wait, then all run on
         if scenario == "slowstep" and rank == 0:
             time.sleep(1.0)  # slow but healthy: the others spend most of each step in all_reduce
         if scenario == "straggler" and rank == culprit and (
@@ -406,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="on a collective error, dump the generic Flight Recorder as NCCL does on a timeout")
     args = parser.parse_args(argv)
     stop_at = time.time() + args.deadline
-    _arm_deadline(args.deadline)
+    _arm_deadline(args.deadline, thread=args.scenario != "routine")
     if args.in_thread:
         worker = threading.Thread(target=train, args=(args.scenario, args.step_s, stop_at, args.ddp, args.timeout,
                                                       args.culprit, args.odd_numel, args.fail_step,

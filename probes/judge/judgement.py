@@ -180,10 +180,16 @@ def _joins(other: SharedStill, first: FirstLook) -> bool:
     its ``since`` to ``until``) reaches this one's first look, so that the rank has made no progress
     since the other's ``since`` (``read/processes/stillness.py``): the first look found its thread
     asleep since before that ``until``; or the same stack as the other's last look and, since that
-    look, no wake-up but those pauses from outside explain (py-spy, gdb, ...) and hardly any CPU."""
+    look, no byte read or written, no wake-up but those pauses from outside explain (py-spy, gdb,
+    ...) and hardly any CPU."""
     if first.asleep_since is not None and first.asleep_since <= other.until + ELSEWHERE_SLACK_S:
         return True
     if other.counters is None or first.counters is None or other.signature != first.signature:
+        return False
+    if other.io is not None and first.io is not None and first.io != other.io:
+        # It read or wrote since: a job that ran on (a rank that checkpoints every few steps, the
+        # others back in the same all_reduce each time) looks like pauses from outside when every
+        # other thread of the rank works each step too (gloo's), but pauses move no bytes.
         return False
     return quiet_between(other.counters, first.counters)
 

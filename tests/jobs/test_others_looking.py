@@ -187,3 +187,25 @@ def test_a_healthy_job_under_onlookers_stays_healthy(planted):
     with Onlookers(pids):
         kinds = [snapshot(job.pid)["verdict"]["kind"] for _ in range(2)]
     assert kinds == ["healthy", "healthy"]
+
+
+def test_a_new_wait_at_the_same_place_does_not_inherit_an_earlier_snapshot_s_age(tmp_path):
+    """Rank 2 pauses 6 s every 10 steps (a routine checkpoint) while ranks 0-1 wait in the same
+    all_reduce each time. A snapshot in the first pause leaves its record and ends; one in the second
+    pause reads each rank's wait from that pause, not from the first (it read "stuck ≥ 48 s" on a
+    15 s pause: gloo's threads, woken by every step in between, looked like pauses from outside)."""
+    with PlantedJob(tmp_path, "routine", nproc=3, deadline=90, step_s=0.05) as job:
+        job.wait_for_ranks()
+        job.wait_for_log(r"routine pause 1 begins")
+        first = snapshot(job.pid)
+        assert said(first) == ("straggler", (2,)), first["verdict"]
+        text = job.wait_for_log(r"routine pause 2 begins")
+        began = time.time()  # within the log poll's 0.2 s of the line
+        assert "routine pause 3" not in text
+        second = snapshot(job.pid)
+        assert "routine pause 3" not in job.log.read_text(), "the snapshot outlasted the pause"
+        for rank in second["ranks"]:
+            if rank["state"] == "stuck":
+                assert rank["stuck_for_s"] <= second["taken_at"] - began + 1.0, rank
+                assert "another trainwatch" not in (rank["stuck_source"] or ""), rank
+        assert any(r["state"] == "stuck" for r in second["ranks"]), second["verdict"]

@@ -6,6 +6,8 @@ tests/jobs/test_others_looking.py.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from trainwatch.probes.judge.judgement import JudgeMemory, JudgeOptions, judge_job
 from trainwatch.probes.judge.kernel import from_kernel
 from trainwatch.probes.judge.progress import ProgressTracker, StackWatch, paused, quiet_between, wakeups
@@ -120,6 +122,22 @@ def test_another_trainwatch_s_stillness_joins_through_onlookers_pauses():
                       asleep_in="one wait")
     (only,) = judged([rank(5, 0, first_look=moved, still_elsewhere=other)]).ranks
     assert only.stuck_for_s == 4.2 and only.stuck_source == "asleep in one wait for 4 s"  # its own sleep only
+
+
+def test_a_rank_that_moved_bytes_since_the_record_does_not_carry_an_old_wait_into_a_new_one():
+    """Recorded on a real gloo job: rank 0 checkpoints for 15 s every 20 steps while ranks 1-2 wait in
+    the same barrier. A `snapshot` in checkpoint 1 left its record; one 5 s into checkpoint 3 found
+    the same stack, and the 40 steps between woke gloo's threads as often as the main thread: it read
+    "stuck ≥ 48 s". The steps' all_reduces moved bytes (/proc/PID/io); pauses from outside move none."""
+    other = SharedStill(since=954.6, until=963.2, counters=counters(963.2, 60, {11: 200, 12: 210}), signature="abc",
+                        io=81_920)
+    first = FirstLook(at=1000.0, counters=counters(1000.0, 142, {11: 299, 12: 317}, run_ms=120), signature="abc",
+                      asleep_since=995.0, asleep_in="futex()", io=94_208)
+    (only,) = judged([rank(5, 0, first_look=first, still_elsewhere=other)]).ranks
+    assert only.stuck_for_s == 9.0 and only.stuck_source == "asleep in futex() for 9 s"
+    # Not a byte since (py-spy and gdb woke it, nothing else did): the record joins.
+    (only,) = judged([rank(5, 0, first_look=replace(first, io=81_920), still_elsewhere=other)]).ranks
+    assert only.stuck_for_s == 49.4 and "another trainwatch" in only.stuck_source
 
 
 def kernel_rank(number: int, letter: str, stuck_for_s: float | None, tracer_since: float | None = None,

@@ -38,8 +38,9 @@ def read_shared(pid: int) -> SharedStill | None:
         counters = data.get("counters")
         if counters is not None:
             counters = ThreadCounters(**{**counters, "others": tuple(tuple(o) for o in counters.get("others", ()))})
+        io = data.get("io")
         return SharedStill(float(data["since"]), float(data["until"]), kinds, data.get("by"), counters,
-                           data.get("signature"))
+                           data.get("signature"), io=int(io) if io is not None else None)
     except (OSError, ValueError, KeyError, TypeError):  # none yet, or half-written by a process that died
         return None
 
@@ -51,7 +52,7 @@ def write_shared(pid: int, still: SharedStill) -> None:
         return
     data = {"since": still.since, "until": still.until, "kinds": [list(k) for k in still.kinds], "by": os.getpid(),
             "counters": dataclasses.asdict(still.counters) if still.counters is not None else None,
-            "signature": still.signature}
+            "signature": still.signature, "io": still.io}
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     try:
         tmp.write_text(json.dumps(data))
