@@ -356,7 +356,18 @@ class Watcher:
             base = dataclasses.replace(base, job=dataclasses.replace(base.job, stopped_by=self.catcher.launcher_stop()))
         judged = with_crashes(base, self.catcher.records, self.early, self._last_words(base))
         held, self._held_kills = self._held_kills, []
-        if judged.verdict.kind not in CRASH_VERDICTS:  # no rank died of a cause: the job was stopped
+        verdict = judged.verdict
+        if verdict.kind in HANG_VERDICTS and any(r.exit.reason in exits.CONSEQUENCES for r in self.catcher.records):
+            # Ranks died of what the hang did to them (their collective timed out while the culprit
+            # sat in its own work): the hang is the cause, and the alert, naming its culprit.
+            self._crash_bundled = True
+            self.saw_crash = True
+            for record in held:
+                self._on_crash(record)
+            path = self._bundle(judged, f"{verdict.kind}: {verdict.summary}") if verdict.kind in self.dump_on else None
+            self._say(WatchEvent("problem", "", verdict.kind, verdict.culprits, verdict.summary, path))
+            return
+        if verdict.kind not in CRASH_VERDICTS:  # no rank died of a cause: the job was stopped
             self.stopped = judged
             for record in held:
                 self._told.add(record.pid)

@@ -59,6 +59,26 @@ def test_a_rank_that_kills_itself_under_trainwatch_run(tmp_path):
     assert exit_record["status"] != 0
 
 
+def test_the_straggler_stays_the_cause_of_the_deaths_its_hang_caused(tmp_path):
+    """Armed: rank 2 sits in its own work until ranks 0-1 time out in all_reduce (gloo, 8 s) and die;
+    torchrun then SIGTERMs rank 2. The watch's alert after the deaths names rank 2, the cause; it
+    said `crashed []`, "no rank's death was seen", though it had printed both deaths itself."""
+    run_dir = tmp_path / "run"
+    prefix = [*TRAINWATCH, "run", "--out", str(run_dir), "--"]
+    with PlantedJob(tmp_path / "job", "straggler", nproc=3, deadline=60, prefix=prefix,
+                    script_args=["--timeout", "8"]) as job:
+        job.wait_for_ranks(steps=0)
+        watch = Watch(job.pid, tmp_path)
+        ended = watch.until(lambda e: e["event"] == "job_ended", 90)
+        assert watch.finish() == 11  # ranks did die
+    deaths = [e for e in watch.events if e["event"] == "crash"]
+    assert {tuple(e["culprits"]) for e in deaths} == {(0,), (1,)}, watch.events  # each timeout said
+    alerts = [e for e in watch.events if e["event"] in ("problem", "crashed")]
+    assert alerts and alerts[-1]["verdict"] == "straggler" and alerts[-1]["culprits"] == [2], alerts
+    assert not any("no rank's death was seen" in (e.get("summary") or "") for e in watch.events), watch.events
+    assert "launcher exited" in ended["message"], ended
+
+
 def test_without_the_kernels_exit_events_the_launchers_log_names_the_death(tmp_path):
     """As a user who is not root: no exit events; torchrun's own `failed (exitcode: -9) local_rank: 2
     (pid: …)` line in its log names the rank reaped before anyone looked."""
