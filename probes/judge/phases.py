@@ -52,7 +52,9 @@ SUBPROCESS_WAITS = frozenset({"wait", "_wait", "_try_wait", "communicate", "_com
 # function a Python line called is the first native frame past them.
 _INTERPRETER_FILES = re.compile(r"libpython|/python3?\.\d+$|_ctypes|libffi|/Modules/|/Objects/|/Python/|pybind11")
 _INTERPRETER_FUNCS = ("0x", "Py", "_Py", "pybind11::", "ffi_", "cfunction_", "method_vectorcall", "_call_function")
-LOCK_LINE = re.compile(r"\bwith\b.*\b(lock|mutex|cond|_lock|rlock)\b|\.acquire\(|\.wait\(", re.I)
+# A lock taken by ``with``, whatever its name (``metrics_lock``, ``self._cv``, ``threading.Lock()``,
+# ``sem``), or by ``.acquire(`` or ``.wait(`` (``\b…_lock\b`` missed ``with metrics_lock:``).
+LOCK_LINE = re.compile(r"\bwith\b[^#]*(lock|mutex|cond|(?<![a-z])cv\b|sema|(?<![a-z])sem\b)|\.acquire\(|\.wait\(", re.I)
 SLEEP_LINE = re.compile(r"\bsleep\(")
 
 

@@ -151,3 +151,15 @@ def test_summaries_agree_in_number():
     assert judge(three, job).summary == "rank 0 is in all_reduce at a while ranks 1-2 wait in all_gather at b"
     lone = [rank(0, "stuck", "collective", op="all_reduce", where="a"), rank(1, "stuck", "sleep", where="c")]
     assert judge(lone, job).summary == "rank 1 is in sleep at c while rank 0 waits in all_reduce at a"
+
+
+def test_a_lock_taken_by_with_is_a_lock_whatever_its_name():
+    """`with metrics_lock:` read as "unknown" while `metrics_lock.acquire()` on the same line was a
+    lock (the old pattern wanted the word `lock` alone)."""
+    idle = ThreadStack("MainThread", 1, (Frame("push_metrics", "/job/train.py", 40),), active=False, is_main=True)
+    for line in ("with metrics_lock:", "with self._cv:", "with state.mutex:", "with sem:", "with threading.Lock():",
+                 "metrics_lock.acquire()", "done.wait()"):
+        got = classify([idle], source_line=lambda frame, text=line: text)
+        assert (got.phase, got.op) == ("lock", "acquire"), line
+    for line in ("with open(path) as f:", "with torch.no_grad():", "total = seconds  # not a lock"):
+        assert classify([idle], source_line=lambda frame, text=line: text).phase == "unknown", line
