@@ -213,8 +213,8 @@ class LocalSource(OneNodeSource):
                 stillness.forget_shared(rank.pid)
 
     def _with_peers(self, rank: ObservedRank, wanted: tuple[int, ...]) -> ObservedRank:
-        """Who holds the other end of the pipe, FIFO or socket a stuck rank is blocked on (read once
-        per thing it is blocked on)."""
+        """Who holds the other end of the pipe, FIFO or socket a stuck rank is blocked on, or the
+        children of one waiting in ``subprocess`` (read once per thing it is blocked on)."""
         if rank.pid not in wanted or rank.kernel is None:
             return rank
         key = (rank.pid, rank.kernel.syscall, rank.kernel.target)
@@ -223,7 +223,8 @@ class LocalSource(OneNodeSource):
         if key not in self._peers:
             self._peers[key] = (now, kernel_view.with_peers(rank.pid, rank.kernel))
         found = self._peers[key][1]
-        return replace(rank, kernel=replace(rank.kernel, peers=found.peers, peers_known=found.peers_known))
+        return replace(rank, kernel=replace(rank.kernel, peers=found.peers, peers_known=found.peers_known,
+                                            target_kind=found.target_kind, target=found.target))
 
     def _with_attempts(self, job: JobProcesses, record: Job) -> Job:
         """A job its launcher restarted: the attempt running now, when it began, and how each

@@ -214,9 +214,12 @@ def _waits_on_worker(rank: Rank) -> bool:
 
 
 def _peers_unread(rank: Rank) -> bool:
+    """A stuck rank blocked on a pipe, FIFO or socket whose other end is not read yet, or waiting in
+    ``subprocess`` for a child the kernel did not name (a sleep loop with a timeout)."""
     kernel = rank.kernel
-    return (rank.state == "stuck" and rank.pid is not None and kernel is not None and not kernel.peers_known
-            and kernel.target_kind in ("pipe", "fifo", "socket"))
+    if rank.state != "stuck" or rank.pid is None or kernel is None or kernel.peers_known:
+        return False
+    return kernel.target_kind in ("pipe", "fifo", "socket") or (rank.phase == "subprocess" and kernel.target_kind is None)
 
 
 def _held_up_by_worker(rank: Rank) -> Rank:

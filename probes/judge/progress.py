@@ -57,13 +57,16 @@ QUIET_SHARE = 0.02  # of a stretch between two looks, the most CPU a thread that
 # TCPStore's master polls every 10 ms in init, the interpreter's shutdown joins threads. CPU burnt in
 # any other phase is work, whatever line the samples catch the thread at: a loop that sleeps a little
 # each step is read at its `time.sleep` again and again (on a loaded node its wake-ups come while it
-# is runnable, which reads as spinning), yet it computes in between.
-SPINNING_WAITS = frozenset({"collective", "gpu_wait", "init", "exiting", "native"})
+# is runnable, which reads as spinning), yet it computes in between. ``subprocess``: a wait with a
+# timeout wakes 20 times a second (see ``POLLED_PHASES``), a little CPU each time.
+SPINNING_WAITS = frozenset({"collective", "gpu_wait", "init", "exiting", "native", "subprocess"})
 RAN_NS = 2_000_000  # on a CPU this long between two looks: work, not the microseconds a ptrace pause costs
 TIMER_SLEEPS = frozenset({"nanosleep", "clock_nanosleep"})
 # Waits that end on an event: a timer in one is a poll loop. ``init`` too: TCPStore's master polls
 # every 10 ms until all its workers joined (``TCPStore::waitForWorkers``, torch's TCPStore.cpp).
-POLLED_PHASES = frozenset({"collective", "gpu_wait", "init"})
+# ``subprocess`` too: ``subprocess.run(timeout=…)`` waits in a loop of sleeps of up to 50 ms
+# (``Popen._wait``), however long the child runs.
+POLLED_PHASES = frozenset({"collective", "gpu_wait", "init", "subprocess"})
 GAPS_KEPT = 16  # recent quiet stretches that set a rank's rhythm
 GAP_FACTOR = 2.0
 STEP_FACTOR = 3.0

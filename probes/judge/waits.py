@@ -60,7 +60,9 @@ def _processes(peers: tuple[PeerProcess, ...]) -> str:
 
 
 def _child(kernel: KernelState | None) -> str:
-    peers = kernel.peers if kernel is not None and kernel.target_kind == "child" else ()
+    """The child a rank in ``subprocess`` waits for: the one the kernel names (``wait4``), else whoever
+    holds the other end of the pipe it reads (``communicate()``: the child's stdout)."""
+    peers = kernel.peers if kernel is not None and kernel.target_kind in ("child", "pipe", "fifo") else ()
     if not peers:
         return "a child process it started (which one was not read)"
     noun = "its child process" if len(peers) == 1 else "its child processes"

@@ -116,3 +116,35 @@ def test_the_phases_say_the_mechanism(jobs):
         phases[scenario] = (rank.phase, rank.op)
     assert phases == {"child": ("subprocess", None), "fifo": ("io", "open"), "socket": ("io", "recv"),
                       "gil": ("native", "sleep()")}, phases
+
+
+@pytest.mark.parametrize("how", ["capture_output=True", "timeout=90"])
+def test_the_child_of_subprocess_run_is_named_however_it_is_waited_for(how):
+    """`subprocess.run(..., capture_output=True)` waits in poll() on the child's pipes, and with a
+    timeout in a loop of short sleeps: neither names the child to the kernel. Both read "a child
+    process it started (which one was not read)", and the sleep loop's wake-ups read as progress."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = f"import subprocess; subprocess.run(['sleep', '60'], {how})"
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}  # a rank of its own: no torch import
+    rank = subprocess.Popen([sys.executable, "-c", code], env=env)
+    child = None
+    try:
+        wait_until(lambda: any(c.name() == "sleep" for c in psutil.Process(rank.pid).children()), 30, "the child")
+        child = next(c for c in psutil.Process(rank.pid).children() if c.name() == "sleep")
+        out = subprocess.run([sys.executable, "-m", "trainwatch.tui.cli", "snapshot", "--json", str(rank.pid)],
+                             capture_output=True, text=True, timeout=90)
+        assert out.returncode == 0, out.stderr
+        data = json.loads(out.stdout)
+        (only,) = data["ranks"]
+        assert only["state"] == "stuck" and only["phase"] == "subprocess", data["verdict"]
+        assert only["waits_for"].startswith(f"its child process PID {child.pid} `sleep 60`"), only["waits_for"]
+        assert f"PID {child.pid} `sleep 60`" in data["verdict"]["summary"], data["verdict"]
+    finally:
+        rank.kill()
+        rank.wait()
+        if child is not None:
+            child.kill()

@@ -186,8 +186,17 @@ def _started(pid: int) -> float | None:
 
 def with_peers(pid: int, kernel: KernelState) -> KernelState:
     """``kernel`` with who holds the other end of its pipe, FIFO or TCP connection (a scan of other
-    processes' descriptors: read only for a rank the judge asks about, see ``Judgement.read_peers``)."""
-    if kernel.peers_known or kernel.target_kind not in ("pipe", "fifo", "socket") or not kernel.target:
+    processes' descriptors: read only for a rank the judge asks about, see ``Judgement.read_peers``);
+    for a call on nothing the kernel names (asked for a rank waiting in ``subprocess`` in a loop of
+    sleeps), the rank's children."""
+    if kernel.peers_known:
+        return kernel
+    if kernel.target_kind is None:  # asked for a rank waiting in subprocess in a sleep loop: its children
+        now = time.time()
+        found = tuple(p for p in (peer_reader.process(c, now) for c in peer_reader.children(pid)[:CHILDREN_SHOWN])
+                      if p is not None)
+        return replace(kernel, target_kind="child", target=kernel.target or "any child", peers=found, peers_known=True)
+    if kernel.target_kind not in ("pipe", "fifo", "socket") or not kernel.target:
         return kernel
     link = _peer_link(kernel, pid)
     if link is None:
