@@ -31,7 +31,9 @@ def step_rate(log, seconds: float) -> float:
 
 
 def attached_child(pid: int, seconds: float, interval: float) -> None:
-    """Run the real app headless for ``seconds``, then print CPU seconds used (self + py-spy children)."""
+    """Run the real app headless for ``seconds`` from its first poll (on a loaded machine that may
+    take longer than any fixed start-up allowance), then print CPU seconds used (self + py-spy
+    children)."""
     from trainwatch.probes.live import open_source
     from trainwatch.tui.app import TrainwatchApp
 
@@ -39,7 +41,13 @@ def attached_child(pid: int, seconds: float, interval: float) -> None:
     imports_cpu = usage.ru_utime + usage.ru_stime  # interpreter start and imports: paid once
     source = open_source(pid, window=2.0)
     app = TrainwatchApp(source, interval=interval)
-    app.call_later(lambda: app.set_timer(seconds, app.exit))
+    def arm() -> None:
+        if app.polls >= 1:
+            app.set_timer(seconds, app.exit)
+        else:
+            app.set_timer(0.2, arm)
+
+    app.call_later(arm)
     started = time.monotonic()
     app.run(headless=True, size=(120, 40))
     wall = time.monotonic() - started

@@ -82,9 +82,9 @@ def one_phase(job: PlantedJob, gaps: Path, seconds: float, mode: str | None, env
     end = time.time()
     if proc is not None:
         cpu.append(cpu_seconds(proc.pid) / (end - start + SETTLE_S))
-        if proc.poll() is None:
+        if proc.poll() is None and mode != "attach":  # attach ends by itself, `seconds` after its first poll
             proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        out, err = proc.communicate(timeout=120)
         if mode == "attach" and (proc.returncode != 0 or json.loads(out.decode().splitlines()[-1])["polls"] < 1):
             raise RuntimeError(f"attach failed or never polled ({proc.returncode}): {err.decode()[-2000:]}")
         if mode == "watch" and b"verdict" not in out:

@@ -117,7 +117,9 @@ def test_device_side_assert_is_classified(tmp_path):
     with PlantedJob(tmp_path / "job", "assert", nproc=2, deadline=40, prefix=prefix) as job:
         watcher = watch_crash(job, tmp_path / "watch")
     crash = next(r for r in watcher.catcher.records if r.exit.first)
-    assert crash.rank == 1 and crash.exit.code == 1
+    # The rank raised (exit 1); under load a torch CPU rank sometimes segfaults in its own teardown
+    # after the exception (seen in CI: SIGSEGV read from its zombie). Either way the cause is named.
+    assert crash.rank == 1 and (crash.exit.code == 1 or crash.exit.signal == "SIGSEGV"), crash.exit
     assert crash.exit.reason == "CUDA device-side assert"
     assert "device-side assert triggered" in crash.exception
     assert "device-side assert triggered" in crash.exit.message
