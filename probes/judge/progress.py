@@ -67,6 +67,8 @@ TIMER_SLEEPS = frozenset({"nanosleep", "clock_nanosleep"})
 # ``subprocess`` too: ``subprocess.run(timeout=…)`` waits in a loop of sleeps of up to 50 ms
 # (``Popen._wait``), however long the child runs.
 POLLED_PHASES = frozenset({"collective", "gpu_wait", "init", "subprocess"})
+DATALOADER_CHECK_NS = 5_000_000_000  # torch's MP_STATUS_CHECK_INTERVAL: a waiting DataLoader checks its workers
+CHECK_RUN_NS = 5_000_000  # the most CPU one such check is taken to cost, on a loaded machine
 GAPS_KEPT = 16  # recent quiet stretches that set a rank's rhythm
 GAP_FACTOR = 2.0
 STEP_FACTOR = 3.0
@@ -120,6 +122,18 @@ def ran(before: ThreadCounters, after: ThreadCounters) -> bool:
     if before.run_ns is not None and after.run_ns is not None and before.queued_ns is not None:
         return after.run_ns - before.run_ns >= RAN_NS
     return after.cpu_ticks > before.cpu_ticks
+
+
+def status_checks_only(before: ThreadCounters, after: ThreadCounters) -> bool:
+    """A rank waiting for its next batch woke no more, and used no more CPU, than the DataLoader's
+    own check of its workers does: it wakes every 5 s (``MP_STATUS_CHECK_INTERVAL``) to see that
+    they live, a millisecond or so each time. Under load a look's gap spans two of those checks
+    (seen in CI: a rank waiting for its hung worker read as running). A batch that came is more
+    wake-ups than that, and the stack moves on."""
+    if before.at_ns is None or after.at_ns is None or before.run_ns is None or after.run_ns is None:
+        return False
+    checks = (after.at_ns - before.at_ns) / DATALOADER_CHECK_NS + 1
+    return wakeups(before, after) <= checks and after.run_ns - before.run_ns <= checks * CHECK_RUN_NS
 
 
 def quiet_between(before: ThreadCounters, after: ThreadCounters) -> bool:
@@ -184,6 +198,8 @@ class StackWatch:
         if signature != look.signature:
             return True
         if before is None or look.after is None:
+            return False
+        if phase == "dataloader" and status_checks_only(look.after, before):
             return False
         if _woke(look, before) and not (phase in POLLED_PHASES and _on_timer(before)):
             return True

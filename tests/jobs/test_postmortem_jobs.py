@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from real_jobs import PLANTED, TORCHRUN, free_port
+from real_jobs import PLANTED, TORCHRUN, default_signals, free_port
 
 TRAINWATCH = [sys.executable, "-m", "trainwatch.tui.cli"]
 pytestmark = pytest.mark.job
@@ -266,11 +266,29 @@ def test_the_rank_that_never_dumped_is_named(killed_straggler, tmp_path):
 
 
 def test_a_job_killed_by_timeout_leaves_every_ranks_last_words(tmp_path):
-    """`timeout 15 trainwatch run -- torchrun … mismatch`: the whole job is stopped while hung."""
+    """`timeout -s TERM … trainwatch run -- torchrun … mismatch`: the whole job is stopped while hung.
+    The stop comes once rank 2 sits in its all_gather (GNU timeout passes the SIGTERM it gets on to
+    its command, as when it fires): a fixed 15 s stopped a job still starting on a loaded machine."""
+    import os
+
+    from real_jobs import rank_stuck_at, wait_until
+
     run_dir = tmp_path / "run"
-    cmd = ["timeout", "-s", "TERM", "15", *TRAINWATCH, "run", "--out", str(run_dir), "--",
+    cmd = ["timeout", "-s", "TERM", "60", *TRAINWATCH, "run", "--out", str(run_dir), "--",
            *planted_cmd(tmp_path, "mismatch", deadline=60)]
-    run_dead(tmp_path, cmd, timeout=90)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    with open(tmp_path / "job.log", "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, preexec_fn=default_signals)
+        try:
+            wait_until(lambda: rank_stuck_at(tmp_path / "train.py", "dist.all_gather(gathered, loss.detach())"),
+                       60, "rank 2 in its all_gather")
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
     for rank in range(3):
         words = json.loads((run_dir / "ranks" / str(rank) / "last-words.json").read_text())
         assert words["trigger"] == "SIGTERM" and "Thread" in words["stacks"], rank

@@ -172,3 +172,23 @@ def test_a_rank_a_py_spy_dump_holds_is_no_culprit():
                 kernel=KernelState(letter="t", tracer="py-spy (PID 77)", tracer_since=999.9))
     ranks = [held, kernel_rank(1, "S", 3.0), kernel_rank(2, "S", 3.0)]
     assert from_kernel(ranks, lambda r: "wait in all_reduce", now=1000.0) is None
+
+
+def test_a_dataloader_s_own_worker_checks_are_no_progress():
+    """A rank waiting for its next batch wakes every 5 s to check its workers (a millisecond or so of
+    CPU): a look whose gap spans two such checks (under load) read it as running while its worker
+    hung. A batch that came wakes it far more often."""
+    from trainwatch.probes.judge.progress import status_checks_only
+
+    before = counters(0, 100, {11: 1}, run_ms=500)
+    checks = counters(11, 103, {11: 1}, run_ms=506)  # 11 s: three wake-ups, 6 ms
+    assert status_checks_only(before, checks)
+    batches = counters(11, 140, {11: 1}, run_ms=900)  # 11 s of batches: 40 wake-ups, 400 ms
+    assert not status_checks_only(before, batches)
+    watch = StackWatch()
+    for after, moved in ((checks, False), (batches, True)):
+        watch.observe(7, ("same",), "dataloader", before, before, 1.0)
+        watch.take_signs(7)
+        watch.observe(7, ("same",), "dataloader", after, after, 12.0)
+        assert bool(watch.take_signs(7)) is moved, after
+        watch = StackWatch()
