@@ -97,8 +97,10 @@ def test_a_torn_read_is_read_again_then_with_the_pause(target, tmp_path, monkeyp
     (tmp_path / "torn.json").write_text(json.dumps(torn))
     (tmp_path / "fine.json").write_text(json.dumps(fine))
     script = tmp_path / "py-spy"
-    script.write_text(f'#!/bin/sh\necho "$@" >> {calls}\ncase "$*" in *--nonblocking*) cat {tmp_path}/torn.json;;'
-                      f' *) cat {tmp_path}/fine.json;; esac\n')
+    # Each read without pausing lasts 0.3 s, so the busy target surely runs during it: a read it did
+    # not run through is whole by the product's rule (seen on a loaded machine: one read, no retry).
+    script.write_text(f'#!/bin/sh\necho "$@" >> {calls}\ncase "$*" in *--nonblocking*) sleep 0.3; '
+                      f'cat {tmp_path}/torn.json;; *) cat {tmp_path}/fine.json;; esac\n')
     script.chmod(0o755)
     monkeypatch.setenv("TRAINWATCH_PYSPY", str(script))
     sample = sample_all([(target, False, None, False, procfs.thread_counters(target))])[target]

@@ -55,6 +55,8 @@ async def test_every_footer_key_fits_at_80_columns(quit_label):
         await until(pilot, lambda: app.polls == 1)
         keys = list(app.query(FooterKey))
         assert keys and all(key.region.right <= 80 for key in keys), [(k.description, k.region) for k in keys]
+        # The footer is painted after the first poll's refresh (seen blank on a loaded machine): wait for it.
+        await until(pilot, lambda: screen_text(app).splitlines()[-1].strip() != "")
         assert screen_text(app).splitlines()[-1].rstrip().endswith("dump")
 
 
