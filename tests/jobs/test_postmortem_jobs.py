@@ -207,27 +207,36 @@ def killed_straggler(tmp_path_factory) -> Path:
     """Armed by `trainwatch run`: rank 2 sleeps at step 3 while ranks 0-1 wait in all_reduce; then
     the job is stopped as a launcher or SLURM does (SIGTERM to `trainwatch run`, passed on to
     torchrun, which SIGTERMs its ranks). Returns the run directory."""
-    from real_jobs import rank_stuck_at, wait_until
+    from real_jobs import rank_stuck_at
 
     workdir = tmp_path_factory.mktemp("killed")
     run_dir = workdir / "run"
     cmd = [*TRAINWATCH, "run", "--out", str(run_dir), "--", *planted_cmd(workdir, "straggler")]
+    stop_once_hung(workdir, cmd, lambda: rank_stuck_at(workdir / "train.py", "# stuck in its own work"),
+                   "the straggler", settle_s=1.0)  # the others are in all_reduce 1 s later
+    return run_dir
+
+
+def stop_once_hung(workdir: Path, cmd: list[str], hung, what: str, settle_s: float = 0.0) -> None:
+    """Run ``cmd`` (output to job.log) until ``hung()`` holds, then SIGTERM it, as a launcher, SLURM
+    or `timeout` does, and wait for its end; whatever is left is killed."""
     import os
 
-    log = workdir / "job.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=workdir, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    from real_jobs import wait_until
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    with open(workdir / "job.log", "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, preexec_fn=default_signals)
         try:
-            wait_until(lambda: rank_stuck_at(workdir / "train.py", "# stuck in its own work"), 60, "the straggler")
-            time.sleep(1.0)  # the others are in all_reduce by now
+            wait_until(hung, 60, what)
+            time.sleep(settle_s)
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-    return run_dir
 
 
 def test_straggler_killed_by_sigterm_from_its_last_words(killed_straggler):
@@ -269,26 +278,13 @@ def test_a_job_killed_by_timeout_leaves_every_ranks_last_words(tmp_path):
     """`timeout -s TERM … trainwatch run -- torchrun … mismatch`: the whole job is stopped while hung.
     The stop comes once rank 2 sits in its all_gather (GNU timeout passes the SIGTERM it gets on to
     its command, as when it fires): a fixed 15 s stopped a job still starting on a loaded machine."""
-    import os
-
-    from real_jobs import rank_stuck_at, wait_until
+    from real_jobs import rank_stuck_at
 
     run_dir = tmp_path / "run"
     cmd = ["timeout", "-s", "TERM", "60", *TRAINWATCH, "run", "--out", str(run_dir), "--",
            *planted_cmd(tmp_path, "mismatch", deadline=60)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    with open(tmp_path / "job.log", "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=default_signals)
-        try:
-            wait_until(lambda: rank_stuck_at(tmp_path / "train.py", "dist.all_gather(gathered, loss.detach())"),
-                       60, "rank 2 in its all_gather")
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+    stop_once_hung(tmp_path, cmd, lambda: rank_stuck_at(tmp_path / "train.py", "dist.all_gather(gathered, loss.detach())"),
+                   "rank 2 in its all_gather")
     for rank in range(3):
         words = json.loads((run_dir / "ranks" / str(rank) / "last-words.json").read_text())
         assert words["trigger"] == "SIGTERM" and "Thread" in words["stacks"], rank
