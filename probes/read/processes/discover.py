@@ -175,8 +175,8 @@ def _refuse_plain_python(root: Proc) -> None:
     """A Python process with no launcher above it, none beneath it, no rank's environment and
     neither torch nor Ray loaded after its first seconds is not a training job: ``python -c
     'import time; time.sleep(300)'`` read as a rank stuck in unknown."""
-    if _is_training(root) or procfs.maps_mention(root.pid, b"_raylet.so"):
-        return
+    if "RANK" in (job_env(root) or {}) or procfs.maps_mention(root.pid, b"libtorch", b"/torch/_C", b"_raylet.so"):
+        return  # one read of its memory map: torch or Ray
     me = os.getpid()
     if any(c.pid != me for c in _safe(root.children, [])):
         return  # a wrapper or driver whose children may be the job (the store finds them)
