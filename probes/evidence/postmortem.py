@@ -210,8 +210,9 @@ def _exit(found: RankLeft, failure, launcher_status: int | None = None,  # noqa:
     if fault is not None and fault.signal:
         signal, frame, reason = signal or fault.signal, crashlog.user_frame(fault), crashlog.classify(fault.text)
     said = ranklog.reason_of(found.lines) if found.lines else None
-    if said is not None:
-        reason, message, frame = reason or said.reason, said.message, frame or said.frame
+    if said is not None:  # the rank's own words on an abort say why (crashlog.ABORTED)
+        reason = said.reason if reason in (None, crashlog.ABORTED) else reason
+        message, frame = said.message, frame or said.frame
     if found.exit_record and found.exit_record.get("exception"):
         message = message or str(found.exit_record["exception"])
         frame = frame or job_frame(found.exit_record.get("frame"))
@@ -226,7 +227,7 @@ def _exit(found: RankLeft, failure, launcher_status: int | None = None,  # noqa:
         else:
             reason = SILENT if ended_badly and _silent(found) else UNTOLD
     library = _library_error(found, signal)
-    if library is not None and reason in (None, "aborted"):
+    if library is not None and reason in (None, crashlog.ABORTED):
         reason, message = crashlog.classify(library.words) or reason, library.words
     return ExitInfo(code=code, signal=signal, at=at, reason=reason, frame=frame,
                     message=scrub(message) if message else None, source=source,

@@ -7,6 +7,7 @@ from typing import Mapping, Sequence
 
 from . import exits
 from .aborts import abort_cause
+from .collectives import disagreements
 from .exits import raised_while_alive
 from .gpuwait import judge_gpu_wait, span
 from .groups import group_key
@@ -269,15 +270,17 @@ def _from_collectives(ranks: Sequence[Rank], state: CollectiveState | None,
                       familiar: Mapping[int, frozenset[str]], now: float | None) -> Verdict | None:
     """Flight Recorder order beats stacks: the first sequence number where the ranks disagree.
 
-    Different collectives under one sequence number are a ``mismatch``. Ranks that never
-    reached a collective the others enqueued are elsewhere: a ``straggler``, and only while
-    some rank is stuck (in a running job ranks are a step apart all the time); when the stacks
-    blame the same ranks, their wording (where the culprits are) is kept.
+    Different collectives under one sequence number are a ``mismatch``, however far the other
+    ranks went on enqueueing (an NCCL rank's host runs ahead of its GPU by hundreds of
+    collectives; a gloo rank's does not). Ranks that never reached a collective the others
+    enqueued are elsewhere: a ``straggler``, and only while some rank is stuck (in a running job
+    ranks are a step apart all the time); when the stacks blame the same ranks, their wording
+    (where the culprits are) is kept.
     """
     if state is None or not state.divergence:
         return None
     text = f"{state.divergence} ({source_words(state.source)})"
-    if not _trailing(state):
+    if not _trailing(state) or _took_another_path(state):
         return Verdict("mismatch", tuple(state.culprits), text)
     if not any(r.state == "stuck" for r in ranks):
         return None
@@ -338,6 +341,14 @@ def _from_ras(ranks: Sequence[Rank], state: CollectiveState | None,
     for group in by_place(waiting):
         text += f"; local {who(_numbers(group))} {waits(group, state, now)}"
     return Verdict(RAS_VERDICTS[ras.kind], tuple(ras.culprits), text)
+
+
+def _took_another_path(state: CollectiveState) -> bool:
+    """True when the culprits enqueued another collective than the others under one sequence
+    number (they took part in a disagreement), not merely stopped before it."""
+    culprits = set(state.culprits)
+    return bool(culprits) and any(culprits <= {r for side in found.sides for r in side}
+                                  for found in disagreements(state))
 
 
 def _trailing(state: CollectiveState) -> bool:

@@ -161,10 +161,16 @@ def _int(value: object) -> int | None:
     return number if number >= 0 else None
 
 
+# NCCL has no barrier: torch's barrier is an all_reduce of one element, recorded under this name.
+_OP_NAMES = {"all_reduce_barrier": "barrier"}
+
+
 def _op_name(profiling_name: object) -> str:
-    """``"nccl:all_reduce"`` -> ``"all_reduce"``."""
+    """``"nccl:all_reduce"`` -> ``"all_reduce"``; ``"nccl:all_reduce_barrier"`` -> ``"barrier"``
+    (the name the stacks give it)."""
     text = str(profiling_name or "?")
-    return text.split(":", 1)[1] if ":" in text else text
+    name = text.split(":", 1)[1] if ":" in text else text
+    return _OP_NAMES.get(name, name)
 
 
 def _sizes(value: object) -> str:

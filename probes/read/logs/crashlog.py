@@ -36,6 +36,10 @@ FATAL_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     )
 )
 
+# SIGABRT is how a library ends a process it gave up on (NCCL's watchdog through std::terminate,
+# an assert): where the rank's own words say why, they name the death, not the signal.
+ABORTED = "aborted"
+
 # mp.spawn's parent re-raises a child's exception with the child's traceback in its message,
 # under this header and without any rank prefix (torch/multiprocessing/spawn.py).
 SPAWN_REPORT = re.compile(r"^-- Process (?P<index>\d+) terminated with the following error:\s*$")

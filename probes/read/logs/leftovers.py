@@ -443,6 +443,11 @@ def _check_one_job(found: Leftovers) -> None:
 
 RUN_START_SKEW_S = 30.0  # one run's ranks begin their first collective together (init_process_group waits for all)
 RUN_AHEAD = 64  # collectives one rank can be ahead of another at one moment (async work in flight, DDP's buckets)
+# An NCCL rank's host only enqueues its collectives: it runs on until something waits for the GPU
+# or the launch queue (about a thousand kernels) is full. Recorded on an H200: ranks that never
+# synchronised were 62 collectives ahead of one that waited at `.item()` every 10 steps, and 108
+# ahead when the job hung (tests/fixtures/h200/nccl-paths).
+NCCL_RUN_AHEAD = 4096
 
 
 def _runs(dumps: list[LeftDump]) -> tuple[list[list[LeftDump]], str]:
@@ -470,14 +475,21 @@ def _apart(a: LeftDump, b: LeftDump) -> str | None:
         return (f"{Path(a.path).name} began its first collective at {_clock(first_a)}, {Path(b.path).name} at "
                 f"{_clock(first_b)} (one run's ranks begin together)")
     seq_a, seq_b = _numbering(a.trace), _numbering(b.trace)
+    ahead = NCCL_RUN_AHEAD if _nccl(a.trace) or _nccl(b.trace) else RUN_AHEAD
     for at, seq in seq_a:
         other = [s for t, s in seq_b if t <= at]
         if not other or at > seq_b[-1][0]:
             continue
-        if abs(seq - other[-1]) > RUN_AHEAD:
+        if abs(seq - other[-1]) > ahead:
             return (f"at {_clock(at)} {Path(a.path).name} had enqueued collective #{seq} and {Path(b.path).name} "
                     f"#{other[-1]} (one run's ranks are a few collectives apart)")
     return None
+
+
+def _nccl(trace: dict) -> bool:
+    """True when the trace's collectives ran on NCCL (``profiling_name`` ``nccl:all_reduce``)."""
+    return any(isinstance(e, dict) and str(e.get("profiling_name") or "").startswith("nccl:")
+               for e in trace.get("entries") or [])
 
 
 def _first_collective(trace: dict) -> float | None:

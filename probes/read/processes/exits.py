@@ -120,7 +120,8 @@ def read_exit(proc: RankProcess, status: tuple[int | None, str | None] | None, *
             candidates.insert(0, said)
         else:
             candidates.append(said)
-    chosen = next((c for c in candidates if c and c[0]), (None, None, None))
+    told = [c for c in candidates if c and c[0]]
+    chosen = next((c for c in told if c[0] != crashlog.ABORTED), told[0] if told else (None, None, None))
     frame = job_frame((exit_rec or {}).get("frame")) or next((c[2] for c in candidates if c and c[2]), None)
     info = ExitInfo(code=code, signal=sig, at=at, reason=chosen[0], frame=frame,
                     message=clean(chosen[1]) if chosen[1] else None, library=_cleaned(library, clean))
