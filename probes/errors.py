@@ -55,6 +55,11 @@ class NotAJob(TrainwatchError):
     exit_code = 4
 
 
+class JobNotStarted(NotAJob):
+    """A wrapper (``trainwatch run``) whose job has not started yet: a one-off look says so;
+    ``watch`` waits for it."""
+
+
 class AccessDenied(TrainwatchError):
     exit_code = 5
 

@@ -378,3 +378,43 @@ def test_dump_out_without_permission(not_a_job):
     if "setpriv" in proc.stderr and proc.returncode == 127:
         pytest.skip("setpriv unavailable")
     assert_clean_error(proc, f"no permission to write in {closed} (owned by root, mode 555)")
+
+
+def test_trainwatch_run_is_never_taken_for_its_own_job(tmp_path):
+    """`trainwatch run` before its job has started (a launcher still importing, on a GPU box) is
+    said so, exit 4, and not judged as a one-rank job of its own (a watch started then read the
+    wrapper as rank 0 for the whole run); once its command runs, that command is the job."""
+    from real_jobs import wait_until
+    from trainwatch.probes.read.processes.proc import Proc
+
+    def wrapped(name: str, *command: str) -> tuple[subprocess.Popen, int]:
+        wrapper = subprocess.Popen([sys.executable, "-m", "trainwatch.tui.cli", "run", "--out", str(tmp_path / name),
+                                    "--", *command], stderr=subprocess.DEVNULL)
+        started = lambda: [c for c in Proc(wrapper.pid).children() if c.cmdline() == list(command)]  # noqa: E731
+        wait_until(started, 30, "the wrapper's command past its exec")
+        return wrapper, started()[0].pid
+
+    def stop(wrapper: subprocess.Popen, child: int) -> None:
+        for pid in (child, wrapper.pid):  # the command first: it runs in a process group of its own
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        wrapper.wait()
+
+    # A non-Python command beneath it: nothing to judge yet, as before a launcher's exec.
+    wrapper, child = wrapped("a", "sleep", "60")
+    try:
+        proc = trainwatch("snapshot", "--json", "--window", "0", str(wrapper.pid))
+        assert_clean_error(proc, f"PID {wrapper.pid} is `trainwatch run`, which has not started its job yet")
+        assert proc.returncode == 4
+    finally:
+        stop(wrapper, child)
+    wrapper, child = wrapped("b", sys.executable, "-c", "import time; time.sleep(60)")
+    try:
+        proc = trainwatch("snapshot", "--json", "--window", "0", str(wrapper.pid))
+        assert proc.returncode in (0, 9, 10), proc.stderr
+        ranks = json.loads(proc.stdout)["ranks"]
+        assert [r["pid"] for r in ranks] == [child], ranks
+    finally:
+        stop(wrapper, child)

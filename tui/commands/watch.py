@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import socket
+import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,6 +16,8 @@ from .snapshot import add_remote, wrap_remote
 
 if TYPE_CHECKING:
     from ...probes import WatchEvent
+
+STARTED_POLL_S = 0.5  # how often a `trainwatch run` whose job has not started is looked at again
 
 EPILOG = """\
 One line per event on stdout (--json: one JSON object per line). Exit status:
@@ -89,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     if args.pid is None:
         raise UsageError("give a PID (or --k8s SELECTOR from any machine with kubectl)",
                          "e.g. `trainwatch watch $(pgrep -f torchrun | head -1)`")
-    local = open_source(args.pid, args.window, catch_crashes=False, stuck_after=args.stuck_after)  # the watcher runs its own catcher
+    local = _open_once_started(args, open_source)
     job = local.job  # found from any PID, `trainwatch run`'s own included
     run_dir = Path(job.run_dir) if job.run_dir else None
     try:
@@ -99,6 +103,22 @@ def run(args: argparse.Namespace) -> int:
         raise
     return _watch(args, source, job.root_pid, f"watching pid {args.pid}",
                   run_dir / "watch" if run_dir else Path.cwd() / f"trainwatch-watch-{args.pid}", run_dir)
+
+
+def _open_once_started(args: argparse.Namespace, open_source):
+    """The job's source; a `trainwatch run` whose job has not started yet is waited for (as long
+    as it lives: its end is then the error), not judged as a job of its own."""
+    from ...probes.errors import JobNotStarted
+
+    said = False
+    while True:
+        try:  # the watcher runs its own crash catcher
+            return open_source(args.pid, args.window, catch_crashes=False, stuck_after=args.stuck_after)
+        except JobNotStarted as exc:
+            if not said:
+                print(f"trainwatch: {exc.message}; waiting for it", file=sys.stderr, flush=True)
+                said = True
+            time.sleep(STARTED_POLL_S)
 
 
 def _watch(args: argparse.Namespace, source, pid: int | None, watching: str, default_out: Path,

@@ -8,7 +8,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from ...errors import AccessDenied, NoSuchProcess, NotAJob, TrainwatchError
+from ...errors import AccessDenied, JobNotStarted, NoSuchProcess, NotAJob, TrainwatchError
 from . import namespaces, procfs
 from .proc import Proc, ProcessDenied, ProcessError, ProcessGone, all_processes
 from . import ray_train, rendezvous
@@ -319,12 +319,29 @@ def _find_root(start: Proc) -> tuple[Proc | None, str]:
         below, kind = _find_below(start, jobs_only=True)
         if below is not None:
             return below, kind
+        if _is_run_wrapper(start):  # never the wrapper itself: the command it runs is the job
+            me = os.getpid()
+            mine = _safe(start.cmdline, [])  # a child not yet past its exec still shows the wrapper's
+            command = next((c for c in _safe(start.children, []) if c.pid != me and is_python(c)
+                            and not _is_helper(c.pid) and _safe(c.cmdline, mine) != mine), None)
+            if command is not None:  # `trainwatch run -- python train.py`, one process
+                return command, "mp.spawn" if _spawn_ranks(command) else "python"
+            raise JobNotStarted(f"PID {start.pid} is `trainwatch run`, which has not started its job yet "
+                          "(no launcher or Python process beneath it)", "try again in a few seconds, or pass the "
+                          "launcher's PID (`pgrep -af torchrun` lists launchers)")
     if _is_spawn_child(start) and start.parent() and is_python(start.parent()):
         parent = start.parent()
         return (parent, "mp.spawn") if _spawn_ranks(parent) else (parent, "python")
     if is_python(start):
         return start, "mp.spawn" if _spawn_ranks(start) else "python"
     return _find_below(start)
+
+
+def _is_run_wrapper(proc: Proc) -> bool:
+    """``trainwatch run -- COMMAND`` (the console script or ``python -m trainwatch.tui.cli run``)."""
+    cmd = _safe(proc.cmdline, [])
+    head = cmd[: cmd.index("--")] if "--" in cmd else cmd
+    return "run" in head and any(os.path.basename(a) == "trainwatch" or a.startswith("trainwatch.") for a in head)
 
 
 def _outer_name(proc: Proc) -> str:
