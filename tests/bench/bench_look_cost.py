@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -112,7 +113,7 @@ def one_size(threads: int, args: argparse.Namespace, envs: dict[str, dict[str, s
         phases = len(args.modes) * len(envs) * 2 + 1
         deadline = args.rounds * phases * (args.seconds + SETTLE_S + 10) + 60
         with PlantedJob(tmp / "job", nproc=2, deadline=deadline, script=HERE / "many_threads_job.py",
-                        script_args=["--threads", str(threads), "--gaps", str(gaps)]) as job:
+                        script_args=["--threads", str(threads), "--gaps", str(gaps), "--backend", args.backend]) as job:
             job.wait_for_ranks(timeout=180)
             time.sleep(1.0)  # past the first steps
             seen: dict[str, list] = {"alone": []}
@@ -125,8 +126,9 @@ def one_size(threads: int, args: argparse.Namespace, envs: dict[str, dict[str, s
                         seen.setdefault(key, [])
                         seen[key] += one_phase(job, gaps, args.seconds, mode, env, tmp, cpu.setdefault(key, []))
                         seen["alone"] += one_phase(job, gaps, args.seconds, None, env, tmp, [])
-    return {name: {**summary(found), "cpu": statistics.mean(cpu[name]) if cpu[name] else 0.0}
-            for name, found in seen.items()}
+            log = job.log.read_text(errors="replace")
+    return {"log": log, **{name: {**summary(found), "cpu": statistics.mean(cpu[name]) if cpu[name] else 0.0}
+                           for name, found in seen.items()}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--modes", default="attach,watch")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--backend", default="gloo", help="gloo, or nccl (one GPU; --threads 0: NCCL's own)")
     parser.add_argument("--baseline", type=Path, help="another checkout whose monitors run beside this one's")
     args = parser.parse_args(argv)
     args.modes = [m for m in args.modes.split(",") if m]
@@ -148,8 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         for threads in (int(n) for n in args.threads.split(",")):
             figures = one_size(threads, args, envs)
             alone = figures["alone"]
-            print(f"{threads} threads per rank, 2 ranks; {args.seconds:g} s a phase, {args.rounds} round(s); "
-                  "each second's longest gap between two steps:")
+            counts = sorted(set(re.findall(r"look-cost rank \d+ threads (\d+)", figures.pop("log"))))
+            print(f"{args.backend}: {threads} threads asked per rank (had {'/'.join(counts)}), 2 ranks; "
+                  f"{args.seconds:g} s a phase, {args.rounds} round(s); each second's longest gap between two steps:")
             for name, f in figures.items():
                 cost = "" if name == "alone" else (
                     f"  cost {f['median_ms'] - alone['median_ms']:+6.1f} ms, "

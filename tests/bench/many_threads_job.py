@@ -1,5 +1,6 @@
 """A lockstep gloo job whose ranks hold many idle threads, as GPU ranks do (NCCL, CUDA, OpenMP,
-pin-memory): each rank runs a tiny all_reduce step every ``--step-ms`` (a GPU rank mostly waits for
+pin-memory), or, with ``--backend nccl``, a real NCCL job on one GPU with the threads NCCL and CUDA
+start (``--threads 0``): each rank runs a tiny all_reduce step every ``--step-ms`` (a GPU rank mostly waits for
 its GPU: the CPU is not the limit) and writes, every second, how many steps it made and the
 longest gap between two steps (``bench_look_cost.py`` reads these)."""
 
@@ -20,15 +21,23 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=160, help="threads per rank in all")
     parser.add_argument("--gaps", required=True, help="folder for each rank's per-second lines")
     parser.add_argument("--step-ms", type=float, default=1.0, help="one step every this many ms (0: flat out)")
+    parser.add_argument("--backend", default="gloo", help="gloo (CPU) or nccl (every rank on GPU 0)")
     args = parser.parse_args()
-    dist.init_process_group("gloo")
+    device = "cpu"
+    if args.backend == "nccl":
+        # Several NCCL ranks share one GPU only as different hosts (NCCL refuses two ranks on one device).
+        os.environ["NCCL_HOSTID"] = f"look-cost-{os.environ['RANK']}"
+        device = "cuda:0"
+        torch.cuda.set_device(0)
+    dist.init_process_group(args.backend)
     rank = dist.get_rank()
+    tensor = torch.zeros(1, device=device)
+    dist.all_reduce(tensor)  # NCCL starts its threads at the first collective: count them after it
     # Idle threads, blocked as a GPU rank's helpers mostly are, up to the number asked for in all.
     missing = args.threads - len(os.listdir("/proc/self/task"))
     for _ in range(max(0, missing)):
         threading.Thread(target=threading.Event().wait, daemon=True).start()
     print(f"scenario look-cost rank {rank} threads {len(os.listdir('/proc/self/task'))}", flush=True)
-    tensor = torch.zeros(1)
     end = time.time() + args.deadline
     with open(os.path.join(args.gaps, f"rank{rank}.txt"), "a", buffering=1) as out:
         second = last = time.monotonic()
