@@ -13,7 +13,7 @@ from typing import Any
 # name -> module (relative to this package) that defines it
 _EXPORTS: dict[str, str] = {
     # errors and exit statuses
-    **dict.fromkeys(("TrainwatchError", "UsageError", "OutputError", "NotAJob", "BadBundle", "BadLeftovers",
+    **dict.fromkeys(("TrainwatchError", "UsageError", "OutputError", "NotAJob", "JobNotStarted", "BadBundle", "BadLeftovers",
                       "PARTIAL_EXIT"),
                     ".errors"),
     # the snapshot: the typed boundary and its vocabulary

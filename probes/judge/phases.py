@@ -32,6 +32,9 @@ NATIVE_GPU_WAIT: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(p),
     (r"cuEventSynchronize|cudaEventSynchronize", "event synchronize"),
     (r"cuStreamSynchronize|cudaStreamSynchronize", "stream synchronize"),
     (r"cuCtxSynchronize|cudaDeviceSynchronize|device_synchronize", "device synchronize"),
+    # A launch waits (spinning in sched_yield) while the GPU's queue is full behind unfinished work:
+    # how an NCCL rank whose host ran ahead of a hung collective ends up (tests/fixtures/h200).
+    (r"cuLaunchKernel|cudaLaunchKernel", "kernel launch"),
 ))
 # Python frames of a host waiting on its GPU: (path part, function names). A torch Future's wait()
 # is the host waiting for asynchronous work to finish: on GPU jobs, CUDA/NCCL work behind it; on

@@ -58,3 +58,14 @@ def test_the_live_snapshot_of_the_hang_says_mismatch(scenario):
     recorded = Snapshot.from_json((PATHS / scenario / "snapshot-during.json").read_text())
     judged = rejudged(recorded, {"collectives": recorded.collectives})
     assert (judged.verdict.kind, judged.verdict.culprits) == ("mismatch", (3,)), judged.verdict
+
+
+def test_a_kernel_launch_held_by_a_full_queue_is_a_wait_on_the_gpu():
+    """Rank 3 of the mismatch, its host past the odd gather: its main thread spins in
+    ``sched_yield`` under ``cuLaunchKernel`` (``p.grad /= world``) while the GPU's queue is full
+    behind the hung collective. It read "running compute"; it waits on its GPU."""
+    from trainwatch.probes.judge.phases import classify
+
+    recorded = Snapshot.from_json((PATHS / "mismatch" / "snapshot-during.json").read_text())
+    found = classify(recorded.rank(3).threads)
+    assert (found.phase, found.op) == ("gpu_wait", "kernel launch"), found

@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
 def _open_once_started(args: argparse.Namespace, open_source):
     """The job's source; a `trainwatch run` whose job has not started yet is waited for (as long
     as it lives: its end is then the error), not judged as a job of its own."""
-    from ...probes.errors import JobNotStarted
+    from ...probes import JobNotStarted
 
     said = False
     while True:
