@@ -299,7 +299,7 @@ def source_words(source: str) -> str:
     """Where a divergence was read, in words: ``Flight Recorder, hook+pipe; NCCL watchdog timeouts
     in the logs``."""
     parts = source.split("+")
-    recorder = [p for p in parts if p in FLIGHT_RECORDER_SOURCES]
+    recorder = [p for p in dict.fromkeys(parts) if p in FLIGHT_RECORDER_SOURCES]
     words = [f"Flight Recorder, {'+'.join(recorder)}"] if recorder else []
     return "; ".join(words + [SOURCE_NAMES.get(p, p) for p in parts if p not in FLIGHT_RECORDER_SOURCES])
 
