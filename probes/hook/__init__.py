@@ -244,6 +244,10 @@ def _job_frames(tb: object) -> traceback.StackSummary:
 LAST_WORDS_FORMAT = "trainwatch-last-words/1"
 LAST_WORDS_SIGNALS = ("SIGTERM", "SIGINT")
 LAST_WORDS_BUDGET_S = 1.0  # the most a signal is delayed by the writing
+# A signal that comes while another path writes (an uncaught exception's, as a launcher's SIGTERM
+# follows a peer's death) waits for that writing this long: the process is ending by its exception
+# anyway, and on a loaded node those last words take seconds (their Flight Recorder was cut at 1 s).
+LAST_WORDS_JOINED_S = 8.0
 _POLL_S = 0.002
 
 
@@ -266,6 +270,7 @@ class _LastWords:
         self.listener: threading.Thread | None = None
         self.reading = False  # the listener is taking bytes out of the pipe
         self.libc_signal = None  # C signal(): resets a disposition from a thread other than main
+        self.writer: str | None = None  # the trigger whose path writes the last words
         self.heard = threading.Event()  # the listener read a signal of ours
         self.done = threading.Event()  # the last words are written (or given up)
         self._tickets = itertools.count()
@@ -346,6 +351,12 @@ def _libc_signal():  # noqa: ANN202 (a ctypes function)
 def _signal_handler(words: _LastWords, previous: object):  # noqa: ANN202
     def on_signal(signum: int, frame: object) -> object:
         if os.getpid() == _state.get("pid"):  # not a forked child: those act exactly as before
+            if (previous is signal.SIG_DFL and words.listener is not None and not words.done.is_set()
+                    and words.writer not in (None, *LAST_WORDS_SIGNALS)):
+                # This handler interrupted the exception's last words on this very thread: waiting
+                # here would only wait out their budget. Let them finish; the listener ends the
+                # process by this signal once they are written (LAST_WORDS_JOINED_S at most).
+                return None
             deadline = words.deadline()
             if words.listener is not None and _wait_for(words.heard, min(deadline, time.monotonic() + 0.2)):
                 _wait_for(words.done, deadline)  # the listener is writing them
@@ -428,11 +439,13 @@ def _heard(words: _LastWords, signum: int) -> None:
     deadline = words.deadline()
     # Ours may have been replaced by the job's own handler since: then that one decides.
     then_die = signal.getsignal(signum) is words.handlers[signum] and words.previous[signum] is signal.SIG_DFL
-    _speak(words, rundir.signal_name(signum), deadline, then_die=then_die, signum=signum)
+    trigger = rundir.signal_name(signum)
+    _speak(words, trigger, deadline, then_die=then_die, signum=signum)
     if then_die:
         # Another path may be writing them (an uncaught exception's, as a launcher's SIGTERM follows a
-        # peer's death): the signal waits for its Flight Recorder as it would for its own, up to the deadline.
-        _wait_for(words.done, deadline)
+        # peer's death): the signal waits for its Flight Recorder, longer than for its own.
+        joined = words.writer != trigger  # ours was not claimed: another path holds the writing
+        _wait_for(words.done, time.monotonic() + LAST_WORDS_JOINED_S if joined else deadline)
         _die_by(words, signum)
 
 
@@ -443,6 +456,7 @@ def _speak(words: _LastWords, trigger: str, deadline: float, then_die: bool = Fa
     thread no timer: starting a thread takes a lock the interrupted code may hold.)"""
     if not words.claim():
         return
+    words.writer = trigger
     timer = None
     try:
         if then_die and threading.current_thread() is not threading.main_thread():

@@ -335,6 +335,35 @@ def test_an_uncaught_exception_leaves_last_words(tmp_path):
     assert main.index("in step") < main.index("in <module>"), said["stacks"]  # innermost first
 
 
+
+SLOW_EXCEPTION = """
+import sys, time, types
+import trainwatch.probes.hook as hook
+sys.modules["torch"] = types.ModuleType("torch")  # a Flight Recorder that takes 2 s, as on a loaded node
+def slow_fr_trace():
+    print("asked", flush=True)
+    time.sleep(2)
+    return {"ok": True, "text": '{"entries": []}', "error": None}
+hook.fr_trace = slow_fr_trace
+def step():
+    raise RuntimeError("planted failure")
+print("ready", flush=True)
+step()
+"""
+
+
+def test_a_launchers_sigterm_waits_for_the_exceptions_last_words(tmp_path):
+    """A peer died; this rank's collective raised, and its last words are being written when the
+    launcher's SIGTERM comes. The signal waits for them (their Flight Recorder took 2 s), rather
+    than ending the process at the 1 s budget with the Flight Recorder cut off (an aborts test
+    lost its culprit so under CI load), and the process still ends promptly."""
+    proc = start(tmp_path, SLOW_EXCEPTION, by_hand=True)
+    assert proc.stdout.readline().strip() == "asked"
+    code, out, took = signal_and_wait(proc, signal.SIGTERM)
+    said = last_words(tmp_path / "run", 0)
+    assert said["trigger"] == "exception" and said["fr"] == '{"entries": []}', (said, out)
+    assert code in (1, -signal.SIGTERM) and took < 2 + hook.LAST_WORDS_BUDGET_S + 1.0, (code, took, out)
+
 FORKS = """
 import os, signal, time
 print("ready", flush=True)
