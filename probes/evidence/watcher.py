@@ -155,6 +155,7 @@ class Watcher:
         self._alert_due: float | None = None  # when the crash alert fires if no cause was read before
         self._last_kind: str | None = None
         self._problems: list[str] = []  # problem verdicts seen, for job_ended
+        self._blamed: tuple[int, ...] = ()  # the last alert's culprits: job_ended names them
         self._told: set[int] = set()  # pids whose crash was emitted
         # A restarted job: the first crash alerted, and the ends of later attempts alerted since (a
         # crash loop, once; a new failure, once each).
@@ -485,8 +486,10 @@ class Watcher:
             self.saw_crash = True
             summary = f"the job ended with {how.removeprefix('launcher exited ')} and no rank's death was seen"
             self._say(WatchEvent("crashed", "", "crashed", (), summary))
+        # The culprits are the last alert's (the cause its verdict named), not every rank that died of it.
+        dead = tuple(sorted({r.rank for r in self.catcher.records if r.rank is not None}))
         self._say(WatchEvent("job_ended", text, "crashed" if failed or failed_end else None,
-                             tuple(sorted({r.rank for r in self.catcher.records if r.rank is not None})), text))
+                             self._blamed or dead, text))
 
     def _say_ended(self, record: CrashRecord) -> None:
         """A rank that a stop ended: said, never a crash."""
@@ -526,6 +529,8 @@ class Watcher:
             time.sleep(0.1)
 
     def _say(self, event: WatchEvent) -> None:
+        if event.kind in ("problem", "crashed") and event.culprits:
+            self._blamed = event.culprits
         if event.text:  # one line per event, whatever a command line or a log put in it
             self.emit(f"{_stamp()} {one_line(event.text)}")
         if self.on_event is not None:

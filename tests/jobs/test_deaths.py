@@ -77,6 +77,7 @@ def test_the_straggler_stays_the_cause_of_the_deaths_its_hang_caused(tmp_path):
     assert alerts and alerts[-1]["verdict"] == "straggler" and alerts[-1]["culprits"] == [2], alerts
     assert not any("no rank's death was seen" in (e.get("summary") or "") for e in watch.events), watch.events
     assert "launcher exited" in ended["message"], ended
+    assert ended["culprits"] == [2], ended  # the cause, not every rank that died of it (it said [0, 1, 2])
 
 
 def test_without_the_kernels_exit_events_the_launchers_log_names_the_death(tmp_path):
