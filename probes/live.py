@@ -17,7 +17,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from .judge.judgement import JudgeMemory, JudgeOptions, judge_job
-from .judge.phases import is_stdlib, is_user, main_thread, stack_signature, where_frame
+from .judge.phases import is_stdlib, is_user, main_thread, pool_call, stack_signature, where_frame
+from .judge.waits import blocked_on
 from .local_evidence import LocalEvidence
 from .observed import ObservedJob, ObservedRank, SharedStill
 from .read.processes import exit_events, kernel_view, procfs, stillness
@@ -246,22 +247,43 @@ class LocalSource(OneNodeSource):
         """The busy DataLoader worker of a rank the judge asked about (read once per stack)."""
         if rank.pid not in wanted:
             return rank
-        key = (rank.pid, stack_signature(main_thread(rank.threads)))
+        main = main_thread(rank.threads)
+        key = (rank.pid, stack_signature(main))
         if key not in self._workers:
-            self._workers[key] = busy_worker(rank.children)
+            pool = main is not None and pool_call([f for f in main.frames if not f.native]) is not None
+            self._workers[key] = busy_worker(rank.children, "pool worker" if pool else "DataLoader worker")
         return replace(rank, dataloader_worker=self._workers[key])
 
 
-def busy_worker(children: tuple[int, ...]) -> str | None:
+def busy_worker(children: tuple[int, ...], noun: str = "DataLoader worker") -> str | None:
     """``DataLoader worker PID 812 is in dataset.py:40 __getitem__``: the first worker busy outside the
-    worker loop's queue wait (in user code, else in any library), from one bounded plain dump each."""
+    worker loop's queue wait (in user code, else in any library), from one bounded plain dump each;
+    with what the kernel says it is blocked on (``…, blocked in open() of FIFO /run/x: no process
+    has it open for writing``)."""
     samples = sample_all([(pid, False, None, False, None) for pid in children[:8]], parallel=4)
     for pid in sorted(samples):
         main = main_thread(samples[pid].threads)
-        frame = next((f for f in main.frames if is_user(f)), None) or where_frame(main.frames) if main else None
+        task = _task_frames(main.frames) if main else ()
+        frame = next((f for f in task if is_user(f)), None) or where_frame(task) if task else None
         if frame is not None and not is_stdlib(frame) and "torch/utils/data/" not in frame.file:
-            return f"DataLoader worker PID {pid} is in {frame.label()}"
+            kernel = kernel_view.kernel_state(pid)
+            blocked = blocked_on(kernel_view.with_peers(pid, kernel)) if kernel is not None and kernel.target else None
+            return f"{noun} PID {pid} is in {frame.label()}" + (f", waiting for {blocked}" if blocked else "")
     return None
+
+
+# A worker process's own loop (a DataLoader's, a Pool's, a Process's start): the frames inner to it
+# are its task. Below it, a forked worker still shows the parent's frames it was forked from.
+_WORKER_LOOPS = (("torch/utils/data/_utils/worker.py", "_worker_loop"), ("multiprocessing/pool.py", "worker"),
+                 ("multiprocessing/process.py", "BaseProcess._bootstrap"))
+
+
+def _task_frames(frames: tuple) -> tuple:
+    """The frames of a worker's task: those inner to its worker loop (all, without one)."""
+    for i, frame in enumerate(frames):
+        if any(frame.file.endswith(path) and frame.function == name for path, name in _WORKER_LOOPS):
+            return frames[:i]
+    return frames
 
 
 def open_source(pid: int, window: float = 3.0, **kwargs) -> LocalSource:

@@ -20,7 +20,7 @@ SCENARIOS = (
     "healthy", "straggler", "mismatch", "uneven", "dataloader", "lock",
     "segfault", "assert", "slowstep", "skipstep", "raise", "linger", "longstep", "sigkill", "oom",
     "checkpoint", "async", "pipeline", "sendrecv", "subgroup", "child", "fifo", "socket", "gil",
-    "killcompute", "killwait", "gathersize", "raiseat", "routine",
+    "killcompute", "killwait", "gathersize", "raiseat", "routine", "pool",
 )
 STALL_STEP = 40  # skipstep: the culprit stalls when its own counter reaches this
 FAIL_STEP = 3  # the step at which the newer planted faults strike (--fail-step)
@@ -214,6 +214,29 @@ def read_fifo() -> None:
         fifo.read()
 
 
+def read_shard(task: tuple[int, str, float]) -> int:
+    """A pool worker's task: shard 2's file is a FIFO nobody writes (a hung network mount's
+    stand-in). A forked worker has none of our threads: it keeps the deadline itself (SIGALRM)."""
+    import signal
+    shard, folder, stop_at = task
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    signal.alarm(max(1, int(stop_at - time.time())))
+    if shard == 2:
+        path = os.path.join(folder, f"shard-{os.getpid()}.fifo")
+        os.mkfifo(path)
+        with open(path) as shard_file:
+            shard_file.read()
+    return shard
+
+
+def map_shards(stop_at: float) -> None:
+    """Preprocessing in a multiprocessing Pool: the rank waits in Pool.map for the worker that
+    never returns."""
+    import multiprocessing
+    with multiprocessing.Pool(2) as pool:
+        pool.map(read_shard, [(shard, os.getcwd(), stop_at) for shard in range(4)])
+
+
 def recv_from_peer(stop_at: float) -> None:
     """Blocked in recv() on a connection to a local helper process that never sends (a metrics or
     parameter server stand-in)."""
@@ -346,6 +369,8 @@ def train(scenario: str, step_s: float, stop_at: float, ddp: bool = False, timeo
             wait_for_child(stop_at)
         if scenario == "fifo" and rank == culprit and step == 3:
             read_fifo()
+        if scenario == "pool" and rank == culprit and step == 3:
+            map_shards(stop_at)
         if scenario == "socket" and rank == culprit and step == 3:
             recv_from_peer(stop_at)
         if scenario == "gil" and rank == culprit and step == 3:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from .collectives import judge_collectives
 from .exits import first_to_die
 from .groups import group_ranks
+from .phases import is_pool_op
 from .progress import CompletedCollectives, ProgressTracker, quiet_between
 from .ras import RasTracker, across_nodes, progress_pids
 from .verdict import judge
@@ -210,7 +211,9 @@ def _reported_stillness(rank: Rank, pending: dict[int, tuple[float, str]], now: 
 
 
 def _waits_on_worker(rank: Rank) -> bool:
-    return rank.state == "stuck" and rank.phase == "dataloader" and bool(rank.children) and rank.pid is not None
+    """Stuck waiting for a worker process of its own: its DataLoader's, or a ``multiprocessing`` Pool's."""
+    waits = rank.phase == "dataloader" or (rank.phase == "subprocess" and is_pool_op(rank.op))
+    return rank.state == "stuck" and waits and bool(rank.children) and rank.pid is not None
 
 
 def _peers_unread(rank: Rank) -> bool:

@@ -48,6 +48,8 @@ PLUMBING = re.compile(
     r"megatron/core/parallel_state|functorch|_pytest)/(?!\.)"
 )
 _SOURCE_TORCH = re.compile(r"/torch/(?:distributed|nn|autograd|utils|cuda|optim|_tensor\.py|_dynamo|amp)")
+# multiprocessing's Pool and its results: a wait in them is a wait for the pool's worker processes.
+POOL_CLASSES = frozenset({"Pool", "ApplyResult", "MapResult", "IMapIterator", "IMapUnorderedIterator"})
 # subprocess.py's waits for a child (run, call, check_output, communicate, wait).
 SUBPROCESS_WAITS = frozenset({"wait", "_wait", "_try_wait", "communicate", "_communicate", "run", "call",
                               "check_call", "check_output"})
@@ -130,6 +132,8 @@ def _only_waits_for_threads(thread: ThreadStack) -> bool:
     python = [f for f in thread.frames if not f.native]
     if not python or any(is_exiting(f) for f in python):
         return False  # interpreter shutdown waiting for threads is "exiting", judged as such
+    if pool_call(python) is not None:
+        return False  # a Pool's result: its worker processes owe it, not a thread of this process
     inner = python[0]
     # Ray's worker loop runs an actor's tasks: a synchronous actor's method runs on this very
     # thread (a worker group of plain Ray actors trains there), Ray Train's hands its loop to a thread.
@@ -196,6 +200,9 @@ def _phase_of(main: ThreadStack, source_line: SourceLine,
     innermost = python[0] if python else None
     if innermost is None:
         return ("compute" if main.active else "unknown"), None
+    pool = pool_call(python)
+    if pool is not None:  # multiprocessing's Pool: its answer is owed by a worker process
+        return "subprocess", pool
     if _in_subprocess(python) or (kernel is not None and kernel.target_kind == "child"):
         return "subprocess", None
     if innermost.file.endswith(("threading.py", "queue.py")) or "concurrent/futures" in innermost.file:
@@ -212,6 +219,23 @@ def _phase_of(main: ThreadStack, source_line: SourceLine,
     if main.active is False and LOCK_LINE.search(line):
         return "lock", "acquire"
     return ("compute" if main.active is not False else "unknown"), None
+
+
+def pool_call(python: list[Frame]) -> str | None:
+    """``Pool.map`` when the innermost frames (the standard library's, up to the caller's own) wait
+    in ``multiprocessing/pool.py``: the pool call the caller made (its outermost frame there)."""
+    call = None
+    for frame in python:
+        if frame.file.endswith("multiprocessing/pool.py"):
+            call = frame.function
+        elif not is_stdlib(frame):
+            break
+    return call
+
+
+def is_pool_op(op: str | None) -> bool:
+    """The op of a rank waiting for a ``multiprocessing`` Pool (``pool_call``)."""
+    return bool(op) and op.split(".", 1)[0] in POOL_CLASSES
 
 
 def _in_subprocess(python: list[Frame]) -> bool:

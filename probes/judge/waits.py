@@ -34,7 +34,7 @@ def waits_for(rank: Rank) -> str | None:
     if rank.state in ("exited", "missing"):
         return None
     kernel = rank.kernel
-    if rank.phase == "dataloader" and rank.dataloader_worker:
+    if rank.phase in ("dataloader", "subprocess") and rank.dataloader_worker:  # a DataLoader's or a Pool's
         return "its " + rank.dataloader_worker.replace(" is in ", ", in ", 1)
     if rank.phase == "subprocess" or (kernel is not None and kernel.target_kind == "child"):
         return _child(kernel)
@@ -67,6 +67,11 @@ def _child(kernel: KernelState | None) -> str:
         return "a child process it started (which one was not read)"
     noun = "its child process" if len(peers) == 1 else "its child processes"
     return f"{noun} {_processes(peers)}"
+
+
+def blocked_on(kernel: KernelState) -> str | None:
+    """A blocked call on a file, FIFO, pipe or socket, and who could answer it (``_on``)."""
+    return _on(kernel)
 
 
 def _on(kernel: KernelState) -> str | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 import pytest
@@ -37,6 +38,9 @@ CASES = {
                                            r"'metrics-writer' \(at train\.py:\d+ take_lock_in_thread.<locals>._hold\)"),
     "gil": Case("ctypes.PyDLL(None).sleep(", r"rank 1 at train\.py:\d+ hold_gil waits for a native call that holds "
                                              r"the GIL: sleep\(\) in libc\.so\.6 while rank 0"),
+    "pool": Case("pool.map(read_shard", r"rank 1 at train\.py:\d+ map_shards waits for its pool worker PID {peer}, "
+                                        r"in train\.py:\d+ read_shard, waiting for data from FIFO \S+/shard-{peer}\.fifo "
+                                        r"\(\S+ on \S+\): no process has it open for writing while rank 0"),
     "dataloader": Case("for batch in make_loader(", r"rank 1 at train\.py:\d+ train waits for its DataLoader worker "
                                                     r"PID {peer}, in train\.py:\d+ SlowDataset.__getitem__ while rank 0"),
 }
@@ -58,10 +62,12 @@ def jobs(tmp_path_factory):
 
 
 def helper_of(rank: int) -> int | None:
-    """The process that could answer the culprit: its child (sleep, or the socket's peer), or its
-    DataLoader worker."""
-    kids = psutil.Process(rank).children()
-    return kids[0].pid if kids else None
+    """The process that could answer the culprit: its child (sleep, or the socket's peer), its
+    DataLoader worker, or the pool worker that made the FIFO it is stuck on."""
+    proc = psutil.Process(rank)
+    kids = proc.children()
+    stuck = [k.pid for k in kids if (Path(proc.cwd()) / f"shard-{k.pid}.fifo").exists()]
+    return stuck[0] if stuck else kids[0].pid if kids else None
 
 
 def judged(job: PlantedJob, scenario: str):
