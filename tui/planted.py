@@ -20,7 +20,7 @@ SCENARIOS = (
     "healthy", "straggler", "mismatch", "uneven", "dataloader", "lock",
     "segfault", "assert", "slowstep", "skipstep", "raise", "linger", "longstep", "sigkill", "oom",
     "checkpoint", "async", "pipeline", "sendrecv", "subgroup", "child", "fifo", "socket", "gil",
-    "killcompute", "killwait", "gathersize", "raiseat", "routine", "pool",
+    "killcompute", "killwait", "gathersize", "raiseat", "routine", "pool", "event",
 )
 STALL_STEP = 40  # skipstep: the culprit stalls when its own counter reaches this
 FAIL_STEP = 3  # the step at which the newer planted faults strike (--fail-step)
@@ -229,6 +229,17 @@ def read_shard(task: tuple[int, str, float]) -> int:
     return shard
 
 
+def save_checkpoint_async() -> None:
+    """A checkpoint written by a thread, the rank waiting for its Event: the thread dies of an
+    exception before it sets it (Python prints its report), and the rank waits for ever."""
+    written = threading.Event()
+
+    def write() -> None:
+        raise OSError(28, "No space left on device")  # before written.set()
+    threading.Thread(target=write, name="checkpoint-writer").start()
+    written.wait()
+
+
 def map_shards(stop_at: float) -> None:
     """Preprocessing in a multiprocessing Pool: the rank waits in Pool.map for the worker that
     never returns."""
@@ -371,6 +382,8 @@ def train(scenario: str, step_s: float, stop_at: float, ddp: bool = False, timeo
             read_fifo()
         if scenario == "pool" and rank == culprit and step == 3:
             map_shards(stop_at)
+        if scenario == "event" and rank == culprit and step == 3:
+            save_checkpoint_async()
         if scenario == "socket" and rank == culprit and step == 3:
             recv_from_peer(stop_at)
         if scenario == "gil" and rank == culprit and step == 3:
@@ -443,7 +456,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="on a collective error, dump the generic Flight Recorder as NCCL does on a timeout")
     args = parser.parse_args(argv)
     stop_at = time.time() + args.deadline
-    _arm_deadline(args.deadline, thread=args.scenario != "routine")
+    # routine, event: no idle thread of ours (gloo's threads alone; the Event's waiter alone in the user's code)
+    _arm_deadline(args.deadline, thread=args.scenario not in ("routine", "event"))
     if args.in_thread:
         worker = threading.Thread(target=train, args=(args.scenario, args.step_s, stop_at, args.ddp, args.timeout,
                                                       args.culprit, args.odd_numel, args.fail_step,

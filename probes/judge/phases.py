@@ -206,7 +206,7 @@ def _phase_of(main: ThreadStack, source_line: SourceLine,
     if _in_subprocess(python) or (kernel is not None and kernel.target_kind == "child"):
         return "subprocess", None
     if innermost.file.endswith(("threading.py", "queue.py")) or "concurrent/futures" in innermost.file:
-        return "lock", innermost.function
+        return "lock", _waited_call(python)
     if main.active is False and kernel is not None and kernel.letter in ("S", "D") \
             and kernel.target_kind in ("file", "fifo", "pipe", "socket"):
         return "io", CALL_WORDS.get(kernel.syscall or "", kernel.syscall)
@@ -219,6 +219,18 @@ def _phase_of(main: ThreadStack, source_line: SourceLine,
     if main.active is False and LOCK_LINE.search(line):
         return "lock", "acquire"
     return ("compute" if main.active is not False else "unknown"), None
+
+
+def _waited_call(python: list[Frame]) -> str:
+    """The call the caller made into threading, queue or concurrent.futures (``Event.wait``,
+    ``Queue.get``, ``Future.result``): the outermost of their frames above the caller's own."""
+    call = python[0].function
+    for frame in python:
+        if frame.file.endswith(("threading.py", "queue.py")) or "concurrent/futures" in frame.file:
+            call = frame.function
+        else:
+            break
+    return call
 
 
 def pool_call(python: list[Frame]) -> str | None:

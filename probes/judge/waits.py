@@ -20,6 +20,8 @@ those), or nothing more is known than its phase.
 
 from __future__ import annotations
 
+import re
+
 from ..frames import is_user
 from ..snapshot import KernelState, PeerProcess, Rank, ThreadStack, age_text
 from .kernel import CALL_WORDS
@@ -43,7 +45,8 @@ def waits_for(rank: Rank) -> str | None:
         return f"a native call that holds the GIL: {callee}" if callee else \
             "a native (C/C++) call that holds the GIL (a native sample names it: `n` in the live view, or --native)"
     if rank.phase == "lock":
-        return _lock(rank.threads)
+        waited = _signalled(rank.threads)
+        return _lock(rank.threads) if waited is None else _signal(waited, rank.threads, rank.log_tail or ())
     if kernel is not None and rank.phase in ("io", "checkpoint", "unknown", "compute") and kernel.target:
         return _on(kernel)
     return None
@@ -111,9 +114,57 @@ def _callee(threads: tuple[ThreadStack, ...]) -> str | None:
     return native_callee(main.frames) if main is not None else None
 
 
-def _lock(threads: tuple[ThreadStack, ...]) -> str:
-    """A lock, and the other threads in the user's code that may hold it (a ``threading.Lock``
-    records no owner; these are the ones that could)."""
+# What a thread waits in when another thread must wake it (set, notify, put): threading's and queue's.
+_SIGNALLED = {"Event.wait": "an Event", "Condition.wait": "a Condition", "Condition.wait_for": "a Condition",
+              "Queue.get": "a queue", "Barrier.wait": "a threading.Barrier"}
+# Python's report of a thread that died of an exception (threading.excepthook).
+_THREAD_DIED = re.compile(r"^Exception in thread (?P<name>.+?)(?: \(.*\))?:\s*$")
+
+
+def _signalled(threads: tuple[ThreadStack, ...]) -> str | None:
+    """``an Event`` when the main thread waits in ``Event.wait`` (or a Condition, a queue's get, a
+    Barrier) called from outside the standard library: a thing another thread must set, not a lock."""
+    main = main_thread(threads)
+    found = None
+    for frame in main.frames if main is not None else ():
+        if frame.native:
+            continue
+        if frame.file.endswith(("/threading.py", "/queue.py")):
+            found = _SIGNALLED.get(frame.function, found)
+        else:
+            break
+    return found
+
+
+def _signal(what: str, threads: tuple[ThreadStack, ...], log_tail: tuple[str, ...]) -> str:
+    """``an Event, which thread 'ckpt' (at …) may set``; a thread that died of an exception (its
+    report in the rank's log) is named: it may be the one that was to set it."""
+    others = _user_threads(threads)
+    dead = list(dict.fromkeys(m.group("name") for line in log_tail if (m := _THREAD_DIED.match(line.strip()))))
+    died = ""
+    if dead:
+        error = _last_error(log_tail)
+        died = f"thread '{dead[-1]}' died{f' of {error}' if error else ''} (its report in the log)"
+    verb = "set" if what == "an Event" else "put to" if what == "a queue" else "notify"
+    if not others:
+        alone = f"no other thread in your code is left to {verb} it"
+        return f"{what}: {died}, and {alone}" if died else f"{what}, which {alone}"
+    who = others[0] + ", the only other thread in your code," if len(others) == 1 else \
+        "one of " + ", ".join(others[:CANDIDATE_THREADS])
+    return f"{what}, which {who} may {verb}" + (f"; {died}" if died else "")
+
+
+def _last_error(lines: tuple[str, ...]) -> str | None:
+    """The last ``SomeError: message`` line of a traceback in ``lines``."""
+    for line in reversed(lines):
+        match = re.match(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)): ?(.*)$", line)
+        if match:
+            return f"{match.group(1)}: {match.group(2)}".rstrip(": ")
+    return None
+
+
+def _user_threads(threads: tuple[ThreadStack, ...]) -> list[str]:
+    """The threads other than the main one that are in the user's code, in words."""
     main = main_thread(threads)
     others = []
     for thread in threads:
@@ -122,6 +173,13 @@ def _lock(threads: tuple[ThreadStack, ...]) -> str:
         frame = where_frame(thread.frames)
         if frame is not None and is_user(frame):
             others.append(f"thread '{thread.name}' (at {frame.label()})")
+    return others
+
+
+def _lock(threads: tuple[ThreadStack, ...]) -> str:
+    """A lock, and the other threads in the user's code that may hold it (a ``threading.Lock``
+    records no owner; these are the ones that could)."""
+    others = _user_threads(threads)
     if not others:
         return "a lock (no other thread is in your code: a library's thread, or a lock never released, holds it)"
     if len(others) == 1:

@@ -41,6 +41,9 @@ CASES = {
     "pool": Case("pool.map(read_shard", r"rank 1 at train\.py:\d+ map_shards waits for its pool worker PID {peer}, "
                                         r"in train\.py:\d+ read_shard, waiting for data from FIFO \S+/shard-{peer}\.fifo "
                                         r"\(\S+ on \S+\): no process has it open for writing while rank 0"),
+    "event": Case("written.wait()", r"rank 1 at train\.py:\d+ save_checkpoint_async waits for an Event: thread "
+                                     r"'checkpoint-writer' died of OSError: \[Errno 28\] No space left on device \(its "
+                                     r"report in the log\), and no other thread in your code is left to set it"),
     "dataloader": Case("for batch in make_loader(", r"rank 1 at train\.py:\d+ train waits for its DataLoader worker "
                                                     r"PID {peer}, in train\.py:\d+ SlowDataset.__getitem__ while rank 0"),
 }
