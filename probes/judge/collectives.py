@@ -179,18 +179,15 @@ def _plural(ranks: list[int]) -> str:
 def _culprit_side(sides: list[list[int]], completed: dict[int, int | None]) -> tuple[list[list[int]], str]:
     """The sides at fault, and why; none without a reason (never a coin toss).
 
-    A reason is a minority (one side holds more ranks than any other: the rest are at fault),
-    or order (one side's last completed collective lags every other rank's).
+    The reason is a minority (one side holds more ranks than any other: the rest are at fault).
+    Order is none: a collective that completed on one rank was joined by every rank of its group,
+    so a rank whose record shows fewer completed was only read earlier, or its last one was still
+    in flight (a CI run named rank 0 of two "lagging" by one so, mid-step).
     """
     biggest = max(len(side) for side in sides)
     majority = [side for side in sides if len(side) == biggest]
     if len(majority) == 1:
         return [side for side in sides if side is not majority[0]], "minority"
-    done = {r: completed.get(r) if completed.get(r) is not None else -1 for side in sides for r in side}
-    for side in sides:
-        others = [done[r] for other in sides if other is not side for r in other]
-        if max(done[r] for r in side) < min(others):
-            return [side], "lags"
     return [], "tie"
 
 
@@ -231,12 +228,7 @@ def _disagreement(seq: int, where: str, seen: dict[int, CollectiveCall], sides: 
     odd = "; ".join(f"{_plural(side)} enqueued {_describe(seen[side[0]], ref)} #{seq}" for side in bad)
     rest = "; ".join(f"{_plural(side)} enqueued {_describe(seen[side[0]], seen[bad[0][0]])} #{seq}"
                      for side in good)
-    text = f"{odd}{where} while {rest}"
-    if why == "lags":
-        lag = max(completed.get(r) or 0 for r in bad[0])
-        ahead = min(completed.get(r) or 0 for side in good for r in side)
-        text += f" ({_plural(bad[0])} {'lags' if len(bad[0]) == 1 else 'lag'}: last completed #{lag} vs #{ahead})"
-    return text, sorted(r for side in bad for r in side)
+    return f"{odd}{where} while {rest}", sorted(r for side in bad for r in side)
 
 
 def _describe(call: CollectiveCall, other: CollectiveCall) -> str:

@@ -237,14 +237,16 @@ def test_an_even_split_names_both_sides_and_no_culprit():
     assert three.culprits == () and "ranks 4-5 enqueued broadcast" in three.divergence
 
 
-def test_an_even_split_where_one_side_lags_blames_the_laggard():
+def test_an_even_split_where_one_side_completed_fewer_names_no_culprit():
+    """One against one, one record showing a collective fewer completed: no culprit. #4 completed on
+    rank 0, so rank 1 joined it: its record was read earlier, or #4 was still in flight there (on a
+    real gloo job under CI load this rule named rank 0 of a mismatch whose truth is a tie)."""
     lagging = {"0": {"last_enqueued_collective": 5, "last_completed_collective": 3}}
     ahead = {"0": {"last_enqueued_collective": 5, "last_completed_collective": 4}}
     traces = {0: _trace(_entry(5), status=ahead), 1: _trace(_entry(5, op="barrier"), status=lagging)}
     state = analyze(traces)
-    assert state.culprits == (1,)
-    assert state.divergence == ("rank 1 enqueued barrier #5 while rank 0 enqueued all_reduce #5 "
-                                "(rank 1 lags: last completed #3 vs #4)")
+    assert state.culprits == ()
+    assert state.divergence.startswith("ranks disagree at #5: ") and "lags" not in state.divergence
 
 
 def test_a_rank_that_never_reached_a_collective_is_the_culprit_even_one_against_one():
