@@ -276,11 +276,20 @@ _CALL = re.compile(r"\.(\w+)\(")
 
 
 def _called_op(python: list[Frame], wrapper: Frame, source_line: SourceLine) -> str:
-    """The c10d call a ``c10d_logger`` wrapper wraps, read from its caller's line (``dist.all_reduce(x)``)."""
+    """The c10d call a ``c10d_logger`` wrapper wraps: a c10d collective further out (torch calls one
+    from another: ``all_gather_into_tensor`` wraps ``all_gather_single``), else read from the first
+    caller's line outside torch's and its decorators' frames (``dist.all_reduce(x)``)."""
     outer = python[python.index(wrapper) + 1:]
-    line = source_line(outer[0]) if outer and outer[0].line else ""
-    called = [name for name in _CALL.findall(line) if name in COLLECTIVE_OPS]
-    return _canonical_op(called[-1]) if called else "collective"
+    for frame in outer:
+        func = bare_name(frame.function)
+        if "torch/distributed/" in frame.file and func in COLLECTIVE_OPS:
+            return _canonical_op(func)
+        if not (PLUMBING.search(frame.file) or func == "wrapper" or is_stdlib(frame)
+                or frame.file.endswith("typing_extensions.py")):
+            line = source_line(frame) if frame.line else ""
+            called = [name for name in _CALL.findall(line) if name in COLLECTIVE_OPS]
+            return _canonical_op(called[-1]) if called else "collective"
+    return "collective"
 
 
 def _compute_op(frame: Frame) -> str | None:

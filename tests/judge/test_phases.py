@@ -54,6 +54,19 @@ def test_collective_through_a_trainer_library_points_at_the_trainer_line():
     assert result.user_frame == "train.py:20 train"
 
 
+def test_a_collective_torch_calls_from_another_is_named_by_the_one_called():
+    """torch 2.13's gloo `all_gather_into_tensor` (recorded: tests/gpu/nccl_paths.py on CPU) calls
+    `all_gather_single` through a second c10d_logger wrapper and typing_extensions' `deprecated`:
+    the op is the call the user made, not "collective"."""
+    threads = stack(("all_gather_single", f"{SITE}/torch/distributed/distributed_c10d.py", 4394),
+                    ("_exception_logger.<locals>.wrapper", f"{SITE}/torch/distributed/c10d_logger.py", 83),
+                    ("all_gather_into_tensor", f"{SITE}/torch/distributed/distributed_c10d.py", 4413),
+                    ("deprecated.__call__.<locals>.wrapper", f"{SITE}/typing_extensions.py", 3140),
+                    ("_exception_logger.<locals>.wrapper", f"{SITE}/torch/distributed/c10d_logger.py", 83),
+                    ("<module>", "/w/nccl_paths.py", 51))
+    assert (classify(threads).phase, classify(threads).op) == ("collective", "all_gather_into_tensor")
+
+
 def test_dataloader_and_checkpoint_and_init():
     # multiprocessing's queue is innermost; the DataLoader frame above it decides
     loader = stack(("get", "/usr/lib/python3.11/multiprocessing/queues.py", 113),
