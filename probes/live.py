@@ -258,8 +258,8 @@ class LocalSource(OneNodeSource):
 def busy_worker(children: tuple[int, ...], noun: str = "DataLoader worker") -> str | None:
     """``DataLoader worker PID 812 is in dataset.py:40 __getitem__``: the first worker busy outside the
     worker loop's queue wait (in user code, else in any library), from one bounded plain dump each;
-    with what the kernel says it is blocked on (``…, blocked in open() of FIFO /run/x: no process
-    has it open for writing``)."""
+    with what the kernel says it is blocked on (``…, waiting for data from FIFO /run/x (tmpfs on
+    /run): no process has it open for writing``)."""
     samples = sample_all([(pid, False, None, False, None) for pid in children[:8]], parallel=4)
     for pid in sorted(samples):
         main = main_thread(samples[pid].threads)

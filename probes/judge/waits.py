@@ -48,7 +48,7 @@ def waits_for(rank: Rank) -> str | None:
         waited = _signalled(rank.threads)
         return _lock(rank.threads) if waited is None else _signal(waited, rank.threads, rank.log_tail or ())
     if kernel is not None and rank.phase in ("io", "checkpoint", "unknown", "compute") and kernel.target:
-        return _on(kernel)
+        return blocked_on(kernel)
     return None
 
 
@@ -73,11 +73,6 @@ def _child(kernel: KernelState | None) -> str:
 
 
 def blocked_on(kernel: KernelState) -> str | None:
-    """A blocked call on a file, FIFO, pipe or socket, and who could answer it (``_on``)."""
-    return _on(kernel)
-
-
-def _on(kernel: KernelState) -> str | None:
     """A blocked call on a file, FIFO, pipe or socket, and who could answer it."""
     call = CALL_WORDS.get(kernel.syscall or "", kernel.syscall or "a call")
     kind, target, peers = kernel.target_kind, kernel.target or "", kernel.peers
